@@ -1,0 +1,57 @@
+"""Engine settings, validated once where they are made.
+
+``EngineConfig`` is the one place the scheduler, the block pool and the KV cache read their
+sizes from. An impossible setting fails here with a ``ConfigError`` that says which value is
+wrong, before any memory is allocated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from prefillviz.errors import ConfigError
+
+DEFAULT_KV_CACHE_MEMORY_BYTES = 512 * 1024 * 1024  # 512 MiB: ~11.6k tokens of the bundled model in fp32
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine schedules tokens and sizes its paged KV cache.
+
+    Attributes:
+        block_size: tokens per KV block (vLLM's default is 16).
+        token_budget: most tokens one step may run through the model (vLLM's
+            ``max_num_batched_tokens``).
+        max_num_running: most requests in the running set at once (``max_num_seqs``).
+        enable_chunked_prefill: split a prompt over several steps when it does not fit the
+            budget left after decodes. Off means the old behaviour: prefill-first steps that
+            run whole prompts and pause every decode.
+        enable_prefix_caching: reuse KV blocks of earlier requests with the same prefix.
+        kv_cache_memory_bytes: memory budget for the KV cache; the number of blocks follows.
+        num_blocks: if set, the exact number of KV blocks (overrides the memory budget; tests
+            use it for tiny caches that evict).
+    """
+
+    block_size: int = 16
+    token_budget: int = 2048
+    max_num_running: int = 16
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    kv_cache_memory_bytes: int = DEFAULT_KV_CACHE_MEMORY_BYTES
+    num_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        positive = {
+            "block_size": self.block_size,
+            "token_budget": self.token_budget,
+            "max_num_running": self.max_num_running,
+            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+        }
+        if self.num_blocks is not None:
+            positive["num_blocks"] = self.num_blocks
+        for name, value in positive.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive whole number, got {value!r}.")
+
+    def as_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,43 @@
+"""Shared fixtures: a tiny random Llama (fast) and the bundled real model (loaded once)."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from prefillviz.oracle import hf_last_logits
+
+FP32_TOLERANCE = 1e-3  # max abs logit difference allowed against the plain HF forward
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    """A 2-layer Llama with GQA (4 heads, 2 KV heads), weights peaked enough for stable greedy."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.2,
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def bundled():
+    """SmolLM2-135M-Instruct from the bundled GGUF, fp32 on CPU (the oracle tests' real model)."""
+    from prefillviz.models import load_model
+
+    return load_model(device="cpu", dtype="float32")
+
+
+def assert_matches_hf(model, token_ids, engine_logits, tolerance=FP32_TOLERANCE):
+    reference = hf_last_logits(model, token_ids)
+    difference = (engine_logits - reference).abs().max().item()
+    assert difference < tolerance, f"max |engine - HF| = {difference:.2e} > {tolerance}"
+    assert int(engine_logits.argmax()) == int(reference.argmax())
+    return difference

@@ -1,0 +1,5 @@
+import sys
+
+from prefillviz.cli import main
+
+sys.exit(main())

@@ -1,0 +1,50 @@
+"""The command line a newcomer runs: real processes, the bundled model."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_KEYS = [
+    "model", "device", "dtype", "num_prompt_tokens", "prompt_token_ids",
+    "first_token", "first_token_id", "time_to_first_token_s", "num_steps",
+]
+
+
+def prefillviz(*args, timeout=300):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "prefillviz", *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
+
+
+def test_run_json_prints_exactly_the_documented_keys(bundled):
+    result = prefillviz("run", "--prompt", "The capital of France is", "--dtype", "float32", "--token-budget", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert list(data) == RUN_KEYS
+    assert data["first_token"] == " Paris" and data["first_token_id"] == 7042
+    assert data["prompt_token_ids"] == [504, 3575, 282, 4649, 314]
+    assert data["num_prompt_tokens"] == 5 and data["num_steps"] == 3  # chunks of 2
+    assert data["dtype"] == "float32" and data["device"] == "cpu"
+    assert data["time_to_first_token_s"] > 0
+
+
+def test_run_errors_are_one_line_for_people():
+    result = prefillviz("run", "--prompt", "  ", "--dtype", "float32")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == "error: The prompt is empty: type some text to run the model on."
+    result = prefillviz("run", "--prompt", "hi", "--token-budget", "0")
+    assert result.returncode == 2 and "token_budget must be a positive" in result.stderr
+    result = prefillviz("run", "--prompt", "hi", "--model", "/no/such/folder")
+    assert result.returncode == 2 and "error:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bench_json_has_the_documented_keys(bundled):
+    result = prefillviz("bench", "--json", "--num-tokens", "24", "--runs", "2", "--dtype", "float32")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    for key in ["overhead_vs_hf", "sequential_over_parallel", "prefill_tok_s", "device", "dtype"]:
+        assert key in data
+    assert data["sequential_over_parallel"] > 1  # 24 steps cost more than one
+    assert data["details"]["hf_forward_s"]["runs"] == 2

@@ -225,6 +225,10 @@ def test_an_unknown_hub_id_fails_fast():
 
 
 def test_an_uncached_id_without_network_says_so(monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(models, "_hub_reachable", lambda endpoint, timeout=3.0: False)
     with pytest.raises(ModelLoadError, match="no network") as excinfo:
         load_model("no-such-org/no-such-model-xyz", device="cpu")

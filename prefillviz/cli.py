@@ -1,7 +1,8 @@
 """Command line: ``python -m prefillviz run|bench``.
 
 ``run`` prefills one prompt on the engine and prints what came out (``--json`` for one JSON
-object). ``bench`` prints the benchmark figures as one JSON object (see ``bench.py``).
+object). ``trace`` runs it at a capture level and writes the trace (JSON + NPZ) to a folder.
+``bench`` prints the benchmark figures as one JSON object (see ``bench.py``).
 """
 
 from __future__ import annotations
@@ -26,18 +27,22 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="prefill one prompt and print the first token")
-    run.add_argument("--prompt", required=True)
-    _add_model_arguments(run)
-    run.add_argument("--token-budget", type=int, default=2048, help="tokens per step (1 = token by token)")
-    run.add_argument("--block-size", type=int, default=16)
-    run.add_argument("--no-prefix-cache", action="store_true")
-    run.add_argument("--no-chunking", action="store_true", help="whole-prompt prefill steps")
-    run.add_argument("--max-new-tokens", type=int, default=1)
-    run.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    run.add_argument("--top-k", type=int, default=0)
-    run.add_argument("--top-p", type=float, default=1.0)
-    run.add_argument("--seed", type=int, default=None)
+    trace = commands.add_parser("trace", help="run one prompt at a capture level and save the trace")
+    for command in (run, trace):
+        command.add_argument("--prompt", required=True)
+        _add_model_arguments(command)
+        command.add_argument("--token-budget", type=int, default=2048, help="tokens per step (1 = token by token)")
+        command.add_argument("--block-size", type=int, default=16)
+        command.add_argument("--no-prefix-cache", action="store_true")
+        command.add_argument("--no-chunking", action="store_true", help="whole-prompt prefill steps")
+        command.add_argument("--max-new-tokens", type=int, default=1)
+        command.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+        command.add_argument("--top-k", type=int, default=0)
+        command.add_argument("--top-p", type=float, default=1.0)
+        command.add_argument("--seed", type=int, default=None)
     run.add_argument("--json", action="store_true", help="print one JSON object")
+    trace.add_argument("--level", default="inspect", choices=["none", "timing", "inspect", "profile"])
+    trace.add_argument("--out", required=True, help="folder for trace.json, arrays.npz (and chrome_trace.json)")
 
     bench = commands.add_parser("bench", help="benchmark the engine against the plain HF forward")
     _add_model_arguments(bench)
@@ -47,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_command(args: argparse.Namespace) -> dict:
+def _run_prompt(args: argparse.Namespace, capture_level: str = "none", profile_dir: str | None = None):
+    """Load the model, prefill ``args.prompt`` on a fresh engine; returns (loaded model, trace, request id)."""
     from prefillviz.config import EngineConfig
     from prefillviz.engine.engine import LLMEngine
     from prefillviz.engine.request import SamplingParams
@@ -65,8 +71,12 @@ def run_command(args: argparse.Namespace) -> dict:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
     )
     request = engine.add_request(args.prompt, params)
-    trace = engine.run()
-    record = trace.requests[request.request_id]
+    return loaded, engine.run(capture_level=capture_level, profile_dir=profile_dir), request.request_id
+
+
+def run_command(args: argparse.Namespace) -> dict:
+    loaded, trace, request_id = _run_prompt(args)
+    record = trace.requests[request_id]
     first_token_id = record.output_token_ids[0]
     return {
         "model": loaded.model_id,
@@ -81,6 +91,20 @@ def run_command(args: argparse.Namespace) -> dict:
     }
 
 
+def trace_command(args: argparse.Namespace) -> dict:
+    from prefillviz.instrument.trace_io import save_trace
+
+    _, trace, request_id = _run_prompt(args, capture_level=args.level, profile_dir=args.out)
+    directory = save_trace(trace, args.out)
+    return {
+        "out": str(directory),
+        "files": sorted(p.name for p in directory.iterdir()),
+        "capture_level": trace.capture_level,
+        "num_steps": trace.num_steps,
+        "num_prompt_tokens": trace.requests[request_id].num_prompt_tokens,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -91,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 for key, value in result.items():
                     print(f"{key}: {value!r}" if key == "first_token" else f"{key}: {value}")
+        elif args.command == "trace":
+            print(json.dumps(trace_command(args)))
         else:
             from prefillviz.bench import run_bench
 

@@ -43,6 +43,8 @@ class AttentionMetadata:
     query_start_loc: list[int]  # request r's queries are batch rows [q[r], q[r+1])
     num_computed_tokens: list[int]  # per request: tokens already cached before this step
     context_slots: list[torch.Tensor | None]  # per request: slots of positions 0..context_len-1
+    request_ids: list[str] = field(default_factory=list)  # per request, batch order
+    positions: torch.Tensor | None = None  # (T,) on CPU: each token's position in its request
     # observers see (layer_idx, module, query, key, value, metadata) after the write; the
     # instruments (timers, KV write log, query capture) attach here
     observers: list[Callable] = field(default_factory=list)

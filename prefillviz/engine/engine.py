@@ -22,6 +22,7 @@ from prefillviz.engine.request import Request, RequestStatus, SamplingParams
 from prefillviz.engine.runner import ModelRunner
 from prefillviz.engine.scheduler import Scheduler
 from prefillviz.errors import PrefillVizError, RequestError
+from prefillviz.instrument.capture import capture
 from prefillviz.instrument.trace import RequestRecord, StepRecord, Trace
 from prefillviz.models import model_info
 
@@ -60,6 +61,8 @@ class LLMEngine:
         self.steps: list[StepRecord] = []
         self.first_token_samples: dict = {}  # request id -> SampleResult of its first token
         self.first_token_logits: dict[str, torch.Tensor] = {}  # request id -> (V,) fp32 logits
+        self.first_token_text: dict[str, tuple[str, float]] = {}  # request id -> (text, detokenize seconds)
+        self.capture = None  # set by instrument.capture while a capture is installed
         self._start_time: float | None = None
         self._next_request_number = 0
 
@@ -194,6 +197,11 @@ class LLMEngine:
             self.first_token_samples[request_id] = runner_output.samples[request_id]
         self.scheduler.update(output, sampled, now=t_sampled)
         t_end = time.perf_counter()
+        if self.tokenizer is not None:  # detokenize first tokens: the text a user waits for
+            for request_id in runner_output.first_token_logits:
+                t_detokenize = time.perf_counter()
+                text = self.tokenizer.decode([sampled[request_id]])
+                self.first_token_text[request_id] = (text, time.perf_counter() - t_detokenize)
         record = StepRecord(
             step_index=len(self.steps),
             chunks=output.chunks,
@@ -211,6 +219,8 @@ class LLMEngine:
             sample_time_s=t_sampled - t_forward,
             update_time_s=t_end - t_sampled,
         )
+        if self.capture is not None:
+            self.capture.end_step(record)
         self.steps.append(record)
         return record
 
@@ -219,24 +229,54 @@ class LLMEngine:
         for request in list(self.scheduler.waiting):
             self.scheduler.finish_request(request, RequestStatus.FINISHED_ABORTED, now)
 
-    def run(self, max_steps: int | None = None, progress: Callable[[int, StepRecord], None] | None = None) -> Trace:
+    def run(
+        self,
+        max_steps: int | None = None,
+        progress: Callable[[int, StepRecord], None] | None = None,
+        capture_level: str = "none",
+        profile_dir: str | None = None,
+    ) -> Trace:
         """Step until every request has finished (or ``max_steps``); return the trace.
 
         Args:
             max_steps: stop after this many steps of this call.
             progress: called after each step with (steps done in this call, the step record).
+            capture_level: "none", "timing", "inspect" or "profile" (see ``instrument.capture``).
+            profile_dir: where the profile level writes its Chrome trace.
         """
         num_steps = 0
-        while self.has_unfinished_requests() and (max_steps is None or num_steps < max_steps):
-            record = self.step()
-            num_steps += 1
-            if progress is not None:
-                progress(num_steps, record)
-        return self.trace()
+        with capture(self, capture_level, profile_dir) as recorder:
+            while self.has_unfinished_requests() and (max_steps is None or num_steps < max_steps):
+                record = self.step()
+                num_steps += 1
+                if progress is not None:
+                    progress(num_steps, record)
+        trace = self.trace()
+        recorder.attach(trace)
+        return trace
 
     # ---------------------------------------------------------------- results
+    def _ttft_breakdown(self, request: Request) -> dict[str, float]:
+        """Where the time to the first token went: tokenize, then every step from arrival to it."""
+        if request.first_token_time is None:
+            return {}
+        parts = {"tokenize_s": request.tokenize_time_s, "schedule_s": 0.0, "forward_s": 0.0, "sample_s": 0.0}
+        arrival, first = self._since_start(request.arrival_time), self._since_start(request.first_token_time)
+        for step in self.steps:
+            if step.start_time_s + 1e-9 >= arrival and step.start_time_s <= first:
+                parts["schedule_s"] += step.schedule_time_s + step.prepare_time_s
+                parts["forward_s"] += step.forward_time_s
+                parts["sample_s"] += step.sample_time_s
+        parts["detokenize_s"] = self.first_token_text.get(request.request_id, ("", 0.0))[1]
+        engine_ttft = request.time_to_first_token_s
+        parts["other_s"] = max(0.0, engine_ttft - parts["schedule_s"] - parts["forward_s"] - parts["sample_s"])
+        parts["total_s"] = parts["tokenize_s"] + engine_ttft + parts["detokenize_s"]
+        return parts
+
     def _request_record(self, request: Request) -> RequestRecord:
         first = self.first_token_samples.get(request.request_id)
+        logits = self.first_token_logits.get(request.request_id)
+        text, detokenize_s = self.first_token_text.get(request.request_id, (None, 0.0))
         return RequestRecord(
             request_id=request.request_id,
             prompt_token_ids=list(request.prompt_token_ids),
@@ -251,6 +291,10 @@ class LLMEngine:
             first_token_top_ids=first.top_token_ids if first else [],
             first_token_top_probs=first.top_probs if first else [],
             first_token_entropy_nats=first.entropy_nats if first else None,
+            first_token_text=text,
+            detokenize_time_s=detokenize_s,
+            first_token_logits=logits.numpy() if logits is not None else None,
+            ttft_breakdown_s=self._ttft_breakdown(request),
         )
 
     def trace(self) -> Trace:

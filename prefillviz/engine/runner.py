@@ -62,6 +62,7 @@ class ModelRunner:
             query_start_loc.append(query_start_loc[-1] + chunk.num_tokens)
             if chunk.will_sample:
                 sample_rows.append(query_start_loc[-1] - 1)
+        position_ids = torch.cat(positions)
         metadata = AttentionMetadata(
             kv_cache=self.kv_cache,
             slot_mapping=torch.cat(slots).to(self.device),
@@ -69,10 +70,12 @@ class ModelRunner:
             num_computed_tokens=num_computed,
             context_slots=context_slots,
             observers=self.observers,
+            request_ids=[chunk.request_id for chunk in output.chunks],
+            positions=position_ids,
         )
         inputs = dict(
             input_ids=torch.tensor([input_ids], dtype=torch.long, device=self.device),
-            position_ids=torch.cat(positions).unsqueeze(0).to(self.device),
+            position_ids=position_ids.unsqueeze(0).to(self.device),
             use_cache=False,
             logits_to_keep=torch.tensor(sample_rows or [query_start_loc[-1] - 1], dtype=torch.long, device=self.device),
             prefillviz_metadata=metadata,

@@ -1,0 +1,276 @@
+"""Capture levels: what a run records besides its step times.
+
+    none      step wall times only (the engine always records these)
+    timing    + per layer and sub-layer time (attention, MLP, norms, embedding, final norm,
+              lm_head): perf_counter on CPU, CUDA events on GPU, read once per step
+    inspect   + the KV write log (positions, slots, blocks, bytes, K/V norms per kv head and
+              token), post-RoPE queries and keys of every layer, hidden-state norms
+    profile   timing under torch.profiler, with a record_function scope per layer and
+              sub-layer, a per-op table and a Chrome trace
+
+Hooks are global state on a shared model (TransformerLens' lesson): they exist only inside
+``capture(...)``, which removes every one of them in ``finally``, even when the run fails.
+
+Names are dotted: ``layers.3.attention``, ``layers.3.mlp``, ``layers.3.input_layernorm``,
+``layers.3``, ``embedding``, ``final_norm``, ``lm_head``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from prefillviz.errors import ConfigError
+from prefillviz.instrument.timers import SpanClock
+from prefillviz.instrument.trace import CAPTURE_LEVELS, CapturedQK, KVWriteRecord, LayerTimes, ProfileRecord, StepRecord, Trace
+
+SUB_LAYER_KINDS = ("attention", "mlp", "norm")
+
+
+@dataclass
+class ModelParts:
+    """The modules of a decoder-only LM that get a timing scope."""
+
+    embedding: torch.nn.Module
+    layers: torch.nn.ModuleList
+    final_norm: torch.nn.Module | None
+    lm_head: torch.nn.Module
+    sub_layers: list[dict[str, tuple[str, torch.nn.Module]]]  # per layer: child name -> (kind, module)
+
+
+def _kind(child_name: str) -> str | None:
+    name = child_name.lower()
+    if "norm" in name or name.startswith("ln"):  # before attention: post_attention_layernorm
+        return "norm"
+    if "attn" in name or "attention" in name:
+        return "attention"
+    if "mlp" in name or name in {"ffn", "feed_forward"}:
+        return "mlp"
+    return None
+
+
+def model_parts(model: torch.nn.Module) -> ModelParts:
+    """Find embeddings, decoder layers, final norm and lm_head (Llama, Qwen2, Mistral, Phi, GPT-2)."""
+    num_layers = model.config.num_hidden_layers
+    layers = next(
+        m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == num_layers
+    )
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+    final_norm = next(
+        (m for name, m in base.named_children() if name in {"norm", "ln_f", "final_layernorm", "final_layer_norm"}), None
+    )
+    sub_layers = []
+    for layer in layers:
+        children = {}
+        for name, child in layer.named_children():
+            kind = _kind(name)
+            if kind is not None:
+                children[name] = (kind, child)
+        sub_layers.append(children)
+    return ModelParts(model.get_input_embeddings(), layers, final_norm, model.get_output_embeddings(), sub_layers)
+
+
+class Capture:
+    """Records what ``level`` asks for while installed on an engine. Use ``capture(...)``."""
+
+    def __init__(self, engine, level: str, profile_dir: str | None = None) -> None:
+        if level not in CAPTURE_LEVELS:
+            raise ConfigError(f"capture level must be one of {', '.join(CAPTURE_LEVELS)}; got {level!r}.")
+        self.engine = engine
+        self.level = level
+        self.profile_dir = profile_dir
+        self.parts = model_parts(engine.model) if level != "none" else None
+        self.clock = SpanClock(engine.device)
+        self.profiler = None
+        self._scopes: dict[str, torch.autograd.profiler.record_function] = {}
+        self._kv_norms: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        self._kv_step_meta = None
+        self._hidden_norms: dict[int, torch.Tensor] = {}
+        self._qk: dict[str, dict] = {}
+
+    # ---------------------------------------------------------------- hooks
+    def _span_hooks(self, name: str, module: torch.nn.Module, handles: list) -> None:
+        profiling = self.level == "profile"
+
+        def pre_hook(_module, _args):
+            if profiling:
+                scope = torch.autograd.profiler.record_function(name)
+                scope.__enter__()
+                self._scopes[name] = scope
+            self.clock.start(name)
+
+        def post_hook(_module, _args, _output):
+            self.clock.stop(name)
+            scope = self._scopes.pop(name, None)
+            if scope is not None:
+                scope.__exit__(None, None, None)
+
+        handles.append(module.register_forward_pre_hook(pre_hook))
+        handles.append(module.register_forward_hook(post_hook))
+
+    def _install(self, handles: list) -> None:
+        parts = self.parts
+        self._span_hooks("embedding", parts.embedding, handles)
+        if parts.final_norm is not None:
+            self._span_hooks("final_norm", parts.final_norm, handles)
+        self._span_hooks("lm_head", parts.lm_head, handles)
+        for i, (layer, children) in enumerate(zip(parts.layers, parts.sub_layers)):
+            self._span_hooks(f"layers.{i}", layer, handles)
+            for child_name, (kind, child) in children.items():
+                name = f"layers.{i}.{kind}" if kind != "norm" else f"layers.{i}.{child_name}"
+                self._span_hooks(name, child, handles)
+        if self.level == "inspect":
+            self.engine.runner.observers.append(self._observe_attention)
+            handles.append(parts.embedding.register_forward_hook(self._hidden_hook(0)))
+            for i, layer in enumerate(parts.layers):
+                handles.append(layer.register_forward_hook(self._hidden_hook(i + 1)))
+
+    def _hidden_hook(self, index: int):
+        def hook(_module, _args, output):
+            hidden = output[0] if isinstance(output, tuple) else output  # (1, T, hidden)
+            self._hidden_norms[index] = hidden[0].float().norm(dim=-1).cpu()  # (T,)
+
+        return hook
+
+    def _observe_attention(self, layer_idx, module, query, key, value, meta) -> None:
+        """Inspect: the K/V just written, and the post-RoPE q/k of each request."""
+        self._kv_step_meta = meta
+        self._kv_norms.append(
+            (layer_idx, key[0].float().norm(dim=-1).T.cpu(), value[0].float().norm(dim=-1).T.cpu())  # (T, KVH)
+        )
+        for r, request_id in enumerate(meta.request_ids):
+            start, end = meta.query_start_loc[r], meta.query_start_loc[r + 1]
+            store = self._qk.setdefault(request_id, {"positions": [], "scaling": {}, "q": {}, "k": {}})
+            if layer_idx == 0:
+                store["positions"].append(meta.positions[start:end].clone())
+            store["scaling"][layer_idx] = float(module.scaling)
+            store["q"].setdefault(layer_idx, []).append(query[0, :, start:end].detach().cpu().clone())  # (H, q, D)
+            store["k"].setdefault(layer_idx, []).append(key[0, :, start:end].detach().cpu().clone())  # (KVH, q, D)
+
+    # ---------------------------------------------------------------- per step
+    def end_step(self, record: StepRecord) -> None:
+        """Attach this step's measurements to its record (the engine calls it after each step)."""
+        record.capture_level = self.level
+        if self.level == "none":
+            return
+        record.layer_times = self._layer_times(self.clock.collect())
+        if self.level == "inspect" and self._kv_step_meta is not None:
+            meta = self._kv_step_meta
+            slots = meta.slot_mapping.cpu().numpy()
+            layers = [layer for layer, _, _ in self._kv_norms]
+            kv_cache = self.engine.kv_cache
+            element_size = kv_cache.key_cache[0].element_size()
+            num_kv_heads, head_dim = kv_cache.key_cache[0].shape[2:]
+            record.kv_writes = KVWriteRecord(
+                positions=meta.positions.numpy().copy(),
+                slots=slots,
+                blocks=slots // kv_cache.block_size,
+                layers_written=layers,
+                bytes_per_layer=2 * len(slots) * num_kv_heads * head_dim * element_size,
+                key_norms=torch.stack([k for _, k, _ in self._kv_norms]).numpy(),
+                value_norms=torch.stack([v for _, _, v in self._kv_norms]).numpy(),
+            )
+            record.hidden_norms = torch.stack([self._hidden_norms[i] for i in sorted(self._hidden_norms)]).numpy()
+        self._kv_norms, self._kv_step_meta, self._hidden_norms = [], None, {}
+
+    def _layer_times(self, spans: dict[str, float]) -> LayerTimes:
+        num_layers = len(self.parts.layers)
+        per_layer = {kind: [0.0] * num_layers for kind in SUB_LAYER_KINDS}
+        for i, children in enumerate(self.parts.sub_layers):
+            for child_name, (kind, _) in children.items():
+                name = f"layers.{i}.{kind}" if kind != "norm" else f"layers.{i}.{child_name}"
+                per_layer[kind][i] += spans.get(name, 0.0)
+        return LayerTimes(
+            clock=self.clock.name,
+            attention_s=per_layer["attention"],
+            mlp_s=per_layer["mlp"],
+            norms_s=per_layer["norm"],
+            layer_s=[spans.get(f"layers.{i}", 0.0) for i in range(num_layers)],
+            embedding_s=spans.get("embedding", 0.0),
+            final_norm_s=spans.get("final_norm", 0.0),
+            lm_head_s=spans.get("lm_head", 0.0),
+        )
+
+    # ---------------------------------------------------------------- end of run
+    def attach(self, trace: Trace) -> None:
+        """Add the run-level results (captured q/k, profiler output) to the trace."""
+        trace.capture_level = self.level
+        for request_id, store in self._qk.items():
+            layers = sorted(store["q"])
+            trace.captured_qk[request_id] = CapturedQK(
+                dtype=str(self.engine.dtype).removeprefix("torch."),
+                positions=torch.cat(store["positions"]).numpy(),
+                scaling=[store["scaling"][layer] for layer in layers],
+                queries=[_to_numpy(torch.cat(store["q"][layer], dim=1)) for layer in layers],
+                keys=[_to_numpy(torch.cat(store["k"][layer], dim=1)) for layer in layers],
+            )
+        if self.profiler is not None:
+            trace.profile = self._profile_record()
+
+    def _profile_record(self) -> ProfileRecord:
+        directory = self.profile_dir or tempfile.mkdtemp(prefix="prefillviz-profile-")
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, "chrome_trace.json")
+        self.profiler.export_chrome_trace(path)
+        rows = []
+        for event in self.profiler.key_averages():
+            rows.append(
+                {
+                    "op": event.key,
+                    "calls": event.count,
+                    "self_time_s": event.self_cpu_time_total / 1e6,
+                    "total_time_s": event.cpu_time_total / 1e6,
+                    "device_time_s": getattr(event, "self_device_time_total", 0.0) / 1e6,
+                    "flops": int(event.flops or 0),
+                }
+            )
+        rows.sort(key=lambda row: row["self_time_s"] + row["device_time_s"], reverse=True)
+        activities = ["cpu"] + (["cuda"] if self.engine.device.type == "cuda" else [])
+        return ProfileRecord(op_table=rows, chrome_trace_path=path, activities=activities)
+
+
+def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: keep it exact in fp32
+        tensor = tensor.float()
+    return tensor.numpy()
+
+
+@contextmanager
+def capture(engine, level: str = "timing", profile_dir: str | None = None) -> Iterator[Capture]:
+    """Install the hooks for ``level`` on the engine's model; remove them all on exit, even on error.
+
+    Args:
+        engine: the ``LLMEngine`` whose steps are measured.
+        level: one of ``CAPTURE_LEVELS``.
+        profile_dir: where the profile level writes its Chrome trace (a temp folder if None).
+    """
+    recorder = Capture(engine, level, profile_dir)
+    handles: list = []
+    observers_before = list(engine.runner.observers)
+    with ExitStack() as stack:
+        try:
+            if level != "none":
+                recorder._install(handles)
+            if level == "profile":
+                activities = [torch.profiler.ProfilerActivity.CPU]
+                if engine.device.type == "cuda":
+                    activities.append(torch.profiler.ProfilerActivity.CUDA)
+                recorder.profiler = stack.enter_context(
+                    torch.profiler.profile(activities=activities, record_shapes=True, with_flops=True)
+                )
+            engine.capture = recorder
+            yield recorder
+        finally:
+            engine.capture = None
+            for handle in handles:
+                handle.remove()
+            engine.runner.observers[:] = observers_before
+            for scope in recorder._scopes.values():  # a failure mid-forward left scopes open
+                scope.__exit__(None, None, None)
+            recorder._scopes.clear()

@@ -1,0 +1,109 @@
+"""Save a ``Trace`` to a folder and load it back, without the model.
+
+    DIR/trace.json    every field, arrays replaced by {"__array__": "a12"}
+    DIR/arrays.npz    the arrays (queries, keys, KV write log, norms, logits)
+    DIR/chrome_trace.json   the profiler's trace, when the run was profiled
+
+Dataclasses are written as {"__type__": "StepRecord", ...} and rebuilt from the known
+trace classes only, so loading never imports or runs anything named in the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from prefillviz.engine.scheduler import ScheduledChunk
+from prefillviz.errors import PrefillVizError
+from prefillviz.instrument import trace as trace_module
+
+TRACE_CLASSES = {
+    cls.__name__: cls
+    for cls in (
+        trace_module.Trace,
+        trace_module.StepRecord,
+        trace_module.RequestRecord,
+        trace_module.LayerTimes,
+        trace_module.KVWriteRecord,
+        trace_module.CapturedQK,
+        trace_module.ProfileRecord,
+        ScheduledChunk,
+    )
+}
+FORMAT_VERSION = 1
+
+
+def _encode(value, arrays: dict[str, np.ndarray]):
+    if isinstance(value, np.ndarray):
+        key = f"a{len(arrays)}"
+        arrays[key] = value
+        return {"__array__": key}
+    if dataclasses.is_dataclass(value):
+        encoded = {"__type__": type(value).__name__}
+        for field in dataclasses.fields(value):
+            encoded[field.name] = _encode(getattr(value, field.name), arrays)
+        return encoded
+    if isinstance(value, dict):
+        return {str(k): _encode(v, arrays) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encode(v, arrays) for v in value]
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    return value
+
+
+def _decode(value, arrays):
+    if isinstance(value, dict):
+        if "__array__" in value:
+            return arrays[value["__array__"]]
+        if "__type__" in value:
+            cls = TRACE_CLASSES.get(value["__type__"])
+            if cls is None:
+                raise PrefillVizError(f"This trace file names an unknown record type {value['__type__']!r}.")
+            names = {field.name for field in dataclasses.fields(cls)}
+            return cls(**{k: _decode(v, arrays) for k, v in value.items() if k in names})
+        return {k: _decode(v, arrays) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v, arrays) for v in value]
+    return value
+
+
+def save_trace(trace: trace_module.Trace, directory: str | Path) -> Path:
+    """Write ``trace`` into ``directory`` (created if needed); returns the folder."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    arrays: dict[str, np.ndarray] = {}
+    data = {"format_version": FORMAT_VERSION, "trace": _encode(trace, arrays)}
+    if trace.profile is not None and Path(trace.profile.chrome_trace_path).is_file():
+        target = directory / "chrome_trace.json"
+        if Path(trace.profile.chrome_trace_path).resolve() != target.resolve():
+            shutil.copyfile(trace.profile.chrome_trace_path, target)
+        data["trace"]["profile"]["chrome_trace_path"] = "chrome_trace.json"
+    (directory / "trace.json").write_text(json.dumps(data))
+    np.savez_compressed(directory / "arrays.npz", **arrays)
+    return directory
+
+
+def load_trace(directory: str | Path) -> trace_module.Trace:
+    """Read a trace written by ``save_trace``.
+
+    Raises:
+        PrefillVizError: the folder holds no trace, or one this version can't read.
+    """
+    directory = Path(directory)
+    try:
+        data = json.loads((directory / "trace.json").read_text())
+        with np.load(directory / "arrays.npz", allow_pickle=False) as npz:
+            arrays = {key: npz[key] for key in npz.files}
+    except (OSError, ValueError) as error:
+        raise PrefillVizError(f"No readable trace in {directory}: {error}") from error
+    if data.get("format_version") != FORMAT_VERSION:
+        raise PrefillVizError(f"Trace format {data.get('format_version')} is not supported (expected {FORMAT_VERSION}).")
+    trace = _decode(data["trace"], arrays)
+    if trace.profile is not None:
+        trace.profile.chrome_trace_path = str(directory / trace.profile.chrome_trace_path)
+    return trace

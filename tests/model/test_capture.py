@@ -1,0 +1,186 @@
+"""Capture levels on real runs: attention maps rebuilt from captured q/k equal eager attention,
+the KV write log covers every position of every layer once, profiler scopes and Chrome trace,
+hooks gone after errors, traces saved and reloaded."""
+
+import json
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import torch
+
+from prefillviz.analysis.attention_maps import attention_probs
+from prefillviz.analysis.first_token import first_token_view
+from prefillviz.config import EngineConfig
+from prefillviz.engine.engine import LLMEngine
+from prefillviz.engine.request import SamplingParams
+from prefillviz.errors import ConfigError
+from prefillviz.instrument.trace_io import load_trace, save_trace
+
+TEXT = "Prefill writes the keys and values of every prompt token into the cache, layer by layer."
+
+
+@contextmanager
+def eager(model):
+    previous = model.config._attn_implementation
+    model.config._attn_implementation = "eager"
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = previous
+
+
+def eager_attentions(model, token_ids):
+    with eager(model), torch.inference_mode():
+        return model(torch.tensor([token_ids]), output_attentions=True).attentions
+
+
+def inspect_run(loaded, token_budget, max_new_tokens=1):
+    engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(token_budget=token_budget, block_size=16))
+    request = engine.add_request(TEXT, SamplingParams(max_new_tokens=max_new_tokens))
+    return engine, engine.run(capture_level="inspect"), request
+
+
+def all_hooks(model):
+    """Our hooks still on the model (transformers keeps some hooks of its own)."""
+    return [
+        (name, hook.__qualname__)
+        for name, module in model.named_modules()
+        for hooks in (module._forward_hooks, module._forward_pre_hooks)
+        for hook in hooks.values()
+        if "Capture" in getattr(hook, "__qualname__", "")
+    ]
+
+
+@pytest.fixture(scope="module")
+def chunked_inspect(bundled):
+    return inspect_run(bundled, token_budget=7, max_new_tokens=3)
+
+
+def test_maps_from_a_chunked_capture_match_eager_attention(bundled, chunked_inspect):
+    _, trace, request = chunked_inspect
+    token_ids = request.prompt_token_ids
+    captured = trace.captured_qk[request.request_id]
+    n = len(token_ids)
+    assert captured.positions[:n].tolist() == list(range(n))
+    reference = eager_attentions(bundled.model, token_ids)
+    worst = 0.0
+    for layer in range(bundled.info.num_layers):
+        q, k = captured.queries[layer][:, :n], captured.keys[layer][:, :n]
+        for head in range(bundled.info.num_heads):
+            ours = attention_probs(q, k, head, captured.scaling[layer])
+            worst = max(worst, (ours - reference[layer][0, head]).abs().max().item())
+    assert worst < 1e-5
+
+
+def test_kv_write_log_covers_every_position_of_every_layer_exactly_once(bundled, chunked_inspect):
+    engine, trace, request = chunked_inspect
+    num_layers = bundled.info.num_layers
+    written = []
+    for step in trace.steps:
+        log = step.kv_writes
+        assert log.layers_written == list(range(num_layers))
+        assert log.key_norms.shape == (num_layers, len(log.positions), bundled.info.num_kv_heads)
+        assert log.bytes_per_layer == 2 * len(log.positions) * bundled.info.num_kv_heads * bundled.info.head_dim * 4
+        assert (log.blocks == log.slots // 16).all()
+        assert (log.key_norms > 0).all() and (log.value_norms > 0).all()
+        assert step.hidden_norms.shape == (num_layers + 1, len(log.positions))
+        written.extend(log.positions.tolist())
+    total = request.num_prompt_tokens + 2  # the last sampled token is never fed back
+    assert sorted(written) == list(range(total))
+    assert [step.num_prefill_tokens for step in trace.steps[:2]] == [7, 7]
+
+
+def test_timing_level_times_every_layer_and_breaks_down_ttft(bundled):
+    engine = LLMEngine(bundled.model, bundled.tokenizer, EngineConfig())
+    request = engine.add_request(TEXT)
+    trace = engine.run(capture_level="timing")
+    step = trace.steps[0]
+    times = step.layer_times
+    assert step.capture_level == "timing" and times.clock == "perf_counter"
+    assert len(times.layer_s) == bundled.info.num_layers
+    assert all(t > 0 for t in times.attention_s + times.mlp_s + times.norms_s)
+    assert all(a + m + n <= total for a, m, n, total in zip(times.attention_s, times.mlp_s, times.norms_s, times.layer_s))
+    assert sum(times.layer_s) + times.lm_head_s <= step.forward_time_s
+    record = trace.requests[request.request_id]
+    parts = record.ttft_breakdown_s
+    assert parts["forward_s"] == pytest.approx(step.forward_time_s)
+    assert parts["total_s"] == pytest.approx(parts["tokenize_s"] + record.time_to_first_token_s + parts["detokenize_s"])
+    assert record.first_token_text == bundled.tokenizer.decode(record.output_token_ids[:1])
+    assert all(step.layer_times is None for step in LLMEngine(bundled.model, None).run().steps)
+
+
+def test_profile_level_has_scopes_op_table_and_a_chrome_trace(bundled, tmp_path):
+    engine = LLMEngine(bundled.model, bundled.tokenizer, EngineConfig())
+    engine.add_request(TEXT)
+    trace = engine.run(capture_level="profile", profile_dir=str(tmp_path))
+    ops = {row["op"]: row for row in trace.profile.op_table}
+    for scope in ["layers.0.attention", "layers.29.mlp", "layers.3.input_layernorm", "layers.3.post_attention_layernorm", "lm_head"]:
+        assert ops[scope]["calls"] == 1
+    assert ops["aten::mm"]["flops"] > 0
+    events = json.loads((tmp_path / "chrome_trace.json").read_text())["traceEvents"]
+    names = {event.get("name") for event in events}
+    assert {"layers.0", "layers.29", "layers.15.mlp"} <= names
+    assert not all_hooks(bundled.model)
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def test_hooks_are_removed_when_a_captured_run_fails(bundled):
+    engine = LLMEngine(bundled.model, bundled.tokenizer, EngineConfig())
+
+    def fail(layer_idx, *args):
+        if layer_idx == 4:
+            raise Boom("failed inside layer 4")
+
+    engine.runner.observers.append(fail)
+    engine.add_request(TEXT)
+    for level in ["timing", "inspect", "profile"]:
+        with pytest.raises(Boom):
+            engine.run(capture_level=level)
+        assert not all_hooks(bundled.model)
+        assert engine.runner.observers == [fail] and engine.capture is None
+        engine.add_request(TEXT)
+    engine.runner.observers.clear()
+    assert engine.run(capture_level="timing").steps[-1].layer_times is not None
+
+
+def test_unknown_capture_level_is_refused(bundled):
+    engine = LLMEngine(bundled.model, bundled.tokenizer)
+    engine.add_request(TEXT)
+    with pytest.raises(ConfigError, match="capture level"):
+        engine.run(capture_level="everything")
+
+
+def test_saved_trace_reloads_with_the_same_maps_and_numbers(chunked_inspect, tmp_path):
+    _, trace, request = chunked_inspect
+    loaded = load_trace(save_trace(trace, tmp_path / "run"))
+    assert loaded.summary() == trace.summary()
+    before, after = trace.captured_qk[request.request_id], loaded.captured_qk[request.request_id]
+    for layer in (0, 17, 29):
+        for head in (0, 8):
+            assert torch.equal(
+                attention_probs(before.queries[layer], before.keys[layer], head, before.scaling[layer]),
+                attention_probs(after.queries[layer], after.keys[layer], head, after.scaling[layer]),
+            )
+    np.testing.assert_array_equal(loaded.steps[2].kv_writes.key_norms, trace.steps[2].kv_writes.key_norms)
+    np.testing.assert_array_equal(
+        loaded.requests[request.request_id].first_token_logits, trace.requests[request.request_id].first_token_logits
+    )
+
+
+def test_first_token_view_resamples_from_kept_logits(chunked_inspect):
+    _, trace, request = chunked_inspect
+    record = trace.requests[request.request_id]
+    greedy = first_token_view(record.first_token_logits, SamplingParams(), record.output_token_ids[0])
+    assert greedy.sampled_token_rank == 1 and greedy.greedy_token_id == record.output_token_ids[0]
+    assert greedy.greedy.top_token_ids == record.first_token_top_ids
+    assert greedy.greedy.entropy_nats == pytest.approx(record.first_token_entropy_nats, rel=1e-4)
+    hot = first_token_view(record.first_token_logits, SamplingParams(temperature=1.5, top_k=5), seed=3)
+    assert hot.sampling.num_candidates == 5 and hot.sampled_token_id in hot.sampling.top_token_ids
+    assert hot.sampling.entropy_nats < hot.greedy.entropy_nats  # only 5 candidates left
+    assert hot.sampled_token_rank <= 5
+    nucleus = first_token_view(record.first_token_logits, SamplingParams(temperature=1.0, top_p=0.5))
+    assert sum(nucleus.greedy.top_probs[: nucleus.sampling.num_candidates - 1]) < 0.5 + 1e-6

@@ -1,0 +1,397 @@
+"""FLOPs and bytes of every op of a decoder step, from the model's config alone.
+
+One engine step runs ``num_new_tokens`` tokens (N) whose keys/values join a context of
+``context_len`` tokens (C, counting the new ones):
+
+    parallel prefill of N tokens:   N new, context N
+    decode step at context C:       1 new, context C
+    chunk of N after K cached:      N new, context K + N
+
+Counting conventions (Kaplan et al. 2020, "Scaling Laws", Table 1; the roofline model of
+Williams et al. 2009):
+
+* A linear layer ``(N, in) @ (in, out)`` costs ``2 * N * in * out`` FLOPs (one multiply and
+  one add per weight per token); a bias adds ``N * out``. Summed over a layer's linear ops
+  this is exactly ``2 * matrix parameters * N`` (+ ``bias parameters * N``).
+* Attention is counted over the (query, key) pairs actually needed. Query i of the step
+  (position C - N + i) sees C - N + i + 1 keys, so
+
+      pairs = N * (C - N) + N * (N + 1) / 2     (causal prefill of N: N(N+1)/2; decode: C)
+
+  and QK^T and PV each cost ``2 * heads * head_dim * pairs``. ``flops_non_causal`` holds
+  the full ``N * C`` pairs, which is what a dense masked kernel (SDPA's math path) really
+  multiplies before the mask throws half of it away.
+* Softmax, scaling, RoPE, SiLU/GELU and residual adds are not counted (a few FLOPs per
+  score or element, under 1% of a step). Norms are: ~4 FLOPs per element for RMSNorm
+  (square, sum, scale, weight), ~7 for LayerNorm (mean, subtract, square, sum, scale,
+  weight, bias).
+* Bytes are the minimum traffic to main memory: every weight read once, every activation
+  read once and written once, K/V of the whole context read once and the new tokens'
+  K/V written once. Attention is assumed fused (flash-style): the (N, C) score matrix is
+  never written to memory.
+
+Families: Llama-like (q/k/v/o projections, gated MLP gate/up/down, RMSNorm: Llama,
+Mistral, Qwen2, SmolLM2, ...) and GPT-2 (fused ``c_attn`` reported as q/k/v parts,
+``c_proj``, a 2-matrix MLP ``c_fc``/``c_proj`` reported as ``mlp_fc``/``mlp_proj``,
+LayerNorm, biases everywhere).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from prefillviz.models import ModelInfo
+
+_GPT2_ARCHITECTURES = ("GPT2LMHeadModel", "GPT2Model")
+_QKV_BIAS_MODEL_TYPES = {"qwen2"}  # Qwen2 has q/k/v biases but no o_proj/MLP bias
+_NORM_FLOPS_PER_ELEMENT = {"rmsnorm": 4, "layernorm": 7}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the cost formulas need to know about a model, whatever described it."""
+
+    family: str  # "llama" (gated MLP, RMSNorm) or "gpt2" (2-matrix MLP, LayerNorm)
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    dtype_bytes: int | None = None  # known when read from a model or ModelInfo
+
+    @property
+    def norm(self) -> str:
+        return "layernorm" if self.family == "gpt2" else "rmsnorm"
+
+
+@dataclass
+class OpCost:
+    """The work of one op of one step: FLOPs and the bytes it must move.
+
+    Attributes:
+        name: the op, e.g. ``"q_proj"``, ``"attn_scores"``, ``"mlp_down"``, ``"norms"``.
+        flops: floating point operations (attention: causal pairs only, see module doc).
+        weight_bytes: parameter bytes read.
+        activation_bytes: activation bytes read and written.
+        kv_bytes: K/V cache bytes read (the context) and written (the new tokens).
+        kind: ``"linear"``, ``"attention"``, ``"norm"`` or ``"embedding"``.
+        flops_non_causal: attention ops only: FLOPs over all N x C pairs, as a dense
+            masked kernel computes them; equal to ``flops`` for every other op.
+    """
+
+    name: str
+    flops: int
+    weight_bytes: int
+    activation_bytes: int
+    kv_bytes: int = 0
+    kind: str = "linear"
+    flops_non_causal: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.flops_non_causal is None:
+            self.flops_non_causal = self.flops
+
+    @property
+    def bytes(self) -> int:
+        """All bytes moved: weights + activations + K/V."""
+        return self.weight_bytes + self.activation_bytes + self.kv_bytes
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        """FLOPs per byte moved (the roofline x axis)."""
+        return self.flops / self.bytes if self.bytes else float("inf")
+
+
+@dataclass
+class ModelCost:
+    """The cost of one whole-model step of ``num_new_tokens`` tokens at ``context_len``.
+
+    Every decoder layer has the same shape, so ``layer_ops`` holds one layer's ops and the
+    totals multiply them by ``num_layers``. ``lm_head`` covers ``num_logit_rows`` rows only
+    (the engine passes ``logits_to_keep``, so a prefill computes logits for its last token).
+    """
+
+    num_new_tokens: int
+    context_len: int
+    dtype_bytes: int
+    num_layers: int
+    layer_ops: list[OpCost]
+    embedding: OpCost
+    final_norm: OpCost
+    lm_head: OpCost
+    num_logit_rows: int = 1
+
+    @property
+    def layers(self) -> list[list[OpCost]]:
+        """Per-layer op lists (all layers are the same objects: same shape, same cost)."""
+        return [self.layer_ops] * self.num_layers
+
+    def _layers_sum(self, kind: str, attribute: str = "flops") -> int:
+        return self.num_layers * sum(getattr(op, attribute) for op in self.layer_ops if op.kind == kind)
+
+    @property
+    def linear_flops(self) -> int:
+        """Projections + MLP over all layers (``2 x matrix params x N`` + bias adds)."""
+        return self._layers_sum("linear")
+
+    @property
+    def attention_flops(self) -> int:
+        """QK^T + PV over all layers, causal pairs only."""
+        return self._layers_sum("attention")
+
+    @property
+    def attention_flops_non_causal(self) -> int:
+        """QK^T + PV over all layers, all N x C pairs (dense masked kernel)."""
+        return self._layers_sum("attention", "flops_non_causal")
+
+    @property
+    def norm_flops(self) -> int:
+        """All norms: two per layer plus the final one."""
+        return self._layers_sum("norm") + self.final_norm.flops
+
+    @property
+    def all_ops(self) -> list[tuple[str, OpCost]]:
+        """Every op of the step in execution order, named like ``layers.3.q_proj``."""
+        ops = [("embedding", self.embedding)]
+        for layer_index in range(self.num_layers):
+            ops += [(f"layers.{layer_index}.{op.name}", op) for op in self.layer_ops]
+        return ops + [("final_norm", self.final_norm), ("lm_head", self.lm_head)]
+
+    @property
+    def total_flops(self) -> int:
+        """Everything counted: linear + attention (causal) + norms + lm_head."""
+        return sum(op.flops for _, op in self.all_ops)
+
+    @property
+    def total_flops_non_causal(self) -> int:
+        """As ``total_flops`` with attention over all N x C pairs."""
+        return sum(op.flops_non_causal for _, op in self.all_ops)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(op.bytes for _, op in self.all_ops)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(op.weight_bytes for _, op in self.all_ops)
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(op.kv_bytes for _, op in self.all_ops)
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        """FLOPs per byte of the whole step."""
+        return self.total_flops / self.total_bytes
+
+
+def causal_pairs(num_new_tokens: int, context_len: int) -> int:
+    """Number of (query, key) pairs causal attention needs for one step.
+
+    Args:
+        num_new_tokens: queries in the step (N).
+        context_len: keys visible to the last query, including the new tokens (C >= N).
+
+    Returns:
+        ``N * (C - N) + N * (N + 1) / 2``: N(N+1)/2 for a prefill, C for a decode step.
+    """
+    _check_sizes(num_new_tokens, context_len)
+    return num_new_tokens * (context_len - num_new_tokens) + num_new_tokens * (num_new_tokens + 1) // 2
+
+
+def _check_sizes(num_new_tokens: int, context_len: int) -> None:
+    if num_new_tokens < 1 or context_len < num_new_tokens:
+        raise ValueError(f"Need 1 <= num_new_tokens <= context_len, got {num_new_tokens} and {context_len}.")
+
+
+def model_shape(source: Any) -> ModelShape:
+    """Reads the shape from a ``ModelInfo``, a transformers config, a model or a ``LoadedModel``.
+
+    Args:
+        source: any of the above; ``ModelShape`` passes through.
+
+    Returns:
+        The ``ModelShape`` (``dtype_bytes`` set when the source knows its dtype).
+    """
+    if isinstance(source, ModelShape):
+        return source
+    if isinstance(source, ModelInfo):
+        return _shape_from_info(source)
+    if hasattr(source, "info") and isinstance(source.info, ModelInfo):  # LoadedModel
+        return _shape_from_info(source.info)
+    if hasattr(source, "config") and hasattr(source, "parameters"):  # a torch model
+        return replace(_shape_from_config(source.config), dtype_bytes=next(source.parameters()).element_size())
+    return _shape_from_config(source)
+
+
+def _shape_from_info(info: ModelInfo) -> ModelShape:
+    family = "gpt2" if info.architecture in _GPT2_ARCHITECTURES else "llama"
+    gpt2 = family == "gpt2"
+    return ModelShape(
+        family=family,
+        num_layers=info.num_layers,
+        hidden_size=info.hidden_size,
+        num_heads=info.num_heads,
+        num_kv_heads=info.num_kv_heads,
+        head_dim=info.head_dim,
+        intermediate_size=info.intermediate_size or 4 * info.hidden_size,
+        vocab_size=info.vocab_size,
+        qkv_bias=gpt2 or info.architecture.startswith("Qwen2"),
+        o_bias=gpt2,
+        mlp_bias=gpt2,
+        dtype_bytes=info.dtype_bytes,
+    )
+
+
+def _shape_from_config(config: Any) -> ModelShape:
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    model_type = getattr(config, "model_type", "")
+    if model_type == "gpt2":
+        hidden = config.n_embd
+        return ModelShape(
+            family="gpt2",
+            num_layers=config.n_layer,
+            hidden_size=hidden,
+            num_heads=config.n_head,
+            num_kv_heads=config.n_head,
+            head_dim=hidden // config.n_head,
+            intermediate_size=config.n_inner or 4 * hidden,
+            vocab_size=config.vocab_size,
+            qkv_bias=True,
+            o_bias=True,
+            mlp_bias=True,
+        )
+    heads = config.num_attention_heads
+    attention_bias = bool(getattr(config, "attention_bias", False))
+    return ModelShape(
+        family="llama",
+        num_layers=config.num_hidden_layers,
+        hidden_size=config.hidden_size,
+        num_heads=heads,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+        intermediate_size=config.intermediate_size,
+        vocab_size=config.vocab_size,
+        qkv_bias=attention_bias or model_type in _QKV_BIAS_MODEL_TYPES,
+        o_bias=attention_bias,
+        mlp_bias=bool(getattr(config, "mlp_bias", False)),
+    )
+
+
+def _resolve_dtype_bytes(shape: ModelShape, dtype_bytes: int | None) -> int:
+    if dtype_bytes is not None:
+        return dtype_bytes
+    if shape.dtype_bytes is None:
+        raise ValueError("dtype_bytes is needed: a bare config does not say what dtype the model runs in.")
+    return shape.dtype_bytes
+
+
+def _linear(name: str, n: int, in_features: int, out_features: int, bias: bool, b: int) -> OpCost:
+    bias_params = out_features if bias else 0
+    return OpCost(
+        name=name,
+        flops=2 * n * in_features * out_features + n * bias_params,
+        weight_bytes=(in_features * out_features + bias_params) * b,
+        activation_bytes=n * (in_features + out_features) * b,
+    )
+
+
+def layer_op_costs(info_or_config: Any, num_new_tokens: int, context_len: int, dtype_bytes: int | None = None) -> list[OpCost]:
+    """Costs of every op of one decoder layer for one step.
+
+    Args:
+        info_or_config: a ``ModelInfo``, transformers config, model or ``LoadedModel``.
+        num_new_tokens: tokens run through the layer in this step (N).
+        context_len: keys the last new token attends to, including the new ones (C >= N).
+        dtype_bytes: bytes per element of weights, activations and K/V; None takes the
+            model's (not known for a bare config).
+
+    Returns:
+        Ops in execution order: q/k/v/o_proj, attn_scores, attn_values, the MLP
+        (mlp_gate, mlp_up, mlp_down or GPT-2's mlp_fc, mlp_proj) and norms (both of the
+        layer). GPT-2's fused ``c_attn`` is reported as its q, k and v parts.
+    """
+    shape = model_shape(info_or_config)
+    b = _resolve_dtype_bytes(shape, dtype_bytes)
+    n, c = num_new_tokens, context_len
+    pairs = causal_pairs(n, c)
+    hidden, q_width, kv_width = shape.hidden_size, shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    ops = [
+        _linear("q_proj", n, hidden, q_width, shape.qkv_bias, b),
+        _linear("k_proj", n, hidden, kv_width, shape.qkv_bias, b),
+        _linear("v_proj", n, hidden, kv_width, shape.qkv_bias, b),
+    ]
+    attention_flops_per_pair = 2 * q_width  # 2 * heads * head_dim
+    kv_traffic = (c + n) * kv_width * b  # read the whole context, write the new tokens
+    ops.append(
+        OpCost("attn_scores", attention_flops_per_pair * pairs, 0, n * q_width * b, kv_traffic, "attention", attention_flops_per_pair * n * c)
+    )
+    ops.append(
+        OpCost("attn_values", attention_flops_per_pair * pairs, 0, n * q_width * b, kv_traffic, "attention", attention_flops_per_pair * n * c)
+    )
+    ops.append(_linear("o_proj", n, q_width, hidden, shape.o_bias, b))
+    inter = shape.intermediate_size
+    if shape.family == "gpt2":
+        ops += [_linear("mlp_fc", n, hidden, inter, shape.mlp_bias, b), _linear("mlp_proj", n, inter, hidden, shape.mlp_bias, b)]
+    else:
+        ops += [
+            _linear("mlp_gate", n, hidden, inter, shape.mlp_bias, b),
+            _linear("mlp_up", n, hidden, inter, shape.mlp_bias, b),
+            _linear("mlp_down", n, inter, hidden, shape.mlp_bias, b),
+        ]
+    ops.append(_norm("norms", shape, n, b, count=2))
+    return ops
+
+
+def _norm(name: str, shape: ModelShape, n: int, b: int, count: int) -> OpCost:
+    weights_per_norm = shape.hidden_size * (2 if shape.norm == "layernorm" else 1)
+    return OpCost(
+        name=name,
+        flops=count * _NORM_FLOPS_PER_ELEMENT[shape.norm] * n * shape.hidden_size,
+        weight_bytes=count * weights_per_norm * b,
+        activation_bytes=count * 2 * n * shape.hidden_size * b,
+        kind="norm",
+    )
+
+
+def model_costs(
+    info_or_config: Any, num_new_tokens: int, context_len: int, dtype_bytes: int | None = None, num_logit_rows: int = 1
+) -> ModelCost:
+    """Costs of one whole-model step: embedding, every layer, final norm, lm_head.
+
+    Args:
+        info_or_config: a ``ModelInfo``, transformers config, model or ``LoadedModel``.
+        num_new_tokens: tokens in the step (N).
+        context_len: keys the last new token attends to, including the new ones (C >= N).
+        dtype_bytes: bytes per element; None takes the model's.
+        num_logit_rows: rows the lm_head computes (1: the engine keeps only the logits it
+            samples from).
+
+    Returns:
+        The ``ModelCost``. The embedding is a gather (0 FLOPs, N rows read; GPT-2 adds
+        its position embedding: N x hidden FLOPs); the lm_head
+        reads its whole (vocab, hidden) matrix even when tied to the embedding.
+    """
+    shape = model_shape(info_or_config)
+    b = _resolve_dtype_bytes(shape, dtype_bytes)
+    n, hidden = num_new_tokens, shape.hidden_size
+    tables = 2 if shape.family == "gpt2" else 1  # GPT-2 also gathers and adds a position embedding
+    embedding = OpCost("embedding", (tables - 1) * n * hidden, tables * n * hidden * b, n * hidden * b, kind="embedding")
+    lm_head = _linear("lm_head", num_logit_rows, hidden, shape.vocab_size, False, b)
+    return ModelCost(
+        num_new_tokens=n,
+        context_len=context_len,
+        dtype_bytes=b,
+        num_layers=shape.num_layers,
+        layer_ops=layer_op_costs(shape, n, context_len, b),
+        embedding=embedding,
+        final_norm=_norm("final_norm", shape, n, b, count=1),  # HF norms all N rows before slicing
+        lm_head=lm_head,
+        num_logit_rows=num_logit_rows,
+    )

@@ -7,16 +7,24 @@ medians with their spread. Every figure is measured in this run; nothing is reme
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
+import sys
 import time
 from typing import Callable
 
 import torch
 
+from prefillviz.analysis.flops import model_costs
+from prefillviz.analysis.memory import peak_rss_bytes
+from prefillviz.analysis.peaks import machine_peaks
 from prefillviz.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.models import load_model
 from prefillviz.prompts import bench_token_ids
+
+INSPECT_RSS_TOKENS = 4096
 
 NUM_WARMUP = 2
 
@@ -49,33 +57,40 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
     def hf_forward() -> None:
         model(input_ids=input_ids, logits_to_keep=1).logits.argmax(-1).item()
 
-    def engine_prefill(token_budget: int) -> Callable[[], None]:
-        engine = LLMEngine(model, loaded.tokenizer, EngineConfig(token_budget=token_budget), model_id=loaded.model_id)
+    def engine_prefill(token_budget: int, capture_level: str = "none") -> Callable[[], None]:
+        config = EngineConfig(token_budget=token_budget, enable_prefix_caching=False)  # every run computes
+        engine = LLMEngine(model, loaded.tokenizer, config, model_id=loaded.model_id)
 
-        def prefill() -> None:  # a fresh request each time; prefix caching off would be equivalent here
-            engine.block_pool.cached_block_ids.clear()
+        def prefill() -> None:
             engine.add_request(token_ids)
-            engine.run()
+            engine.run(capture_level=capture_level)
 
         return prefill
 
-    parallel = engine_prefill(token_budget=max(num_tokens, 2048))
+    budget = max(num_tokens, 2048)
+    parallel = engine_prefill(budget)
+    timed = engine_prefill(budget, "timing")
+    inspected = engine_prefill(budget, "inspect")
     sequential = engine_prefill(token_budget=1)
 
     for _ in range(NUM_WARMUP):
-        hf_forward()
-        parallel()
+        for fn in (hf_forward, parallel, timed, inspected):
+            fn()
     sequential()
 
-    hf_times, parallel_times, sequential_times = [], [], []
-    for i in range(runs):  # interleaved
+    hf_times, parallel_times, timing_times, inspect_times, sequential_times = [], [], [], [], []
+    for i in range(runs):  # interleaved, so drift hits every variant alike
         hf_times.append(_time(hf_forward, device_))
         parallel_times.append(_time(parallel, device_))
+        timing_times.append(_time(timed, device_))
+        inspect_times.append(_time(inspected, device_))
         if i < max(3, runs // 2):  # N steps each: fewer runs
             sequential_times.append(_time(sequential, device_))
 
     ratios = [p / h for p, h in zip(parallel_times, hf_times)]
     parallel_median = statistics.median(parallel_times)
+    prefill_flops = model_costs(loaded.info, num_tokens, num_tokens).total_flops
+    peaks = machine_peaks(device_, loaded.dtype)
     return {
         "model": loaded.model_id,
         "device": str(device_),
@@ -85,11 +100,41 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
         "overhead_vs_hf": statistics.median(ratios),
         "sequential_over_parallel": statistics.median(sequential_times) / parallel_median,
         "prefill_tok_s": num_tokens / parallel_median,
+        "timing_overhead": statistics.median(t / p for t, p in zip(timing_times, parallel_times)),
+        "inspect_overhead": statistics.median(t / p for t, p in zip(inspect_times, parallel_times)),
+        "inspect_4096_peak_rss_mb": _inspect_peak_rss_mb(model_id, device, dtype),
+        "gemm_peak_gflops": peaks.matmul_gflops,
+        "prefill_achieved_gflops": prefill_flops / parallel_median / 1e9,
         "details": {
             "hf_forward_s": _spread(hf_times),
             "engine_parallel_prefill_s": _spread(parallel_times),
             "engine_token_by_token_s": _spread(sequential_times),
             "overhead_vs_hf_ratios": _spread(ratios),
+            "engine_timing_capture_s": _spread(timing_times),
+            "engine_inspect_capture_s": _spread(inspect_times),
+            "prefill_flops": prefill_flops,
+            "machine_peaks": {"memory_gb_s": peaks.memory_gb_s, "measured_at": peaks.measured_at, "machine": peaks.machine},
+            "inspect_rss": f"fresh process: load the model, inspect-capture a {INSPECT_RSS_TOKENS}-token prefill, peak RSS",
             "warmup_runs": NUM_WARMUP,
         },
     }
+
+
+def _inspect_peak_rss_mb(model_id: str, device: str, dtype: str) -> float:
+    """Peak RSS of a fresh process that inspects a 4,096-token prefill (model load included)."""
+    command = [sys.executable, "-m", "prefillviz.bench", "inspect-rss", model_id, device, dtype]
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])["peak_rss_mb"]
+
+
+def _inspect_rss_child(model_id: str, device: str, dtype: str) -> None:
+    loaded = load_model(model_id, device=device, dtype=dtype)
+    engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(token_budget=INSPECT_RSS_TOKENS))
+    engine.add_request(bench_token_ids(loaded.tokenizer, INSPECT_RSS_TOKENS))
+    trace = engine.run(capture_level="inspect")
+    assert trace.captured_qk  # the captured arrays are alive while the peak is read
+    print(json.dumps({"peak_rss_mb": peak_rss_bytes() / 2**20}))
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["inspect-rss"]:
+    _inspect_rss_child(*sys.argv[2:5])

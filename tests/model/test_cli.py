@@ -40,11 +40,26 @@ def test_run_errors_are_one_line_for_people():
     assert result.returncode == 2 and "error:" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_trace_command_writes_a_trace_that_reloads(bundled, tmp_path):
+    from prefillviz.instrument.trace_io import load_trace
+
+    result = prefillviz("trace", "--prompt", "The capital of France is", "--dtype", "float32", "--level", "inspect", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["files"] == ["arrays.npz", "trace.json"]
+    trace = load_trace(tmp_path)
+    assert trace.capture_level == "inspect" and trace.captured_qk["req-0"].queries[0].shape == (9, 5, 64)
+
+
 def test_bench_json_has_the_documented_keys(bundled):
     result = prefillviz("bench", "--json", "--num-tokens", "24", "--runs", "2", "--dtype", "float32")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    for key in ["overhead_vs_hf", "sequential_over_parallel", "prefill_tok_s", "device", "dtype"]:
+    for key in [
+        "overhead_vs_hf", "sequential_over_parallel", "prefill_tok_s", "device", "dtype",
+        "timing_overhead", "inspect_overhead", "inspect_4096_peak_rss_mb", "gemm_peak_gflops", "prefill_achieved_gflops",
+    ]:
         assert key in data
+    assert 300 < data["inspect_4096_peak_rss_mb"] < 3 * 1024  # the bound the issue sets, on the real model
+    assert data["prefill_achieved_gflops"] > 0 and data["gemm_peak_gflops"] > 0
     assert data["sequential_over_parallel"] > 1  # 24 steps cost more than one
     assert data["details"]["hf_forward_s"]["runs"] == 2

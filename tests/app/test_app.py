@@ -1,4 +1,4 @@
-"""The placeholder page runs a real prefill of the bundled model and survives bad input."""
+"""The app shell and the Prefill page: a real prefill of the bundled model, bad input kept inline."""
 
 from pathlib import Path
 
@@ -10,22 +10,45 @@ APP = str(Path(__file__).resolve().parents[2] / "app.py")
 def make_app():
     app = AppTest.from_file(APP, default_timeout=240)
     app.run()
-    app.selectbox(key="dtype").set_value("float32")
+    app.selectbox(key="sidebar_dtype").set_value("float32").run()
     return app
 
 
-def test_run_prefill_shows_the_first_token(bundled):
+def test_sidebar_card_describes_the_loaded_model(bundled):
     app = make_app()
-    app.button(key="run").click().run()
+    card = " ".join(m.value for m in app.sidebar.markdown)
+    assert "30 layers · 9 heads · 3 KV heads · head dim 64" in card
+    assert "46,080 B per token" in card
+
+
+def test_run_prefill_shows_measured_figures(bundled):
+    app = make_app()
+    app.selectbox(key="prefill_preset").set_value("Short question").run()
+    app.button(key="prefill_run").click().run()
     assert not app.exception and not app.error
-    assert app.metric[0].value == "' Paris'"
-    assert app.metric[2].value == "5 / 1"
+    assert app.metric[2].value == "' Paris'"
+    charts = {chart.proto.id: chart for chart in app.get("plotly_chart")}
+    assert len(charts) == 3
+    app.slider(key="prefill_temperature").set_value(1.0).run()
+    app.slider(key="prefill_top_k").set_value(3).run()
+    assert not app.exception and app.metric[2].value == "' Paris'"
 
 
 def test_empty_prompt_shows_an_error_and_keeps_the_last_result(bundled):
     app = make_app()
-    app.button(key="run").click().run()
-    app.text_area(key="prompt").set_value("   ")
-    app.button(key="run").click().run()
+    app.selectbox(key="prefill_preset").set_value("Short question").run()
+    app.button(key="prefill_run").click().run()
+    app.text_area(key="prefill_prompt_Short question").set_value("   ").run()
+    app.button(key="prefill_run").click().run()
     assert "empty" in app.error[0].value
-    assert app.metric[0].value == "' Paris'"  # the earlier result is still shown
+    assert app.metric[2].value == "' Paris'"  # the earlier result is still shown
+
+
+def test_unknown_model_gives_a_message_and_the_page_stays_usable(bundled):
+    app = make_app()
+    app.text_input(key="sidebar_custom_model").set_value("/no/such/model/folder").run()
+    assert not app.exception
+    assert any("/no/such/model/folder" in e.value for e in app.sidebar.error)
+    app.text_input(key="sidebar_custom_model").set_value("").run()
+    app.button(key="prefill_run").click().run()
+    assert not app.exception and app.metric[2].value == "' Paris'"

@@ -1,0 +1,70 @@
+"""Prefill: one forward pass over the whole prompt, the KV cache it fills, the first token."""
+
+import streamlit as st
+
+from prefillviz.analysis.first_token import first_token_view
+from prefillviz.engine.request import SamplingParams
+from prefillviz.experiments.prefill import run_prefill
+from prefillviz.figures import prefill as figures
+from prefillviz.prompts import PRESETS
+from prefillviz.ui.shell import downloads, get_result, loaded_model, run_guarded, save_result
+
+st.title("Prefill: the whole prompt in one pass")
+st.markdown(
+    "The model reads every prompt token **at once**: one forward pass computes keys and values for all "
+    "positions in every layer, stores them in the KV cache, and ends in one probability distribution over "
+    "the next token. The time until that token is the **time to first token (TTFT)**."
+)
+
+loaded = loaded_model()
+preset = st.selectbox("Preset", list(PRESETS), key="prefill_preset")
+prompt = st.text_area("Prompt", PRESETS[preset], height=150, key=f"prefill_prompt_{preset}")
+
+if loaded is not None and st.button("Run prefill", type="primary", key="prefill_run"):
+    with run_guarded("The prefill"), st.spinner("Running a timing pass, then an inspection pass…"):
+        save_result("prefill", run_prefill(loaded, prompt))
+
+result = get_result("prefill")
+if result is None:
+    st.stop()
+
+timing, inspection, request_id = result.timing, result.inspection, result.request_id
+record = timing.requests[request_id]
+st.caption(
+    f"Last run: {result.num_tokens:,} tokens on {result.model_id} ({timing.device}, {timing.dtype}). "
+    "Times come from a timing pass (per-layer clocks); KV writes from a separate inspection pass."
+)
+
+st.subheader(f"{result.num_tokens:,} tokens")
+st.markdown(figures.token_chips_html(result.token_texts, result.token_ids), unsafe_allow_html=True)
+
+st.plotly_chart(figures.one_pass_diagram(timing, inspection, request_id, record.first_token_text), key="prefill_diagram")
+st.caption("Writes and bytes: inspection pass (KV write log). Forward time: timing pass.")
+
+columns = st.columns(3)
+columns[0].metric("Time to first token", f"{record.ttft_breakdown_s['total_s'] * 1000:,.1f} ms")
+columns[1].metric("Prefill throughput", f"{result.num_tokens / timing.steps[0].forward_time_s:,.0f} tokens/s")
+columns[2].metric("First token", repr(record.first_token_text))
+ttft = figures.ttft_breakdown_figure(record.ttft_breakdown_s)
+st.plotly_chart(ttft, key="prefill_ttft")
+downloads("ttft_breakdown", "prefill_ttft_dl", figure=ttft, table=[{"part": k, "seconds": v} for k, v in record.ttft_breakdown_s.items()])
+
+st.subheader("The first token")
+st.markdown("Change the sampling settings: the distribution is re-sampled from the logits this run kept, without running the model again.")
+controls = st.columns(4)
+temperature = controls[0].slider("Temperature", 0.0, 2.0, 0.0, 0.05, key="prefill_temperature", help="0 = greedy")
+top_k = controls[1].slider("Top-k (0 = off)", 0, 100, 0, key="prefill_top_k")
+top_p = controls[2].slider("Top-p", 0.05, 1.0, 1.0, 0.05, key="prefill_top_p")
+seed = controls[3].number_input("Seed", 0, 2**31 - 1, 0, key="prefill_seed")
+params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+view = first_token_view(record.first_token_logits, params, None if temperature > 0 else record.output_token_ids[0], seed=int(seed))
+same_model = loaded is not None and loaded.model_id == result.model_id
+decode = (lambda t: loaded.tokenizer.decode([t])) if same_model else (lambda t: f"id {t}")
+distribution = figures.first_token_figure(view, decode)
+st.plotly_chart(distribution, key="prefill_distribution")
+downloads(
+    "first_token_distribution",
+    "prefill_distribution_dl",
+    figure=distribution,
+    table=[{"token_id": t, "token": decode(t), "probability": p} for t, p in zip(view.greedy.top_token_ids, view.greedy.top_probs)],
+)

@@ -1,0 +1,1 @@
+"""The real-model runs behind each view: plain functions, no Streamlit, tested on their own."""

@@ -1,0 +1,1 @@
+"""Streamlit helpers shared by the pages: sidebar, model cache, progress, errors, downloads."""

@@ -1,0 +1,148 @@
+"""The frame every page shares: the sidebar model picker, the loaded-model card, progress
+bars for long runs, inline errors that keep earlier results, and downloads.
+
+Pages call ``current_model()`` for the model chosen in the sidebar, ``run_guarded`` around
+anything that runs it, and ``save_result`` / ``get_result`` for per-session results (in
+``st.session_state``: one user's results are never another's). The model itself is cached
+with ``st.cache_resource`` and shared, so it holds no per-run state.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+import torch
+
+from prefillviz.errors import PrefillVizError
+from prefillviz.models import BUNDLED_MODEL_ID, RECOMMENDED_MODELS, LoadedModel, load_model
+
+DEVICES = ["auto", "cpu", "cuda", "mps"]
+DTYPES = ["auto", "float32", "bfloat16", "float16"]
+
+
+@st.cache_resource(show_spinner=False, max_entries=2)
+def _cached_model(model_id: str, device: str, dtype: str) -> LoadedModel:
+    return load_model(model_id, device=device, dtype=dtype)
+
+
+def model_choice() -> tuple[str, str, str]:
+    """The sidebar's model, device and dtype widgets; returns their values."""
+    labels = {spec.model_id: f"{spec.model_id} · {spec.num_parameters_label} · {spec.needs}" for spec in RECOMMENDED_MODELS}
+    with st.sidebar:
+        st.header("Model")
+        model_id = st.selectbox("Model", list(labels), format_func=labels.get, key="sidebar_model")
+        custom = st.text_input("…or another Hugging Face id or local folder", key="sidebar_custom_model").strip()
+        device = st.selectbox("Device", DEVICES, key="sidebar_device")
+        dtype = st.selectbox("dtype", DTYPES, key="sidebar_dtype", help="auto: bf16 on GPU and on CPUs with fast bf16, else fp32")
+    return custom or model_id or BUNDLED_MODEL_ID, device, dtype
+
+
+def current_model() -> LoadedModel | None:
+    """The model picked in the sidebar, loaded once per (id, device, dtype); None (with a
+    message in the sidebar) when it can't be loaded."""
+    model_id, device, dtype = model_choice()
+    with st.sidebar:
+        try:
+            with st.spinner(f"Loading {model_id} (the bundled model's very first load dequantizes its GGUF: ~20 s)…"):
+                loaded = _cached_model(model_id, device, dtype)
+        except PrefillVizError as error:
+            st.error(str(error))
+            return None
+        model_card(loaded)
+    return loaded
+
+
+def model_card(loaded: LoadedModel) -> None:
+    info = loaded.info
+    st.subheader("Loaded")
+    st.markdown(
+        f"**{loaded.model_id}**  \n"
+        f"{info.architecture} · {info.num_parameters / 1e6:,.0f} M parameters  \n"
+        f"{info.num_layers} layers · {info.num_heads} heads · {info.num_kv_heads} KV heads · head dim {info.head_dim}  \n"
+        f"KV cache: **{info.kv_bytes_per_token:,} B per token**  \n"
+        f"{loaded.device} · {str(loaded.dtype).removeprefix('torch.')} · from {loaded.source} in {loaded.load_time_s:.1f} s"
+    )
+
+
+def run_label(loaded: LoadedModel, capture: str) -> str:
+    """What a number measured: the pass and the device, for captions under results."""
+    passes = {
+        "none": "timing pass (nothing captured)",
+        "timing": "timing pass (per-layer clocks)",
+        "inspect": "inspection pass (KV log, q/k captured; slower)",
+        "profile": "under torch.profiler (slowest)",
+    }
+    return f"{passes.get(capture, capture)} · {loaded.model_id} on {loaded.device}, {str(loaded.dtype).removeprefix('torch.')}"
+
+
+@contextmanager
+def run_guarded(what: str) -> Iterator[None]:
+    """Show an inline error instead of a crash; free memory after an out-of-memory error.
+
+    Earlier results stay in ``st.session_state`` untouched, so the page keeps showing them.
+    """
+    try:
+        yield
+    except PrefillVizError as error:
+        st.error(f"{what} failed: {error}")
+    except torch.OutOfMemoryError:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        st.error(f"{what} ran out of memory. Try a shorter prompt, a smaller token budget or a smaller model.")
+
+
+def progress_callback(total_steps: int, label: str) -> Callable[[int, Any], None]:
+    """An ``engine.run(progress=...)`` callback that drives a progress bar: steps done of total, and the phase."""
+    bar = st.progress(0.0, text=f"{label}: starting")
+
+    def update(steps_done: int, record) -> None:
+        phase = "prefill" if record.num_prefill_tokens else "decode"
+        fraction = min(1.0, steps_done / max(total_steps, 1))
+        bar.progress(fraction, text=f"{label}: step {steps_done} of ~{total_steps} ({phase}, {record.num_scheduled_tokens} tokens)")
+
+    return update
+
+
+def save_result(page: str, value: Any) -> None:
+    st.session_state.setdefault("results", {})[page] = value
+
+
+def get_result(page: str) -> Any:
+    return st.session_state.get("results", {}).get(page)
+
+
+def downloads(name: str, key: str, figure: go.Figure | None = None, table: pd.DataFrame | list[dict] | None = None, data: Any = None) -> None:
+    """Download buttons for a figure's data (CSV and/or JSON) and the figure as standalone HTML.
+
+    Files are built only when clicked (deferred data), and the HTML embeds plotly.js so
+    it opens offline. PNG and SVG come from each chart's own toolbar (camera icon).
+    """
+    columns = st.columns(3)
+    if table is not None:
+        frame = table if isinstance(table, pd.DataFrame) else pd.DataFrame(table)
+        columns[0].download_button(
+            "Data (CSV)", lambda: frame.to_csv(index=False), f"{name}.csv", "text/csv", key=f"{key}_csv", on_click="ignore"
+        )
+    if data is not None:
+        columns[1].download_button(
+            "Data (JSON)", lambda: json.dumps(data, default=str), f"{name}.json", "application/json", key=f"{key}_json", on_click="ignore"
+        )
+    if figure is not None:
+        columns[2].download_button(
+            "Figure (HTML)", lambda: figure.to_html(include_plotlyjs=True), f"{name}.html", "text/html", key=f"{key}_html", on_click="ignore"
+        )
+
+
+def loaded_model() -> LoadedModel | None:
+    """The model ``app.py`` loaded for this rerun (None, with a hint, when none could be)."""
+    loaded = st.session_state.get("loaded_model")
+    if loaded is None:
+        st.info("No model is loaded: pick one that loads in the sidebar.")
+    return loaded

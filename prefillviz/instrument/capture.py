@@ -4,7 +4,7 @@
     timing    + per layer and sub-layer time (attention, MLP, norms, embedding, final norm,
               lm_head): perf_counter on CPU, CUDA events on GPU, read once per step
     inspect   + the KV write log (positions, slots, blocks, bytes, K/V norms per kv head and
-              token), post-RoPE queries and keys of every layer, hidden-state norms
+              token), post-RoPE queries, keys and values of every layer, hidden-state norms
     profile   timing under torch.profiler, with a record_function scope per layer and
               sub-layer, a per-op table and a Chrome trace
 
@@ -146,12 +146,13 @@ class Capture:
         )
         for r, request_id in enumerate(meta.request_ids):
             start, end = meta.query_start_loc[r], meta.query_start_loc[r + 1]
-            store = self._qk.setdefault(request_id, {"positions": [], "scaling": {}, "q": {}, "k": {}})
+            store = self._qk.setdefault(request_id, {"positions": [], "scaling": {}, "q": {}, "k": {}, "v": {}})
             if layer_idx == 0:
                 store["positions"].append(meta.positions[start:end].clone())
             store["scaling"][layer_idx] = float(module.scaling)
             store["q"].setdefault(layer_idx, []).append(query[0, :, start:end].detach().cpu().clone())  # (H, q, D)
             store["k"].setdefault(layer_idx, []).append(key[0, :, start:end].detach().cpu().clone())  # (KVH, q, D)
+            store["v"].setdefault(layer_idx, []).append(value[0, :, start:end].detach().cpu().clone())  # (KVH, q, D)
 
     # ---------------------------------------------------------------- per step
     def end_step(self, record: StepRecord) -> None:
@@ -209,6 +210,7 @@ class Capture:
                 scaling=[store["scaling"][layer] for layer in layers],
                 queries=[_to_numpy(torch.cat(store["q"][layer], dim=1)) for layer in layers],
                 keys=[_to_numpy(torch.cat(store["k"][layer], dim=1)) for layer in layers],
+                values=[_to_numpy(torch.cat(store["v"][layer], dim=1)) for layer in layers],
             )
         if self.profiler is not None:
             trace.profile = self._profile_record()

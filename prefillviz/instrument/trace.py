@@ -56,13 +56,15 @@ class KVWriteRecord:
 
 @dataclass
 class CapturedQK:
-    """Post-RoPE queries and keys of one request, every layer, for rebuilding attention maps."""
+    """Post-RoPE queries, keys and values of one request, every layer: what attention saw
+    and what was written to the KV cache, for rebuilding attention maps and comparing caches."""
 
     dtype: str  # what they are stored in
     positions: np.ndarray  # (N,) positions covered, in order
     scaling: list[float]  # (L,) the softmax scale each layer used
     queries: list[np.ndarray]  # L x (H, N, D)
     keys: list[np.ndarray]  # L x (KVH, N, D)
+    values: list[np.ndarray] = field(default_factory=list)  # L x (KVH, N, D)
 
 
 @dataclass

@@ -10,16 +10,16 @@ import streamlit as st
 
 from prefillviz.ui.shell import current_model
 
-st.set_page_config(page_title="prefillviz", page_icon="⏩", layout="wide")
+st.set_page_config(page_title="prefillviz", page_icon=":material/fast_forward:", layout="wide")
 
 PAGES = [
-    st.Page("app_pages/prefill.py", title="Prefill", icon="⏩", default=True),
-    st.Page("app_pages/parallel_vs_sequential.py", title="Parallel vs token-by-token", icon="⚖️"),
-    st.Page("app_pages/kv_cache.py", title="KV cache", icon="🗄️"),
-    st.Page("app_pages/attention.py", title="Attention", icon="🔍"),
-    st.Page("app_pages/kernels.py", title="Kernel timings", icon="⏱️"),
-    st.Page("app_pages/chunked_prefill.py", title="Chunked prefill", icon="🧩"),
-    st.Page("app_pages/prefix_cache.py", title="Prefix cache", icon="♻️"),
+    st.Page("app_pages/prefill.py", title="Prefill", icon=":material/fast_forward:", default=True),
+    st.Page("app_pages/parallel_vs_sequential.py", title="Parallel vs token-by-token", icon=":material/compare_arrows:"),
+    st.Page("app_pages/kv_cache.py", title="KV cache", icon=":material/storage:"),
+    st.Page("app_pages/attention.py", title="Attention", icon=":material/visibility:"),
+    st.Page("app_pages/kernels.py", title="Kernel timings", icon=":material/timer:"),
+    st.Page("app_pages/chunked_prefill.py", title="Chunked prefill", icon=":material/view_timeline:"),
+    st.Page("app_pages/prefix_cache.py", title="Prefix cache", icon=":material/recycling:"),
 ]
 
 st.session_state["loaded_model"] = current_model()

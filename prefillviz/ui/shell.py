@@ -28,7 +28,10 @@ DTYPES = ["auto", "float32", "bfloat16", "float16"]
 
 @st.cache_resource(show_spinner=False, max_entries=2)
 def _cached_model(model_id: str, device: str, dtype: str) -> LoadedModel:
-    return load_model(model_id, device=device, dtype=dtype)
+    loaded = load_model(model_id, device=device, dtype=dtype)
+    with torch.inference_mode():  # warm-up: first-touch page faults and kernel setup stay out of the first measured run
+        loaded.model(input_ids=torch.ones((1, 8), dtype=torch.long, device=loaded.device), logits_to_keep=1)
+    return loaded
 
 
 def model_choice() -> tuple[str, str, str]:

@@ -1,0 +1,90 @@
+"""One real-browser run: Debian's chromium driven by playwright against `streamlit run`.
+
+Starts the app on 127.0.0.1, runs a prefill, waits for the plotly charts to render, visits
+every page and saves a screenshot of each to out/screenshots/ (git-ignored).
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOTS = ROOT / "out" / "screenshots"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+PAGES = [
+    ("Prefill", "Prefill"),
+    ("Parallel vs token-by-token", "Parallel"),
+    ("KV cache", "KV cache"),
+    ("Attention", "Attention"),
+    ("Kernel timings", "Kernel"),
+    ("Chunked prefill", "Chunked prefill"),
+    ("Prefix cache", "Prefix cache"),
+]
+CHROMIUM_FLAGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(bundled):
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1", "--server.port", str(port),
+         "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        server.kill()
+        pytest.fail("streamlit did not start within 60 s")
+    yield url
+    server.terminate()
+    server.wait(timeout=20)
+
+
+def test_prefill_then_every_page_in_a_real_browser(app_url):
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("CI"):
+            pytest.fail("Debian chromium is missing: .ci/run installs it")
+        pytest.skip("Debian chromium is not installed (apt-get install chromium)")
+    from playwright.sync_api import expect, sync_playwright
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(app_url)
+        page.get_by_role("button", name="Run prefill").click(timeout=120_000)
+        page.wait_for_selector(".js-plotly-plot .main-svg", timeout=180_000)
+        expect(page.locator(".js-plotly-plot")).to_have_count(3, timeout=60_000)
+        expect(page.get_by_text("Time to first token").first).to_be_visible()
+        page.screenshot(path=str(SCREENSHOTS / "1_prefill.png"), full_page=True)
+        for index, (link, title) in enumerate(PAGES[1:], start=2):
+            page.locator('[data-testid="stSidebarNav"]').get_by_text(link, exact=True).click()
+            expect(page.locator("h1").first).to_contain_text(title, timeout=60_000)
+            page.wait_for_timeout(1500)  # let charts restored from the session render
+            assert not page.locator('[data-testid="stException"]').count(), f"{link} shows an exception"
+            page.screenshot(path=str(SCREENSHOTS / f"{index}_{title.lower().replace(' ', '_')}.png"), full_page=True)
+        browser.close()
+    assert len(list(SCREENSHOTS.glob("*.png"))) >= len(PAGES)

@@ -35,3 +35,15 @@ def test_family_chunked_prefill_and_decode_match_hf(family):
     assert trace.num_steps == 4 + 4  # 37 tokens in chunks of 10, then 4 decodes
     assert_matches_hf(model, prompt, engine.first_token_logits[request.request_id])
     assert trace.requests[request.request_id].output_token_ids == hf_greedy_generate(model, prompt, 5)
+
+
+def test_seeded_sampling_through_the_engine_is_reproducible(tiny_llama):
+    prompt = list(range(5, 25))
+
+    def generate(seed):
+        engine = LLMEngine(tiny_llama, None, EngineConfig(token_budget=8))
+        request = engine.add_request(prompt, SamplingParams(max_new_tokens=12, temperature=1.5, top_p=0.95, seed=seed))
+        return engine.run().requests[request.request_id].output_token_ids
+
+    assert generate(1) == generate(1)
+    assert generate(1) != generate(2)

@@ -175,7 +175,7 @@ class LLMEngine:
         t_scheduled = time.perf_counter()
         requests = self.scheduler.requests
         try:
-            inputs, _ = self.runner.prepare(output, requests)
+            inputs = self.runner.prepare(output, requests)
             t_prepared = self._now()
             logits = self.runner.forward(inputs)
             t_forward = self._now()

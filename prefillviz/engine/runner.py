@@ -43,11 +43,12 @@ class ModelRunner:
         table = torch.tensor(request.block_table, dtype=torch.long)
         return table[positions // self.block_size] * self.block_size + positions % self.block_size
 
-    def prepare(self, output: SchedulerOutput, requests: dict[str, Request]) -> tuple[dict, list[int]]:
+    def prepare(self, output: SchedulerOutput, requests: dict[str, Request]) -> dict:
         """Build the model inputs and attention metadata for one step.
 
         Returns:
-            (model keyword arguments, batch rows whose logits are kept, in chunk order).
+            The model's keyword arguments; logits are kept at the last row of each sampling
+            request, in chunk order.
         """
         input_ids, positions, slots, context_slots, query_start_loc, num_computed = [], [], [], [], [0], []
         sample_rows = []
@@ -80,7 +81,7 @@ class ModelRunner:
             logits_to_keep=torch.tensor(sample_rows or [query_start_loc[-1] - 1], dtype=torch.long, device=self.device),
             prefillviz_metadata=metadata,
         )
-        return inputs, sample_rows
+        return inputs
 
     @torch.inference_mode()
     def forward(self, inputs: dict) -> torch.Tensor:

@@ -20,3 +20,21 @@ class ConfigError(PrefillVizError):
 
 class RequestError(PrefillVizError):
     """A request can't be served (empty prompt, longer than the context or the KV capacity)."""
+
+
+class OutOfMemory(PrefillVizError):
+    """A run needed more memory than the device (GPU or CPU) had; its requests were freed."""
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """CUDA/MPS out-of-memory errors, and the CPU allocator's failure (a plain RuntimeError)."""
+    if isinstance(error, torch_oom_types()):
+        return True
+    message = str(error)
+    return isinstance(error, RuntimeError) and ("can't allocate memory" in message or "out of memory" in message.lower())
+
+
+def torch_oom_types() -> tuple[type, ...]:
+    import torch
+
+    return (torch.OutOfMemoryError,)

@@ -21,7 +21,7 @@ from prefillviz.engine.kv_cache import PagedKVCache, kv_bytes_per_token
 from prefillviz.engine.request import Request, RequestStatus, SamplingParams
 from prefillviz.engine.runner import ModelRunner
 from prefillviz.engine.scheduler import Scheduler
-from prefillviz.errors import PrefillVizError, RequestError
+from prefillviz.errors import OutOfMemory, RequestError, is_out_of_memory
 from prefillviz.instrument.capture import capture
 from prefillviz.instrument.trace import RequestRecord, StepRecord, Trace
 from prefillviz.models import model_info
@@ -161,7 +161,7 @@ class LLMEngine:
             The ``StepRecord`` of this step (also appended to ``self.steps``).
 
         Raises:
-            PrefillVizError: the step could not run (out of memory, a stalled queue). The
+            OutOfMemory, RequestError: the step could not run (out of memory, a stalled queue). The
                 requests scheduled in it are aborted and their blocks freed, so the engine
                 stays usable.
         """
@@ -184,8 +184,8 @@ class LLMEngine:
             now = self._now()
             for chunk in output.chunks:
                 self.scheduler.finish_request(requests[chunk.request_id], RequestStatus.FINISHED_ABORTED, now)
-            if isinstance(error, torch.OutOfMemoryError):
-                raise PrefillVizError(
+            if is_out_of_memory(error):
+                raise OutOfMemory(
                     f"Out of memory while running {output.total_num_scheduled_tokens:,} tokens in one step. "
                     "Try a shorter prompt, a smaller token budget, or a smaller model."
                 ) from error

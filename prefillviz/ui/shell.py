@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 import streamlit as st
 import torch
 
-from prefillviz.errors import PrefillVizError
+from prefillviz.errors import OutOfMemory, PrefillVizError, is_out_of_memory
 from prefillviz.models import BUNDLED_MODEL_ID, RECOMMENDED_MODELS, LoadedModel, load_model
 
 DEVICES = ["auto", "cpu", "cuda", "mps"]
@@ -93,12 +93,21 @@ def run_guarded(what: str) -> Iterator[None]:
     try:
         yield
     except PrefillVizError as error:
+        if isinstance(error, OutOfMemory):
+            free_memory()
         st.error(f"{what} failed: {error}")
-    except torch.OutOfMemoryError:
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    except Exception as error:
+        if not is_out_of_memory(error):
+            raise
+        free_memory()
         st.error(f"{what} ran out of memory. Try a shorter prompt, a smaller token budget or a smaller model.")
+
+
+def free_memory() -> None:
+    """Give back what a failed run held: Python garbage and the CUDA caching allocator's blocks."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def progress_callback(total_steps: int, label: str) -> Callable[[int, Any], None]:

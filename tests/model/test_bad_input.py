@@ -71,7 +71,11 @@ class FailAtLayer:
 
 @pytest.mark.parametrize(
     "error, expected",
-    [(torch.OutOfMemoryError("CPU ran out"), "Out of memory"), (RuntimeError("kernel failed"), "kernel failed")],
+    [
+        (torch.OutOfMemoryError("CUDA out of memory"), "Out of memory"),
+        (RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't allocate memory"), "Out of memory"),
+        (RuntimeError("kernel failed"), "kernel failed"),
+    ],
 )
 def test_a_failed_step_frees_its_requests_blocks_and_the_engine_recovers(tiny_llama, error, expected):
     engine = LLMEngine(tiny_llama, None, EngineConfig(block_size=4))

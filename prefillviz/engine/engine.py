@@ -21,6 +21,7 @@ from prefillviz.engine.kv_cache import PagedKVCache, kv_bytes_per_token
 from prefillviz.engine.request import Request, RequestStatus, SamplingParams
 from prefillviz.engine.runner import ModelRunner
 from prefillviz.engine.scheduler import Scheduler
+from prefillviz.hosted import hosted_policy
 from prefillviz.errors import OutOfMemory, RequestError, is_out_of_memory
 from prefillviz.instrument.capture import capture
 from prefillviz.instrument.trace import RequestRecord, StepRecord, Trace
@@ -131,6 +132,12 @@ class LLMEngine:
             raise RequestError("Sampling needs temperature >= 0, 0 < top_p <= 1 and top_k >= 0.")
         if min(token_ids) < 0 or max(token_ids) >= self.info.vocab_size:
             raise RequestError(f"Token ids must lie in 0..{self.info.vocab_size - 1}.")
+        policy = hosted_policy()
+        if policy.enabled and (len(token_ids) > policy.max_prompt_tokens or params.max_new_tokens > policy.max_new_tokens):
+            raise RequestError(
+                f"This hosted demo serves prompts of up to {policy.max_prompt_tokens:,} tokens and "
+                f"{policy.max_new_tokens} new tokens; this one has {len(token_ids):,} and asks for {params.max_new_tokens}."
+            )
         total = len(token_ids) + params.max_new_tokens
         if self.info.max_context and total > self.info.max_context:
             raise RequestError(

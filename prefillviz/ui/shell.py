@@ -20,6 +20,8 @@ import streamlit as st
 import torch
 
 from prefillviz.errors import OutOfMemory, PrefillVizError, is_out_of_memory
+from prefillviz.hosted import hosted_policy
+from prefillviz.run_queue import RUN_QUEUE
 from prefillviz.models import BUNDLED_MODEL_ID, RECOMMENDED_MODELS, LoadedModel, load_model
 
 DEVICES = ["auto", "cpu", "cuda", "mps"]
@@ -35,12 +37,18 @@ def _cached_model(model_id: str, device: str, dtype: str) -> LoadedModel:
 
 
 def model_choice() -> tuple[str, str, str]:
-    """The sidebar's model, device and dtype widgets; returns their values."""
+    """The sidebar's model, device and dtype widgets; returns their values.
+
+    In hosted mode only the allow-listed models are offered and there is no free-text box.
+    """
+    policy = hosted_policy()
     labels = {spec.model_id: f"{spec.model_id} · {spec.num_parameters_label} · {spec.needs}" for spec in RECOMMENDED_MODELS}
+    if policy.enabled:
+        labels = {model_id: labels.get(model_id, model_id) for model_id in policy.allowed_model_ids}
     with st.sidebar:
         st.header("Model")
         model_id = st.selectbox("Model", list(labels), format_func=labels.get, key="sidebar_model")
-        custom = st.text_input("…or another Hugging Face id or local folder", key="sidebar_custom_model").strip()
+        custom = "" if policy.enabled else st.text_input("…or another Hugging Face id or local folder", key="sidebar_custom_model").strip()
         device = st.selectbox("Device", DEVICES, key="sidebar_device")
         dtype = st.selectbox("dtype", DTYPES, key="sidebar_dtype", help="auto: bf16 on GPU and on CPUs with fast bf16, else fp32")
     return custom or model_id or BUNDLED_MODEL_ID, device, dtype
@@ -86,12 +94,17 @@ def run_label(loaded: LoadedModel, capture: str) -> str:
 
 @contextmanager
 def run_guarded(what: str) -> Iterator[None]:
-    """Show an inline error instead of a crash; free memory after an out-of-memory error.
+    """Wait for the shared model's turn, then run; show an inline error instead of a crash.
 
-    Earlier results stay in ``st.session_state`` untouched, so the page keeps showing them.
+    Sessions queue for the model one run at a time (``RUN_QUEUE``) and see their place in
+    line. After an out-of-memory error the caches are freed. Earlier results stay in
+    ``st.session_state`` untouched, so the page keeps showing them.
     """
+    waiting = st.empty()
     try:
-        yield
+        with RUN_QUEUE.turn(on_wait=lambda ahead: waiting.info(f"Waiting for the shared model: {ahead} run(s) ahead of yours…")):
+            waiting.empty()
+            yield
     except PrefillVizError as error:
         if isinstance(error, OutOfMemory):
             free_memory()

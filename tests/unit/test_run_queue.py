@@ -1,0 +1,45 @@
+"""RunQueue: one run at a time, first come first served, waiting runs told their place."""
+
+import threading
+import time
+
+from prefillviz.run_queue import RunQueue
+
+
+def test_runs_never_overlap_and_go_in_arrival_order():
+    queue = RunQueue()
+    running, max_running, order, positions = [0], [0], [], {}
+    lock = threading.Lock()
+
+    def run(name):
+        with queue.turn(on_wait=lambda ahead: positions.setdefault(name, ahead), poll_s=0.01):
+            with lock:
+                running[0] += 1
+                max_running[0] = max(max_running[0], running[0])
+                order.append(name)
+            time.sleep(0.05)
+            with lock:
+                running[0] -= 1
+
+    threads = []
+    for i in range(5):
+        threads.append(threading.Thread(target=run, args=(i,)))
+        threads[-1].start()
+        time.sleep(0.01)  # arrive in order
+    for thread in threads:
+        thread.join()
+    assert max_running[0] == 1
+    assert order == [0, 1, 2, 3, 4]
+    assert positions == {1: 1, 2: 2, 3: 3, 4: 4}  # runs ahead when each first waited
+    assert queue.num_waiting == 0
+
+
+def test_a_failed_run_gives_its_turn_back():
+    queue = RunQueue()
+    try:
+        with queue.turn():
+            raise ValueError("boom")
+    except ValueError:
+        pass
+    with queue.turn() as waited_s:
+        assert waited_s < 1.0

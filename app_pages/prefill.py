@@ -30,8 +30,9 @@ if result is None:
 
 timing, inspection, request_id = result.timing, result.inspection, result.request_id
 record = timing.requests[request_id]
+shown_prompt = result.prompt if len(result.prompt) <= 80 else result.prompt[:77] + "…"
 st.caption(
-    f"Last run: {result.num_tokens:,} tokens on {result.model_id} ({timing.device}, {timing.dtype}). "
+    f"Last run: “{shown_prompt}” ({result.num_tokens:,} tokens) on {result.model_id} ({timing.device}, {timing.dtype}). "
     "Times come from a timing pass (per-layer clocks); KV writes from a separate inspection pass."
 )
 

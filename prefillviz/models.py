@@ -272,6 +272,8 @@ def load_model(
     """
     from prefillviz.hosted import hosted_policy
 
+    if not isinstance(model_id, str) or not model_id.strip():
+        raise ModelLoadError("No model given: pick the bundled model, a Hugging Face id (org/name) or a local folder.")
     hosted_policy().check_model(model_id)  # hosted demo: allow-listed ids only, no local paths
     report = progress or (lambda message: None)
     start = time.perf_counter()

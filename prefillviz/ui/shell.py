@@ -46,12 +46,33 @@ def model_choice() -> tuple[str, str, str]:
     if policy.enabled:
         labels = {model_id: labels.get(model_id, model_id) for model_id in policy.allowed_model_ids}
     with st.sidebar:
+        st.toggle("Presenter mode", key="presenter_mode", help="Large text for a projector, fewer controls on screen")
         st.header("Model")
         model_id = st.selectbox("Model", list(labels), format_func=labels.get, key="sidebar_model")
-        custom = "" if policy.enabled else st.text_input("…or another Hugging Face id or local folder", key="sidebar_custom_model").strip()
-        device = st.selectbox("Device", DEVICES, key="sidebar_device")
-        dtype = st.selectbox("dtype", DTYPES, key="sidebar_dtype", help="auto: bf16 on GPU and on CPUs with fast bf16, else fp32")
+        # in presenter mode the rest folds away (still rendered, so the choices are kept)
+        with st.expander("Model settings", expanded=not presenter_mode()):
+            custom = "" if policy.enabled else st.text_input("…or another Hugging Face id or local folder", key="sidebar_custom_model").strip()
+            device = st.selectbox("Device", DEVICES, key="sidebar_device")
+            dtype = st.selectbox("dtype", DTYPES, key="sidebar_dtype", help="auto: bf16 on GPU and on CPUs with fast bf16, else fp32")
+    if presenter_mode():
+        st.markdown(PRESENTER_CSS, unsafe_allow_html=True)
     return custom or model_id or BUNDLED_MODEL_ID, device, dtype
+
+
+PRESENTER_CSS = """<style>
+html, body, [data-testid="stAppViewContainer"] { font-size: 22px; }
+[data-testid="stMarkdownContainer"] p, [data-testid="stMarkdownContainer"] li { font-size: 1.3rem; line-height: 1.5; }
+h1 { font-size: 3.2rem !important; }
+h2, h3 { font-size: 2.1rem !important; }
+[data-testid="stMetricValue"] { font-size: 3rem !important; }
+[data-testid="stCaptionContainer"] { font-size: 1.1rem !important; }
+[data-testid="stDownloadButton"] { display: none; }
+</style>"""
+
+
+def presenter_mode() -> bool:
+    """Large fonts and fewer controls, for a projector (the sidebar toggle)."""
+    return bool(st.session_state.get("presenter_mode", False))
 
 
 def current_model() -> LoadedModel | None:
@@ -149,7 +170,10 @@ def downloads(name: str, key: str, figure: go.Figure | None = None, table: pd.Da
 
     Files are built only when clicked (deferred data), and the HTML embeds plotly.js so
     it opens offline. PNG and SVG come from each chart's own toolbar (camera icon).
+    Presenter mode hides them (fewer controls on the projector).
     """
+    if presenter_mode():
+        return
     columns = st.columns(3)
     if table is not None:
         frame = table if isinstance(table, pd.DataFrame) else pd.DataFrame(table)

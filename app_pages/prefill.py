@@ -4,7 +4,7 @@ import streamlit as st
 
 from prefillviz.analysis.first_token import first_token_view
 from prefillviz.engine.request import SamplingParams
-from prefillviz.experiments.prefill import run_prefill
+from prefillviz.experiments.prefill import load_prefill_bundle, prefill_bundle, run_prefill
 from prefillviz.figures import prefill as figures
 from prefillviz.prompts import PRESETS
 from prefillviz.ui.shell import downloads, get_result, loaded_model, run_guarded, save_result
@@ -16,13 +16,26 @@ st.markdown(
     "the next token. The time until that token is the **time to first token (TTFT)**."
 )
 
+
+
+def use_preset() -> None:
+    st.session_state["prefill_prompt"] = PRESETS[st.session_state["prefill_preset"]]
+
+
 loaded = loaded_model()
-preset = st.selectbox("Preset", list(PRESETS), key="prefill_preset")
-prompt = st.text_area("Prompt", PRESETS[preset], height=150, key=f"prefill_prompt_{preset}")
+st.selectbox("Preset", list(PRESETS), key="prefill_preset", on_change=use_preset)
+st.session_state.setdefault("prefill_prompt", PRESETS[st.session_state["prefill_preset"]])
+prompt = st.text_area("Prompt", height=150, key="prefill_prompt")
 
 if loaded is not None and st.button("Run prefill", type="primary", key="prefill_run"):
     with run_guarded("The prefill"), st.spinner("Running a timing pass, then an inspection pass…"):
         save_result("prefill", run_prefill(loaded, prompt))
+
+with st.expander("Load a saved run (no model needed)"):
+    bundle = st.file_uploader("Run bundle (.zip from “Download this run”)", type=["zip"], key="prefill_bundle_upload")
+    if bundle is not None and st.button("Show this run", key="prefill_bundle_load"):
+        with run_guarded("Loading the bundle"):
+            save_result("prefill", load_prefill_bundle(bundle.getvalue()))
 
 result = get_result("prefill")
 if result is None:
@@ -68,4 +81,13 @@ downloads(
     "prefill_distribution_dl",
     figure=distribution,
     table=[{"token_id": t, "token": decode(t), "probability": p} for t, p in zip(view.greedy.top_token_ids, view.greedy.top_probs)],
+)
+
+st.download_button(
+    "Download this run (bundle: traces of both passes, loadable without the model)",
+    lambda: prefill_bundle(result),
+    "prefillviz_prefill_run.zip",
+    "application/zip",
+    key="prefill_bundle_download",
+    on_click="ignore",
 )

@@ -117,7 +117,7 @@ def app_cases() -> None:
     def set_prompt(text):
         def drive(app):
             app.selectbox(key="prefill_preset").set_value("Short question").run()
-            app.text_area(key="prefill_prompt_Short question").set_value(text).run()
+            app.text_area(key="prefill_prompt").set_value(text).run()
             app.button(key="prefill_run").click().run()
 
         return drive

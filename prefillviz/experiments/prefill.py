@@ -8,11 +8,14 @@ it came from.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from prefillviz.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
+from prefillviz.errors import PrefillVizError
+from prefillviz.instrument.bundle import bundle_bytes, read_bundle
 from prefillviz.instrument.trace import Trace
 from prefillviz.models import LoadedModel
 
@@ -61,4 +64,44 @@ def run_prefill(
         timing=traces[0],
         inspection=traces[1] if inspect else None,
         params=params,
+    )
+
+
+def prefill_bundle(result: PrefillResult) -> bytes:
+    """The whole run as a .zip (both passes' traces and what the run was)."""
+    traces = {"timing": result.timing}
+    if result.inspection is not None:
+        traces["inspection"] = result.inspection
+    meta = {
+        "kind": "prefill",
+        "model_id": result.model_id,
+        "prompt": result.prompt,
+        "token_ids": result.token_ids,
+        "token_texts": result.token_texts,
+        "request_id": result.request_id,
+        "params": dataclasses.asdict(result.params),
+    }
+    return bundle_bytes(traces, meta)
+
+
+def load_prefill_bundle(data: bytes) -> PrefillResult:
+    """A ``PrefillResult`` from a bundle made by ``prefill_bundle`` (no model needed).
+
+    Raises:
+        PrefillVizError: not a prefill bundle.
+    """
+    traces, meta = read_bundle(data)
+    if meta.get("kind") != "prefill" or "timing" not in traces:
+        raise PrefillVizError("This bundle is not a prefill run.")
+    params = meta["params"]
+    params["stop_token_ids"] = tuple(params.get("stop_token_ids", ()))
+    return PrefillResult(
+        model_id=meta["model_id"],
+        prompt=meta["prompt"],
+        token_ids=meta["token_ids"],
+        token_texts=meta["token_texts"],
+        request_id=meta["request_id"],
+        timing=traces["timing"],
+        inspection=traces.get("inspection"),
+        params=SamplingParams(**params),
     )

@@ -38,7 +38,7 @@ def test_empty_prompt_shows_an_error_and_keeps_the_last_result(bundled):
     app = make_app()
     app.selectbox(key="prefill_preset").set_value("Short question").run()
     app.button(key="prefill_run").click().run()
-    app.text_area(key="prefill_prompt_Short question").set_value("   ").run()
+    app.text_area(key="prefill_prompt").set_value("   ").run()
     app.button(key="prefill_run").click().run()
     assert "empty" in app.error[0].value
     assert app.metric[2].value == "' Paris'"  # the earlier result is still shown
@@ -52,3 +52,23 @@ def test_unknown_model_gives_a_message_and_the_page_stays_usable(bundled):
     app.text_input(key="sidebar_custom_model").set_value("").run()
     app.button(key="prefill_run").click().run()
     assert not app.exception and app.metric[2].value == "' Paris'"
+
+
+def test_a_downloaded_run_bundle_loads_back_without_running_the_model(bundled):
+    from prefillviz.experiments.prefill import load_prefill_bundle, prefill_bundle, run_prefill
+
+    result = run_prefill(bundled, "The capital of France is")
+    again = load_prefill_bundle(prefill_bundle(result))
+    assert again.token_texts == result.token_texts and again.prompt == result.prompt
+    assert again.timing.summary() == result.timing.summary()
+    assert (again.inspection.captured_qk["req-0"].keys[3] == result.inspection.captured_qk["req-0"].keys[3]).all()
+    app = make_app()
+    app.session_state["results"] = {"prefill": again}
+    app.run()
+    assert not app.exception and app.metric[2].value == "' Paris'"
+
+
+def test_choosing_a_preset_fills_the_prompt(bundled):
+    app = make_app()
+    app.selectbox(key="prefill_preset").set_value("Code").run()
+    assert app.text_area(key="prefill_prompt").value.startswith("def merge_sorted")

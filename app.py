@@ -8,6 +8,7 @@ reruns a page without this script.)
 
 import streamlit as st
 
+from prefillviz.ui.links import apply_link_parameters, share_box
 from prefillviz.ui.shell import current_model
 
 st.set_page_config(page_title="prefillviz", page_icon=":material/fast_forward:", layout="wide")
@@ -22,5 +23,8 @@ PAGES = [
     st.Page("app_pages/prefix_cache.py", title="Prefix cache", icon=":material/recycling:"),
 ]
 
+ignored_link_settings = apply_link_parameters()  # before any widget: a shared link sets them
 st.session_state["loaded_model"] = current_model()
-st.navigation(PAGES).run()
+page = st.navigation(PAGES)
+share_box(page.url_path, ignored_link_settings)
+page.run()

@@ -72,3 +72,17 @@ def test_choosing_a_preset_fills_the_prompt(bundled):
     app = make_app()
     app.selectbox(key="prefill_preset").set_value("Code").run()
     assert app.text_area(key="prefill_prompt").value.startswith("def merge_sorted")
+
+
+def test_a_shared_link_opens_with_its_prompt_and_settings(bundled):
+    app = AppTest.from_file(APP, default_timeout=240)
+    app.query_params.update({"prompt": "Shared prompt from a teacher", "dtype": "float32", "presenter": "1", "token_budget": "junk", "model": "../x"})
+    app.run()
+    assert not app.exception
+    assert app.text_area(key="prefill_prompt").value == "Shared prompt from a teacher"
+    assert app.selectbox(key="sidebar_dtype").value == "float32"
+    assert app.toggle(key="presenter_mode").value is True
+    notes = " ".join(c.value for c in app.sidebar.caption)
+    assert "model" in notes and "token_budget" in notes  # junk is ignored and said so
+    link = app.sidebar.code[0].value
+    assert "prompt=Shared+prompt+from+a+teacher" in link and "dtype=float32" in link and "presenter=1" in link

@@ -21,6 +21,7 @@ PAGES = [
     st.Page("app_pages/kernels.py", title="Kernel timings", icon=":material/timer:"),
     st.Page("app_pages/chunked_prefill.py", title="Chunked prefill", icon=":material/view_timeline:"),
     st.Page("app_pages/prefix_cache.py", title="Prefix cache", icon=":material/recycling:"),
+    st.Page("app_pages/walkthrough.py", title="Guided lessons", icon=":material/school:"),
 ]
 
 ignored_link_settings = apply_link_parameters()  # before any widget: a shared link sets them

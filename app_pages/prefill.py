@@ -7,7 +7,7 @@ from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments.prefill import load_prefill_bundle, prefill_bundle, run_prefill
 from prefillviz.figures import prefill as figures
 from prefillviz.prompts import PRESETS
-from prefillviz.ui.shell import downloads, get_result, loaded_model, run_guarded, save_result
+from prefillviz.ui.shell import chart, downloads, get_result, loaded_model, run_guarded, save_result
 
 st.title("Prefill: the whole prompt in one pass")
 st.markdown(
@@ -52,7 +52,7 @@ st.caption(
 st.subheader(f"{result.num_tokens:,} tokens")
 st.markdown(figures.token_chips_html(result.token_texts, result.token_ids), unsafe_allow_html=True)
 
-st.plotly_chart(figures.one_pass_diagram(timing, inspection, request_id, record.first_token_text), key="prefill_diagram")
+chart(figures.one_pass_diagram(timing, inspection, request_id, record.first_token_text), key="prefill_diagram")
 st.caption("Writes and bytes: inspection pass (KV write log). Forward time: timing pass.")
 
 columns = st.columns(3)
@@ -60,7 +60,7 @@ columns[0].metric("Time to first token", f"{record.ttft_breakdown_s['total_s'] *
 columns[1].metric("Prefill throughput", f"{result.num_tokens / timing.steps[0].forward_time_s:,.0f} tokens/s")
 columns[2].metric("First token", repr(record.first_token_text))
 ttft = figures.ttft_breakdown_figure(record.ttft_breakdown_s)
-st.plotly_chart(ttft, key="prefill_ttft")
+chart(ttft, key="prefill_ttft")
 downloads("ttft_breakdown", "prefill_ttft_dl", figure=ttft, table=[{"part": k, "seconds": v} for k, v in record.ttft_breakdown_s.items()])
 
 st.subheader("The first token")
@@ -75,7 +75,7 @@ view = first_token_view(record.first_token_logits, params, None if temperature >
 same_model = loaded is not None and loaded.model_id == result.model_id
 decode = (lambda t: loaded.tokenizer.decode([t])) if same_model else (lambda t: f"id {t}")
 distribution = figures.first_token_figure(view, decode)
-st.plotly_chart(distribution, key="prefill_distribution")
+chart(distribution, key="prefill_distribution")
 downloads(
     "first_token_distribution",
     "prefill_distribution_dl",

@@ -54,9 +54,17 @@ def model_choice() -> tuple[str, str, str]:
             custom = "" if policy.enabled else st.text_input("…or another Hugging Face id or local folder", key="sidebar_custom_model").strip()
             device = st.selectbox("Device", DEVICES, key="sidebar_device")
             dtype = st.selectbox("dtype", DTYPES, key="sidebar_dtype", help="auto: bf16 on GPU and on CPUs with fast bf16, else fp32")
+        st.radio("Chart image format (each chart's camera button)", ["png", "svg"], key="export_format", horizontal=True)
     if presenter_mode():
         st.markdown(PRESENTER_CSS, unsafe_allow_html=True)
     return custom or model_id or BUNDLED_MODEL_ID, device, dtype
+
+
+def chart(figure: go.Figure, key: str, **kwargs):
+    """``st.plotly_chart`` with the camera button saving PNG or SVG (the sidebar's choice)."""
+    image_format = st.session_state.get("export_format", "png")
+    config = {"displaylogo": False, "toImageButtonOptions": {"format": image_format, "filename": key, "scale": 2}}
+    return st.plotly_chart(figure, key=key, config=config, **kwargs)
 
 
 PRESENTER_CSS = """<style>

@@ -133,7 +133,10 @@ def run_guarded(what: str) -> Iterator[None]:
     try:
         with RUN_QUEUE.turn(on_wait=lambda ahead: waiting.info(f"Waiting for the shared model: {ahead} run(s) ahead of yours…")) as waited_s:
             st.session_state["last_queue_wait_s"] = waited_s
-            waiting.caption(f"Waited {waited_s:.1f} s for the shared model" if waited_s >= 0.1 else "")
+            if waited_s >= 0.1:
+                waiting.caption(f"Waited {waited_s:.1f} s for the shared model")
+            else:
+                waiting.empty()
             yield
     except PrefillVizError as error:
         if isinstance(error, OutOfMemory):

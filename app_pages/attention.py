@@ -1,2 +1,123 @@
+"""Attention: every head's map over the prompt, rebuilt from the q/k the inspection pass captured."""
+
 import streamlit as st
-st.title('attention')
+
+from prefillviz.analysis.attention_maps import causal_chunk_strips
+from prefillviz.experiments import inspect_run
+from prefillviz.experiments.inspect_run import from_prefill_result, run_inspection
+from prefillviz.figures import attention as figures
+from prefillviz.prompts import PRESETS
+from prefillviz.ui.shell import downloads, get_result, loaded_model, progress_callback, run_guarded, save_result
+
+PREFILL_RUN, THIS_PAGE_RUN = "the Prefill page's last run", "a run on this page"
+
+
+def open_clicked_head() -> None:
+    """A click on the grid sets the layer and head pickers (they still work without clicking)."""
+    clicked = figures.selected_head(st.session_state["attention_grid"]["selection"])
+    if clicked is not None:
+        st.session_state["attention_layer"], st.session_state["attention_head"] = clicked
+
+
+st.title("Attention: who looks at whom during prefill")
+st.markdown(
+    "In every layer each query head mixes the values of the positions it attends to. Prefill computes all rows "
+    "of this **causal** matrix at once: row *i* (a query) may only look at keys *j ≤ i*. The timing pass uses fast "
+    "attention that never stores the probabilities, so the maps here are **rebuilt from the post-RoPE queries "
+    "and keys the inspection pass captured**: `softmax(q kᵀ × scale + causal mask)`, exactly what eager "
+    "attention computes. With grouped-query attention, several query heads read the same KV head."
+)
+
+loaded = loaded_model()
+prompt = st.text_area("Prompt", PRESETS["Chat with a system prompt"], height=120, key="attention_prompt")
+chunk_size = st.number_input(
+    "Chunk size (tokens per step; 0 = the whole prompt in one step)", 0, 8192, 0, key="attention_chunk_size",
+    help="A chunked run computes the causal matrix in strips: each chunk's rows over every key up to its end.",
+)
+if loaded is not None and st.button("Run (inspection pass)", type="primary", key="attention_run"):
+    with run_guarded("The inspection run"), st.spinner("Running the prompt with the inspection capture (KV write log, q/k)…"):
+        result = run_inspection(loaded, prompt, int(chunk_size), lambda steps: progress_callback(steps, "Inspection run"))
+        save_result("attention", result)
+        st.session_state["attention_source"] = THIS_PAGE_RUN
+
+runs = {PREFILL_RUN: from_prefill_result(get_result("prefill")), THIS_PAGE_RUN: get_result("attention")}
+runs = {label: run for label, run in runs.items() if run is not None}
+if not runs:
+    st.info("Run a prompt here, or on the Prefill page: this page then shows that run's attention.")
+    st.stop()
+label = st.radio("Show", list(runs), key="attention_source", horizontal=True) if len(runs) > 1 else next(iter(runs))
+run = runs[label]
+trace, captured = run.trace, run.trace.captured_qk[run.request_id]
+num_layers, num_heads = len(captured.queries), captured.queries[0].shape[0]
+steps = "one step" if run.num_steps == 1 else f"{run.num_steps} chunks of up to {run.chunk_size} tokens"
+st.caption(
+    f"Showing {run.source}'s run: {run.num_tokens:,} tokens in {steps} · {trace.model_id} ({trace.device}, {trace.dtype}) · "
+    f"maps rebuilt from the inspection pass's captured q/k (stored as {captured.dtype})."
+)
+
+# every head at a glance (computed once per run)
+cached = st.session_state.get("attention_summaries")
+if cached is None or cached[0] is not trace:
+    bar = st.progress(0.0, text="Rebuilding every head's attention")
+    summaries = inspect_run.attention_summaries(run, lambda done, total: bar.progress(done / total, text=f"Layer {done} of {total}"))
+    bar.empty()
+    st.session_state["attention_summaries"] = cached = (trace, summaries)
+summaries = cached[1]
+for key, size in (("attention_layer", num_layers), ("attention_head", num_heads)):
+    if st.session_state.get(key, 0) >= size:  # a run of a smaller model
+        st.session_state[key] = 0
+
+st.subheader("Every head: entropy and sink score")
+layer, head = st.session_state.get("attention_layer", 0), st.session_state.get("attention_head", 0)
+grid = figures.head_grid_figure(summaries, selected=(layer, head))
+st.plotly_chart(grid, key="attention_grid", on_select=open_clicked_head, selection_mode="points")
+st.caption(
+    "Entropy: how spread out a head's attention is (mean over query rows; a uniform row i gives log(i + 1)). "
+    "Sink score: mean probability on the first token, where many heads park attention they do not need. "
+    "Click a cell to open that head below."
+)
+downloads(
+    "attention_head_summaries",
+    "attention_grid_dl",
+    figure=grid,
+    table=[
+        {"layer": l, "head": h, **{name: float(values[l, h]) for name, values in summaries.items()}}
+        for l in range(num_layers)
+        for h in range(num_heads)
+    ],
+)
+
+st.subheader("One head's attention map")
+pickers = st.columns(3)
+layer = pickers[0].selectbox("Layer", range(num_layers), key="attention_layer")
+head = pickers[1].selectbox("Head", range(num_heads), key="attention_head")
+log_scale = pickers[2].checkbox("Log colour scale", key="attention_log_scale", help="Shows the small probabilities a sink drowns out.")
+boundaries = inspect_run.chunk_boundaries(trace, run.request_id)
+strips = causal_chunk_strips(boundaries, run.num_tokens) if len(boundaries) > 1 else None
+attention_map = figures.attention_map_figure(
+    captured.queries[layer], captured.keys[layer], head, captured.scaling[layer], layer, run.token_texts, strips, log_scale=log_scale
+)
+st.plotly_chart(attention_map, key="attention_map")
+notes = [f"Layer {layer} scale {captured.scaling[layer]:.4g}."]
+if run.num_tokens > 256:
+    notes.append("Long prompt: each cell is the largest probability in its block of positions (max-pooled), so sharp peaks stay visible.")
+if strips:
+    notes.append(
+        f"Rectangles: the {len(strips)} chunks of this chunked run. Chunk c computed query rows [b_c, b_c+1) against every key "
+        "up to its end: the earlier keys from the KV cache, its own causally."
+    )
+st.caption(" ".join(notes))
+heatmap = attention_map.data[0]
+downloads(
+    f"attention_layer{layer}_head{head}",
+    "attention_map_dl",
+    figure=attention_map,
+    data={
+        "layer": layer,
+        "head": head,
+        "cells": "log10 probability" if log_scale else "probability",
+        "labels": list(heatmap.x),  # query rows and key columns (positions, or bins of positions)
+        "matrix": [[None if v != v else float(v) for v in row] for row in heatmap.z],  # None: masked (above the diagonal)
+        "chunk_boundaries": boundaries,
+    },
+)

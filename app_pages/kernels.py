@@ -1,2 +1,183 @@
+"""Kernel timings: where the time of one prefill goes, per layer, per op, over time, against
+the roofline's prediction, and inside the attention kernel itself."""
+
+import statistics
+from pathlib import Path
+
+import pandas as pd
 import streamlit as st
-st.title('kernels')
+
+from kernels.attention import KERNELS
+from prefillviz.experiments import kernels as experiments
+from prefillviz.figures import kernels as figures
+from prefillviz.prompts import PRESETS
+from prefillviz.ui.shell import downloads, get_result, loaded_model, run_guarded, save_result
+
+st.title("Kernel timings")
+st.markdown(
+    "One prefill of your prompt, measured four ways: **per-layer clocks** (a timing pass), "
+    "**torch.profiler** (every op, and a timeline you can open in Perfetto), the **roofline's "
+    "prediction** from the machine's measured peaks, and the **attention kernel** itself, rewritten "
+    "three ways and each checked against a naive reference before it is timed."
+)
+
+loaded = loaded_model()
+preset = st.selectbox("Preset", list(PRESETS), key="kernels_preset")
+prompt = st.text_area("Prompt", PRESETS[preset], height=120, key=f"kernels_prompt_{preset}")
+device_type = loaded.device.type if loaded is not None else "cpu"
+controls = st.columns(2)
+num_layers = loaded.info.num_layers if loaded is not None else 1
+kernel_layer = controls[0].number_input(
+    "Layer whose queries, keys and values the attention kernels run on",
+    0,
+    num_layers - 1,
+    0,
+    key=f"kernels_layer_of_{num_layers}",  # a model with another depth gets its own widget and bounds
+)
+sweep_sizes = controls[1].multiselect(
+    "Sweep of prompt lengths N for the kernels (random q/k/v of the model's shape)",
+    experiments.SWEEP_CHOICES.get(device_type, experiments.SWEEP_CHOICES["cpu"]),
+    default=list(experiments.default_sweep_sizes(device_type)),
+    key=f"kernels_sweep_{device_type}",
+)
+
+if loaded is not None and st.button("Measure", type="primary", key="kernels_run"):
+    bar = st.progress(0.0, text="starting")
+    with run_guarded("The kernel timings"):
+        save_result(
+            "kernels",
+            experiments.run_kernel_timings(
+                loaded, prompt, int(kernel_layer), sorted(sweep_sizes), progress=lambda done, text: bar.progress(min(done, 1.0), text=text)
+            ),
+        )
+    bar.empty()
+
+result = get_result("kernels")
+if result is None:
+    st.stop()
+
+st.caption(f"Last run: {result.num_tokens:,} prompt tokens · {result.model_id} on **{result.device}**, {result.dtype}.")
+
+# ---------------------------------------------------------------- per layer
+st.subheader("Where the time goes, layer by layer")
+rows = experiments.layer_rows(result.layer_times)
+label = experiments.pass_label(result, "timing")
+layer_figure = figures.layer_time_figure(rows, experiments.pass_label(result, "timing", short=True))
+st.plotly_chart(layer_figure, key="kernels_layers_chart")
+totals = {key: sum(row[key] for row in rows) for key in ("attention_ms", "mlp_ms", "norms_ms", "other_ms", "layer_ms")}
+metrics = st.columns(4)
+for column, (key, name) in zip(metrics, [("attention_ms", "Attention"), ("mlp_ms", "MLP"), ("norms_ms", "Norms"), ("other_ms", "Other")]):
+    column.metric(f"{name}, all layers", f"{totals[key]:,.2f} ms", f"{100 * totals[key] / totals['layer_ms']:.0f}% of the layers", delta_color="off")
+st.caption(
+    f"{label}. Clock: {result.layer_times.clock}. Attention covers the q/k/v/o projections, RoPE, the KV write and "
+    "the attention itself; other = the layer's clock minus its parts (residual adds, hooks)."
+)
+downloads("kernels_layer_times", "kernels_layers_dl", figure=layer_figure, table=rows)
+
+# ---------------------------------------------------------------- roofline
+st.subheader("Predicted vs measured")
+peaks = result.peaks
+st.markdown(
+    "The roofline predicts each op's time as the larger of *FLOPs / peak matmul throughput* and "
+    "*bytes moved / memory bandwidth*, with both peaks measured on this machine. Every layer has the same "
+    "shape, so the prediction is the same for each; the clock is not."
+)
+predicted = result.predicted
+ratios = {group: statistics.median(row[f"{group}_ratio"] for row in predicted) for group in ("attention", "mlp")}
+metrics = st.columns(3)
+metrics[0].metric("Attention: measured / predicted", f"{ratios['attention']:,.1f}×", f"{predicted[0]['attention_bound']}-bound by the roofline", delta_color="off")
+metrics[1].metric("MLP: measured / predicted", f"{ratios['mlp']:,.1f}×", f"{predicted[0]['mlp_bound']}-bound by the roofline", delta_color="off")
+metrics[2].metric("Machine peaks", f"{peaks.matmul_gflops:,.0f} GFLOP/s", f"{peaks.memory_gb_s:,.0f} GB/s", delta_color="off")
+prediction_figure = figures.predicted_vs_measured_figure(predicted, f"measured: {experiments.pass_label(result, 'timing', short=True)}")
+st.plotly_chart(prediction_figure, key="kernels_prediction_chart")
+st.caption(
+    f"Predicted: roofline from peaks measured on {peaks.machine} ({peaks.device}, {peaks.dtype}, {peaks.num_threads} threads, "
+    f"{peaks.measured_at}). Measured: {experiments.pass_label(result, 'timing')}. Ratios are medians over layers. "
+    "The gap is what the roofline leaves out: Python and dispatch per op, small matmuls far from peak, "
+    "RoPE and the KV write, and anything else running on the machine."
+)
+with st.expander("Per-layer numbers"):
+    st.dataframe(pd.DataFrame(predicted), hide_index=True)
+downloads("kernels_predicted_vs_measured", "kernels_prediction_dl", figure=prediction_figure, table=predicted)
+
+# ---------------------------------------------------------------- profiler
+st.subheader("The profiler's op table")
+op_rows = experiments.op_rows(result.profile)
+profile_label = experiments.pass_label(result, "profile")
+op_figure = figures.op_table_figure(op_rows, 15, experiments.pass_label(result, "profile", short=True))
+st.plotly_chart(op_figure, key="kernels_ops_chart")
+st.dataframe(pd.DataFrame(op_rows[:25]), hide_index=True)
+st.caption(
+    f"{profile_label}. Self time excludes the ops called inside; a scope's self time is what ran in it outside any "
+    "torch op (Python, hooks). GFLOP: what the profiler counted (matmuls; it reports 0 for the attention kernel)."
+)
+downloads("kernels_op_table", "kernels_ops_dl", figure=op_figure, table=op_rows)
+
+# ---------------------------------------------------------------- timeline
+st.subheader("Timeline of one prefill")
+timeline_figure = figures.timeline_figure(result.timeline, experiments.pass_label(result, "profile", short=True))
+st.plotly_chart(timeline_figure, key="kernels_timeline_chart")
+st.caption(f"From the Chrome trace's record_function scopes ({profile_label}). Zoom in to see the sub-layers of one layer.")
+downloads("kernels_timeline", "kernels_timeline_dl", figure=timeline_figure, table=result.timeline)
+if Path(result.chrome_trace_path).is_file():
+    st.download_button(
+        "Chrome trace (JSON)",
+        lambda: Path(result.chrome_trace_path).read_bytes(),
+        "prefill_chrome_trace.json",
+        "application/json",
+        key="kernels_chrome_trace",
+        on_click="ignore",
+        help="Opens in Perfetto (ui.perfetto.dev) or chrome://tracing: every op of the prefill on its thread.",
+    )
+    st.caption("The full trace opens in Perfetto (ui.perfetto.dev) or chrome://tracing.")
+else:
+    st.warning(f"The Chrome trace file is gone ({result.chrome_trace_path}); run again to make a new one.")
+
+# ---------------------------------------------------------------- attention kernels
+st.subheader("Attention kernels")
+st.markdown(
+    "The same causal attention computed three ways (`kernels/attention.py`). Each version is first "
+    "compared with v1, the naive reference, and refused if it differs; only then is it timed (warm-up, "
+    "median of several runs) and its memory measured in a separate call."
+)
+st.dataframe(pd.DataFrame([{"version": k.name, "what it changes": k.changes} for k in KERNELS]), hide_index=True)
+kernel_rows = experiments.kernel_rows(result.kernel_results)
+kernel_label = experiments.pass_label(result, "inspect")
+on_prompt = f"**On your prompt:** layer {result.kernel_layer}'s queries, keys and values, N = {result.kernel_num_tokens:,} tokens"
+if result.kernel_num_tokens < result.num_tokens:
+    on_prompt += (
+        f" (the first {result.kernel_num_tokens:,} of {result.num_tokens:,}: the naive oracle's N x N scores would not fit; "
+        "causal attention of a prefix needs only the prefix)"
+    )
+st.markdown(on_prompt + ".")
+columns = st.columns(2)
+kernel_subtitle = experiments.pass_label(result, "inspect", short=True)
+kernel_time = figures.kernel_time_figure(kernel_rows, kernel_subtitle)
+kernel_memory = figures.kernel_memory_figure(kernel_rows, kernel_subtitle)
+columns[0].plotly_chart(kernel_time, key="kernels_kernel_time_chart")
+columns[1].plotly_chart(kernel_memory, key="kernels_kernel_memory_chart")
+st.dataframe(pd.DataFrame(kernel_rows), hide_index=True)
+memory_method = kernel_rows[0]["memory_method"] if kernel_rows else ""
+st.caption(
+    f"{kernel_label}. |Δ v1| = max absolute difference from the naive oracle. Memory measured with {memory_method}: "
+    "the peak of bytes allocated minus freed during one call, output included (a library's private scratch is not seen). "
+    "Largest intermediate: computed from the shapes (v1's (H, N, N) scores, v3's one fp32 tile; unknown for v2)."
+)
+downloads("kernels_attention_kernels", "kernels_kernel_dl", figure=kernel_time, table=kernel_rows)
+
+if result.sweep_results:
+    sweep_rows = experiments.kernel_rows(result.sweep_results)
+    sweep_label = experiments.pass_label(result, "sweep")
+    first = sweep_rows[0]
+    st.markdown(
+        f"**Sweep of N:** random q/k/v with the model's shape ({first['heads']} heads, head dim {first['head_dim']}); "
+        "the time and memory of attention depend on the shapes, not on the values."
+    )
+    columns = st.columns(2)
+    sweep_subtitle = experiments.pass_label(result, "sweep", short=True)
+    sweep_time = figures.sweep_time_figure(sweep_rows, sweep_subtitle)
+    sweep_memory = figures.sweep_memory_figure(sweep_rows, sweep_subtitle)
+    columns[0].plotly_chart(sweep_time, key="kernels_sweep_time_chart")
+    columns[1].plotly_chart(sweep_memory, key="kernels_sweep_memory_chart")
+    st.caption(f"{sweep_label}. Every point passed the check against v1 before it was timed.")
+    downloads("kernels_sweep", "kernels_sweep_dl", figure=sweep_time, table=sweep_rows)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -18,12 +19,14 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 import torch
+from streamlit.errors import StreamlitAPIException
 
 from prefillviz.errors import OutOfMemory, PrefillVizError, is_out_of_memory
 from prefillviz.hosted import hosted_policy
 from prefillviz.run_queue import RUN_QUEUE
 from prefillviz.models import BUNDLED_MODEL_ID, RECOMMENDED_MODELS, LoadedModel, load_model
 
+logger = logging.getLogger(__name__)
 DEVICES = ["auto", "cpu", "cuda", "mps"]
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
 
@@ -143,10 +146,14 @@ def run_guarded(what: str) -> Iterator[None]:
             free_memory()
         st.error(f"{what} failed: {error}")
     except Exception as error:
-        if not is_out_of_memory(error):
+        if is_out_of_memory(error):
+            free_memory()
+            st.error(f"{what} ran out of memory. Try a shorter prompt, a smaller token budget or a smaller model.")
+            return
+        if isinstance(error, StreamlitAPIException):  # a bug in a page, not bad input: let tests see it
             raise
-        free_memory()
-        st.error(f"{what} ran out of memory. Try a shorter prompt, a smaller token budget or a smaller model.")
+        logger.exception("%s failed", what)  # the traceback goes to the server log
+        st.error(f"{what} failed unexpectedly ({type(error).__name__}: {error}). Earlier results are kept; please report this.")
 
 
 def free_memory() -> None:

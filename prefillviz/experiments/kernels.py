@@ -1,0 +1,432 @@
+"""Where the time of one prefill goes: per layer, per op, over time, against the roofline,
+and in the attention kernel itself.
+
+One run of ``run_kernel_timings`` makes five kinds of measurement of the same prompt, each
+in its own pass, because each instrument changes what it measures:
+
+    warm-up      capture "none": first-call costs out of the way (not shown)
+    timing       capture "timing", ``timing_runs`` times: per-layer clocks, median per layer
+    profile      capture "profile": torch.profiler op table + Chrome trace (slower: its
+                 times include the profiler's own cost)
+    inspect      capture "inspect": the post-RoPE q/k/v of one layer, for the kernels
+    kernels      kernels/attention.py on those q/k/v, then on random q/k/v of the model's
+                 shape for a sweep of N (each checked against the naive oracle first)
+
+Every row this module returns carries plain numbers (ms, bytes) ready for a table or a
+figure; the figures live in ``prefillviz.figures.kernels``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+import tempfile
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from kernels.attention import KERNELS, AttentionKernel, KernelResult, check_and_time
+from prefillviz.analysis.peaks import MachinePeaks, machine_peaks
+from prefillviz.analysis.roofline import predict_layer_times
+from prefillviz.config import EngineConfig
+from prefillviz.engine.engine import LLMEngine
+from prefillviz.engine.request import SamplingParams
+from prefillviz.errors import RequestError
+from prefillviz.instrument.trace import LayerTimes, Trace
+from prefillviz.models import LoadedModel, ModelInfo
+
+CPU_SWEEP_SIZES = (128, 256, 512, 1024)
+CUDA_SWEEP_SIZES = (512, 1024, 2048, 4096, 8192)
+SWEEP_CHOICES = {"cpu": (64, 128, 256, 512, 1024, 2048), "cuda": (256, 512, 1024, 2048, 4096, 8192)}
+MAX_ORACLE_SCORE_BYTES = {"cpu": 512 * 2**20, "cuda": 4 * 2**30}
+"""The naive oracle's fp32 (H, N, N) score matrix may take this much (softmax makes a second)."""
+ATTENTION_OPS = ("q_proj", "k_proj", "v_proj", "attn_scores", "attn_values", "o_proj")  # inside the attention module
+MLP_OPS = ("mlp_gate", "mlp_up", "mlp_down", "mlp_fc", "mlp_proj")
+SCOPE_PATTERN = re.compile(r"^(embedding|final_norm|lm_head|layers\.(\d+)(?:\.(\w+))?)$")
+
+Progress = Callable[[float, str], None]
+
+
+def max_kernel_tokens(info: ModelInfo, device: str | torch.device) -> int:
+    """The longest N the naive oracle checks within ``MAX_ORACLE_SCORE_BYTES`` on this device."""
+    budget = MAX_ORACLE_SCORE_BYTES.get(torch.device(device).type, MAX_ORACLE_SCORE_BYTES["cpu"])
+    return math.isqrt(budget // (info.num_heads * 4))
+
+
+def default_sweep_sizes(device: str | torch.device) -> tuple[int, ...]:
+    """N values for the kernel sweep: short on a CPU, longer on a GPU."""
+    return CUDA_SWEEP_SIZES if torch.device(device).type == "cuda" else CPU_SWEEP_SIZES
+
+
+# ------------------------------------------------------------------------------ result
+@dataclass
+class KernelTimingsResult:
+    """Everything one run of the page measured (plain data: no live modules)."""
+
+    model_id: str
+    device: str
+    dtype: str
+    prompt: str
+    num_tokens: int
+    timing_traces: list[Trace]  # capture "timing", one per timing run
+    layer_times: LayerTimes  # per-layer median over the timing runs
+    profile: Trace  # capture "profile"
+    chrome_trace_path: str
+    timeline: list[dict]  # our record_function scopes, from the Chrome trace
+    peaks: MachinePeaks
+    predicted: list[dict]  # predicted vs measured, one row per layer
+    kernel_layer: int
+    kernel_num_tokens: int  # the first tokens of the prompt the kernels ran on (all, unless the oracle can't fit)
+    kernel_results: list[KernelResult]  # kernels on the captured q/k/v of kernel_layer
+    sweep_results: list[KernelResult]  # kernels on random q/k/v of the model's shape, same device and dtype
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_times.layer_s)
+
+
+# ------------------------------------------------------------------------------ passes
+def _engine(loaded: LoadedModel) -> LLMEngine:
+    return LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(token_budget=8192), model_id=loaded.model_id)
+
+
+def prefill_pass(loaded: LoadedModel, prompt: str | list[int], capture_level: str, profile_dir: str | None = None) -> Trace:
+    """One parallel prefill (one step, first token only) at ``capture_level``.
+
+    Raises:
+        RequestError: empty prompt, or too long for the model or the KV budget.
+    """
+    engine = _engine(loaded)
+    engine.add_request(prompt, SamplingParams(max_new_tokens=1))
+    return engine.run(capture_level=capture_level, profile_dir=profile_dir)
+
+
+def median_layer_times(traces: list[Trace]) -> LayerTimes:
+    """Per-layer median of the first step's LayerTimes over several timing passes."""
+    times = [trace.steps[0].layer_times for trace in traces]
+    if any(t is None for t in times):
+        raise ValueError("Every trace needs a timing capture (layer_times).")
+
+    def per_layer(attribute: str) -> list[float]:
+        return [statistics.median(values) for values in zip(*(getattr(t, attribute) for t in times))]
+
+    return LayerTimes(
+        clock=times[0].clock,
+        attention_s=per_layer("attention_s"),
+        mlp_s=per_layer("mlp_s"),
+        norms_s=per_layer("norms_s"),
+        layer_s=per_layer("layer_s"),
+        embedding_s=statistics.median(t.embedding_s for t in times),
+        final_norm_s=statistics.median(t.final_norm_s for t in times),
+        lm_head_s=statistics.median(t.lm_head_s for t in times),
+    )
+
+
+# ------------------------------------------------------------------------------ rows
+def layer_rows(layer_times: LayerTimes) -> list[dict]:
+    """One row per decoder layer: attention, MLP, norms, other and the whole layer, in ms."""
+    return [
+        {
+            "layer": i,
+            "attention_ms": attention * 1e3,
+            "mlp_ms": mlp * 1e3,
+            "norms_ms": norms * 1e3,
+            "other_ms": other * 1e3,
+            "layer_ms": layer * 1e3,
+        }
+        for i, (attention, mlp, norms, other, layer) in enumerate(
+            zip(layer_times.attention_s, layer_times.mlp_s, layer_times.norms_s, layer_times.other_s, layer_times.layer_s)
+        )
+    ]
+
+
+def _is_scope(name: str) -> bool:
+    return SCOPE_PATTERN.match(name) is not None
+
+
+def op_rows(trace: Trace, top: int | None = None) -> list[dict]:
+    """The profiler's op table in ms, by self time (torch ops and our layer scopes).
+
+    A scope's self time is what ran inside it outside any torch op (Python, hooks).
+    ``gflop`` is what the profiler counted (it counts matmuls, not attention; None when 0).
+    """
+    if trace.profile is None:
+        raise ValueError("The trace has no profile: run it with capture_level='profile'.")
+    rows = [
+        {
+            "op": row["op"],
+            "kind": "our scope" if _is_scope(row["op"]) else "torch op",
+            "calls": row["calls"],
+            "self_ms": row["self_time_s"] * 1e3,
+            "total_ms": row["total_time_s"] * 1e3,
+            "device_ms": row["device_time_s"] * 1e3,
+            "gflop": row["flops"] / 1e9 if row["flops"] else None,
+        }
+        for row in trace.profile.op_table
+    ]
+    rows.sort(key=lambda row: row["self_ms"] + row["device_ms"], reverse=True)
+    return rows[:top] if top else rows
+
+
+def timeline_events(chrome_trace_path: str) -> list[dict]:
+    """Our ``record_function`` scopes of one prefill, from a Chrome trace, in ms.
+
+    Reads ``traceEvents``, keeps complete ("X") CPU-side scope events named like
+    ``layers.3``, ``layers.3.mlp``, ``embedding``, ``lm_head``, and the first occurrence of
+    each name (one prefill). ``ts``/``dur`` are microseconds; times are returned relative to
+    the earliest scope.
+
+    Returns:
+        Rows ``name``, ``layer`` (None for embedding / final_norm / lm_head), ``part``
+        (``layer``, ``attention``, ``mlp``, ``norm``, ``embedding``, ``final_norm``,
+        ``lm_head``), ``start_ms``, ``duration_ms``, sorted by start.
+    """
+    with open(chrome_trace_path) as handle:
+        events = json.load(handle)["traceEvents"]
+    seen: dict[str, dict] = {}
+    for event in events:
+        name = event.get("name", "")
+        if event.get("ph") != "X" or event.get("cat") != "user_annotation" or name in seen:
+            continue
+        match = SCOPE_PATTERN.match(name)
+        if match is None:
+            continue
+        whole, layer, child = match.groups()
+        if layer is None:
+            part = whole
+        elif child is None:
+            part = "layer"
+        else:
+            part = "norm" if "norm" in child else child
+        seen[name] = {"name": name, "layer": None if layer is None else int(layer), "part": part, "ts": float(event["ts"]), "dur": float(event["dur"])}
+    if not seen:
+        return []
+    origin = min(row["ts"] for row in seen.values())
+    rows = [
+        {"name": r["name"], "layer": r["layer"], "part": r["part"], "start_ms": (r["ts"] - origin) / 1e3, "duration_ms": r["dur"] / 1e3}
+        for r in seen.values()
+    ]
+    return sorted(rows, key=lambda row: row["start_ms"])
+
+
+def predicted_vs_measured(info: ModelInfo | LoadedModel, num_tokens: int, layer_times: LayerTimes, peaks: MachinePeaks) -> list[dict]:
+    """Roofline prediction of each layer (every layer has the same shape) next to its measured time.
+
+    The prediction sums ``predict_layer_times`` per op (max of FLOPs / peak matmul and
+    bytes / bandwidth) grouped like the timers: attention = q/k/v/o projections + QK^T +
+    PV (the attention module's clock also covers RoPE and the KV write), MLP = its
+    matrices, norms = both norms. ``*_ratio`` = measured / predicted: the gap, shown.
+    """
+    ops = predict_layer_times(info, num_tokens, num_tokens, None, peaks)
+    groups = {"attention": ATTENTION_OPS, "mlp": MLP_OPS, "norms": ("norms",)}
+    predicted, bound = {}, {}
+    for group, names in groups.items():
+        members = [op for op in ops if op["op"] in names]
+        predicted[group] = sum(op["predicted_s"] for op in members)
+        compute_s = sum(op["flops"] for op in members) / (peaks.matmul_gflops * 1e9)
+        memory_s = sum(op["bytes"] for op in members) / (peaks.memory_gb_s * 1e9)
+        bound[group] = "compute" if compute_s >= memory_s else "memory"
+    rows = []
+    for i, (attention, mlp, norms) in enumerate(zip(layer_times.attention_s, layer_times.mlp_s, layer_times.norms_s)):
+        measured = {"attention": attention, "mlp": mlp, "norms": norms}
+        row = {"layer": i}
+        for group in groups:
+            row[f"predicted_{group}_ms"] = predicted[group] * 1e3
+            row[f"measured_{group}_ms"] = measured[group] * 1e3
+            row[f"{group}_ratio"] = measured[group] / predicted[group] if predicted[group] else float("nan")
+            row[f"{group}_bound"] = bound[group]
+        rows.append(row)
+    return rows
+
+
+def kernel_rows(results: list[KernelResult]) -> list[dict]:
+    """Kernel results as table rows in ms and MiB."""
+    return [
+        {
+            "kernel": r.kernel,
+            "version": r.version,
+            "N": r.num_tokens,
+            "heads": f"{r.num_heads} q / {r.num_kv_heads} kv",
+            "head_dim": r.head_dim,
+            "dtype": r.dtype,
+            "device": r.device,
+            "median_ms": r.median_s * 1e3,
+            "min_ms": r.min_s * 1e3,
+            "max_ms": r.max_s * 1e3,
+            "runs": r.num_runs,
+            "calls_per_run": r.calls_per_run,
+            "max_abs_diff_vs_v1": r.max_abs_diff,
+            "allowed_diff": r.allowed_diff,
+            "peak_memory_MiB": None if r.peak_memory_bytes is None else r.peak_memory_bytes / 2**20,
+            "memory_method": r.memory_method,
+            "largest_intermediate_MiB": None if r.largest_intermediate_bytes is None else r.largest_intermediate_bytes / 2**20,
+            "output_MiB": r.output_bytes / 2**20,
+        }
+        for r in results
+    ]
+
+
+# ------------------------------------------------------------------------------ kernels
+def captured_qkv(
+    trace: Trace, layer: int, device: torch.device | str, dtype: torch.dtype, max_tokens: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """q (H, N, D), k and v (KVH, N, D) and the scale of one layer from an inspect trace.
+
+    ``max_tokens`` keeps the first tokens only: causal attention of a prefix needs only
+    the prefix, so the kernels' result on it is exactly the prompt's for those tokens.
+    """
+    if not trace.captured_qk:
+        raise ValueError("The trace has no captured q/k/v: run it with capture_level='inspect'.")
+    captured = next(iter(trace.captured_qk.values()))
+    if not 0 <= layer < len(captured.queries):
+        raise RequestError(f"Layer {layer} does not exist: the model has layers 0..{len(captured.queries) - 1}.")
+    if not captured.values:
+        raise ValueError("This trace captured queries and keys but no values.")
+
+    def tensor(array) -> torch.Tensor:
+        return torch.from_numpy(array[:, :max_tokens]).to(device=device, dtype=dtype)
+
+    return tensor(captured.queries[layer]), tensor(captured.keys[layer]), tensor(captured.values[layer]), captured.scaling[layer]
+
+
+def compare_kernels(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, kernels: tuple[AttentionKernel, ...] = KERNELS, runs: int = 5
+) -> list[KernelResult]:
+    """Every kernel on the same q/k/v, each checked against v1 before it is timed."""
+    return [check_and_time(kernel, q, k, v, scale, runs=runs) for kernel in kernels]
+
+
+def kernel_sweep(
+    info: ModelInfo,
+    sizes: tuple[int, ...] | list[int],
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    kernels: tuple[AttentionKernel, ...] = KERNELS,
+    runs: int = 3,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> list[KernelResult]:
+    """Every kernel at each N on random q/k/v of the model's attention shape (H, KVH, D).
+
+    Random inputs, not the prompt's: the time and memory of attention depend on the
+    shapes, not on the values. Each result is still checked against the oracle.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    results = []
+    for index, n in enumerate(sizes):
+        if progress is not None:
+            progress(index / max(len(sizes), 1), f"kernel sweep: N = {n:,}")
+        q = torch.randn(info.num_heads, n, info.head_dim, generator=generator).to(device=device, dtype=dtype)
+        k = torch.randn(info.num_kv_heads, n, info.head_dim, generator=generator).to(device=device, dtype=dtype)
+        v = torch.randn(info.num_kv_heads, n, info.head_dim, generator=generator).to(device=device, dtype=dtype)
+        results += compare_kernels(q, k, v, info.head_dim**-0.5, kernels, runs)
+    return results
+
+
+# ------------------------------------------------------------------------------ together
+def run_kernel_timings(
+    loaded: LoadedModel,
+    prompt: str,
+    kernel_layer: int = 0,
+    sweep_sizes: tuple[int, ...] | list[int] | None = None,
+    timing_runs: int = 3,
+    kernel_runs: int = 5,
+    profile_dir: str | None = None,
+    progress: Progress | None = None,
+) -> KernelTimingsResult:
+    """All passes of the Kernel timings page for one prompt.
+
+    Args:
+        loaded: the model.
+        prompt: text to prefill.
+        kernel_layer: whose captured q/k/v the attention kernels run on.
+        sweep_sizes: N values for the random-input sweep (``default_sweep_sizes`` if None;
+            empty for none).
+        timing_runs: timing passes; the per-layer median is kept.
+        kernel_runs: timed runs per kernel.
+        profile_dir: where the Chrome trace goes (a new temp folder if None).
+        progress: called with (fraction done, what is running).
+
+    Raises:
+        RequestError: empty prompt, too long, or a layer that does not exist.
+    """
+    report = progress or (lambda fraction, text: None)
+    info = loaded.info
+    if not 0 <= kernel_layer < info.num_layers:
+        raise RequestError(f"Layer {kernel_layer} does not exist: the model has layers 0..{info.num_layers - 1}.")
+    sizes = list(default_sweep_sizes(loaded.device) if sweep_sizes is None else sweep_sizes)
+    token_limit = max_kernel_tokens(info, loaded.device)
+    if any(n > token_limit for n in sizes):
+        raise RequestError(
+            f"The naive oracle every kernel is checked against holds an (H, N, N) score matrix: on "
+            f"{loaded.device.type} this page runs it up to N = {token_limit:,}. Drop the larger sweep sizes."
+        )
+    report(0.0, "warm-up prefill")
+    prefill_pass(loaded, prompt, "none")  # raises RequestError on a bad prompt before anything is kept
+    timing_traces = []
+    for run in range(timing_runs):
+        report(0.05 + 0.15 * run / timing_runs, f"timing pass {run + 1} of {timing_runs}")
+        timing_traces.append(prefill_pass(loaded, prompt, "timing"))
+    layer_times = median_layer_times(timing_traces)
+    num_tokens = timing_traces[0].steps[0].num_scheduled_tokens
+
+    report(0.2, "prefill under torch.profiler")
+    profile_dir = profile_dir or tempfile.mkdtemp(prefix="prefillviz-kernels-")
+    profile = prefill_pass(loaded, prompt, "profile", profile_dir)
+    chrome_trace_path = profile.profile.chrome_trace_path
+    timeline = timeline_events(chrome_trace_path)
+
+    report(0.35, "machine peaks (cached after the first time)")
+    dtype_name = str(loaded.dtype).removeprefix("torch.")
+    peaks = machine_peaks(loaded.device, dtype_name)
+    predicted = predicted_vs_measured(info, num_tokens, layer_times, peaks)
+
+    report(0.4, f"inspection pass: q/k/v of layer {kernel_layer}")
+    inspection = prefill_pass(loaded, prompt, "inspect")
+    q, k, v, scale = captured_qkv(inspection, kernel_layer, loaded.device, loaded.dtype, max_tokens=token_limit)
+    del inspection  # all layers' q/k/v: only one layer is kept
+    kernel_num_tokens = q.shape[1]
+    report(0.5, f"attention kernels on layer {kernel_layer}'s q/k/v")
+    kernel_results = compare_kernels(q, k, v, scale, runs=kernel_runs)
+
+    def sweep_progress(fraction: float, text: str) -> None:
+        report(0.6 + 0.4 * fraction, text)
+
+    sweep_results = kernel_sweep(info, sizes, loaded.device, loaded.dtype, runs=kernel_runs, progress=sweep_progress)
+    report(1.0, "done")
+    return KernelTimingsResult(
+        model_id=loaded.model_id,
+        device=str(loaded.device),
+        dtype=dtype_name,
+        prompt=prompt,
+        num_tokens=num_tokens,
+        timing_traces=timing_traces,
+        layer_times=layer_times,
+        profile=profile,
+        chrome_trace_path=chrome_trace_path,
+        timeline=timeline,
+        peaks=peaks,
+        predicted=predicted,
+        kernel_layer=kernel_layer,
+        kernel_num_tokens=kernel_num_tokens,
+        kernel_results=kernel_results,
+        sweep_results=sweep_results,
+    )
+
+
+PASS_NAMES = {  # which: (long, short for a figure's subtitle)
+    "timing": ("timing pass (per-layer clocks, median of {runs})", "timing pass, median of {runs}"),
+    "profile": ("under torch.profiler (slower: includes the profiler's own cost)", "under torch.profiler"),
+    "inspect": ("q/k/v of layer {layer} from an inspection pass, kernels timed on their own", "layer {layer}'s q/k/v, inspection pass"),
+    "sweep": ("random q/k/v of the model's shape, kernels timed on their own", "random q/k/v of the model's shape"),
+}
+
+
+def pass_label(result: KernelTimingsResult, which: str, short: bool = False) -> str:
+    """Which pass a number came from, and where: for captions (long) and figure subtitles (short)."""
+    name = PASS_NAMES[which][short].format(runs=len(result.timing_traces), layer=result.kernel_layer)
+    where = f"{result.device}, {result.dtype}" if short else f"{result.model_id} on {result.device}, {result.dtype}"
+    return f"{name} · {where}"

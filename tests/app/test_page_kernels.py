@@ -1,0 +1,72 @@
+"""The Kernel timings page on the bundled model (fp32): a real run draws every figure from
+measured data and offers the Chrome trace; an empty prompt gives an inline error and keeps
+the earlier result."""
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+PAGE = "app_pages/kernels.py"
+
+
+def kernels_page():
+    app = AppTest.from_file(APP, default_timeout=240)
+    app.run()
+    app.selectbox(key="sidebar_dtype").set_value("float32").run()
+    app.switch_page(PAGE).run()
+    app.selectbox(key="kernels_preset").set_value("Short question").run()
+    app.multiselect(key="kernels_sweep_cpu").set_value([64]).run()  # one small N keeps the test short
+    app.number_input(key="kernels_layer_of_30").set_value(5).run()
+    return app
+
+
+@pytest.fixture(scope="module")
+def measured(bundled):
+    """The page after one real run (shared: a run takes ~20 s on a busy 2-core machine)."""
+    app = kernels_page()
+    assert not app.get("plotly_chart")  # nothing before a run
+    app.button(key="kernels_run").click().run()
+    return app
+
+
+def charts(app) -> dict[str, dict]:
+    return {chart.proto.id: json.loads(chart.proto.spec) for chart in app.get("plotly_chart")}
+
+
+def layer_chart(app) -> dict:
+    return next(spec for spec in charts(app).values() if spec["layout"]["title"]["text"].startswith("Time per decoder layer"))
+
+
+def test_measure_draws_every_figure_from_real_data_and_offers_the_chrome_trace(measured):
+    app = measured
+    assert not app.exception and not app.error
+
+    specs = list(charts(app).values())
+    titles = [spec["layout"]["title"]["text"] for spec in specs]
+    assert len(specs) == 8, titles  # layers, prediction, ops, timeline, kernel time + memory, sweep time + memory
+    bars = layer_chart(app)["data"]
+    assert [trace["name"] for trace in bars][:3] == ["attention", "MLP", "norms"]
+    assert all(len(trace["y"]) == 30 for trace in bars) and all(y > 0 for y in bars[1]["y"])
+    assert any("timing pass" in title for title in titles) and any("torch.profiler" in title for title in titles)
+    assert any("on cpu, float32" in caption.value for caption in app.caption)
+
+    timeline = next(spec for spec in specs if spec["layout"]["title"]["text"].startswith("Timeline"))
+    assert {trace["name"]: len(trace["x"]) for trace in timeline["data"]}["mlp"] == 30
+    kernel_time = next(spec for spec in specs if spec["layout"]["title"]["text"].startswith("Attention kernels on N"))
+    assert [trace["name"] for trace in kernel_time["data"]] == ["v1 naive", "v2 sdpa", "v3 blocked"]
+
+    labels = [button.proto.label for button in app.get("download_button")]
+    assert "Chrome trace (JSON)" in labels and labels.count("Data (CSV)") >= 5
+
+
+def test_empty_prompt_shows_an_inline_error_and_keeps_the_last_result(measured):
+    app = measured
+    before = layer_chart(app)["data"][1]["y"]
+    app.text_area(key="kernels_prompt_Short question").set_value("   ").run()
+    app.button(key="kernels_run").click().run()
+    assert not app.exception
+    assert "empty" in app.error[0].value
+    assert layer_chart(app)["data"][1]["y"] == before  # the earlier run is still shown

@@ -1,0 +1,137 @@
+"""The Kernel timings experiments on the bundled model (fp32 CPU), short prompt: one run,
+then every view of it (layer bars, op table, timeline, prediction, kernels) and its figure."""
+
+import json
+
+import pytest
+import torch
+
+from kernels.attention import attention_naive
+
+from prefillviz.errors import RequestError
+from prefillviz.experiments import kernels as experiments
+from prefillviz.figures import kernels as figures
+
+PROMPT = "The capital of France is"
+NUM_LAYERS = 30
+SWEEP = (32, 96)
+
+
+@pytest.fixture(scope="module")
+def result(bundled, tmp_path_factory):
+    return experiments.run_kernel_timings(
+        bundled, PROMPT, kernel_layer=7, sweep_sizes=SWEEP, timing_runs=2, kernel_runs=2, profile_dir=str(tmp_path_factory.mktemp("profile"))
+    )
+
+
+def test_layer_bars_have_one_row_per_layer_and_add_up(result):
+    rows = experiments.layer_rows(result.layer_times)
+    assert [row["layer"] for row in rows] == list(range(NUM_LAYERS))
+    for row in rows:
+        assert row["attention_ms"] > 0 and row["mlp_ms"] > 0 and row["norms_ms"] > 0
+        parts = row["attention_ms"] + row["mlp_ms"] + row["norms_ms"] + row["other_ms"]
+        assert parts == pytest.approx(row["layer_ms"])
+    figure = figures.layer_time_figure(rows)
+    assert [trace.name for trace in figure.data][:3] == ["attention", "MLP", "norms"]
+    assert all(len(trace.x) == NUM_LAYERS for trace in figure.data)
+    assert figure.layout.yaxis.title.text == "time (ms)"
+
+
+def test_layer_times_are_the_median_of_the_timing_passes(result):
+    assert len(result.timing_traces) == 2 and all(t.capture_level == "timing" for t in result.timing_traces)
+    first, second = (t.steps[0].layer_times.mlp_s[5] for t in result.timing_traces)
+    assert result.layer_times.mlp_s[5] == pytest.approx((first + second) / 2)
+    assert result.num_tokens == len(result.timing_traces[0].requests["req-0"].prompt_token_ids)
+
+
+def test_op_table_has_matmuls_and_our_layer_scopes(result):
+    rows = experiments.op_rows(result.profile)
+    ops = {row["op"]: row for row in rows}
+    assert ops["aten::mm"]["kind"] == "torch op" and ops["aten::mm"]["gflop"] > 0 and ops["aten::mm"]["calls"] > NUM_LAYERS
+    for scope in ["layers.0", "layers.29.attention", "layers.12.mlp", "lm_head"]:
+        assert ops[scope]["kind"] == "our scope" and ops[scope]["calls"] == 1
+    self_times = [row["self_ms"] for row in rows]
+    assert self_times == sorted(self_times, reverse=True)
+    figure = figures.op_table_figure(rows, top=10)
+    assert sum(len(trace.x) for trace in figure.data) == 10
+
+
+def test_timeline_has_every_layer_and_its_parts_in_order(result):
+    events = result.timeline
+    layers = [e for e in events if e["part"] == "layer"]
+    assert [e["layer"] for e in layers] == list(range(NUM_LAYERS))  # one prefill: each layer once, in order
+    for part in ["attention", "mlp"]:
+        assert sorted(e["layer"] for e in events if e["part"] == part) == list(range(NUM_LAYERS))
+    assert sum(e["part"] == "norm" for e in events) == 2 * NUM_LAYERS
+    by_name = {e["name"]: e for e in events}
+    outer, inner = by_name["layers.4"], by_name["layers.4.mlp"]
+    assert outer["start_ms"] <= inner["start_ms"] and inner["start_ms"] + inner["duration_ms"] <= outer["start_ms"] + outer["duration_ms"] + 1e-6
+    assert by_name["embedding"]["start_ms"] == 0 and by_name["lm_head"]["start_ms"] > by_name["layers.29"]["start_ms"]
+    # read back from the Chrome trace file the page offers for download
+    raw = json.loads(open(result.chrome_trace_path).read())["traceEvents"]
+    assert any(e.get("name") == "layers.29.mlp" and e["dur"] / 1e3 == pytest.approx(by_name["layers.29.mlp"]["duration_ms"]) for e in raw)
+    figure = figures.timeline_figure(events)
+    sizes = {trace.name: len(trace.x) for trace in figure.data}
+    assert sizes["layer"] == sizes["attention"] == sizes["mlp"] == NUM_LAYERS and sizes["norm"] == 2 * NUM_LAYERS
+    assert figure.layout.xaxis.title.text.endswith("(ms)")
+
+
+def test_predicted_vs_measured_has_a_row_per_layer_and_shows_the_gap(result, bundled):
+    rows = result.predicted
+    assert len(rows) == NUM_LAYERS
+    assert len({row["predicted_attention_ms"] for row in rows}) == 1  # same shape, same prediction
+    for row in rows:
+        assert row["predicted_mlp_ms"] > 0 and row["measured_mlp_ms"] > 0
+        assert row["mlp_ratio"] == pytest.approx(row["measured_mlp_ms"] / row["predicted_mlp_ms"])
+    assert rows[3]["measured_attention_ms"] == pytest.approx(result.layer_times.attention_s[3] * 1e3)
+    figure = figures.predicted_vs_measured_figure(rows)
+    assert len(figure.data) == 4 and all(len(trace.x) == NUM_LAYERS for trace in figure.data)
+
+
+def test_kernels_ran_on_the_prompts_captured_layer_and_on_the_sweep(result, bundled):
+    info = bundled.info
+    rows = experiments.kernel_rows(result.kernel_results)
+    assert [row["kernel"] for row in rows] == ["v1 naive", "v2 sdpa", "v3 blocked"]
+    for row in rows:
+        assert row["N"] == result.kernel_num_tokens == result.num_tokens and row["heads"] == f"{info.num_heads} q / {info.num_kv_heads} kv"
+        assert row["max_abs_diff_vs_v1"] <= row["allowed_diff"] and row["median_ms"] > 0
+        assert row["peak_memory_MiB"] > 0 and row["memory_method"] == "torch.profiler allocation events"
+    assert result.kernel_layer == 7
+    sweep = experiments.kernel_rows(result.sweep_results)
+    assert sorted({row["N"] for row in sweep}) == list(SWEEP) and len(sweep) == 3 * len(SWEEP)
+    assert figures.kernel_time_figure(rows).data[0].y[0] == pytest.approx(rows[0]["median_ms"])
+    assert len(figures.kernel_memory_figure(rows).data) == 2
+    time_lines = figures.sweep_time_figure(sweep).data
+    assert len(time_lines) == 3 and all(list(line.x) == list(SWEEP) for line in time_lines)
+    memory_lines = figures.sweep_memory_figure(sweep).data
+    assert len(memory_lines) == 3 + 2  # measured for all three, largest intermediate for v1 and v3 (v2: unknown)
+
+
+def test_the_captured_qkv_match_the_inspection_capture_and_a_prefix_is_exact(bundled):
+    trace = experiments.prefill_pass(bundled, PROMPT, "inspect")
+    q, k, v, scale = experiments.captured_qkv(trace, 2, "cpu", bundled.dtype)
+    num_tokens = len(trace.requests["req-0"].prompt_token_ids)
+    assert q.shape == (9, num_tokens, 64) and k.shape == v.shape == (3, num_tokens, 64) and scale == pytest.approx(64**-0.5)
+    prefix_q, prefix_k, prefix_v, _ = experiments.captured_qkv(trace, 2, "cpu", bundled.dtype, max_tokens=3)
+    assert prefix_q.shape == (9, 3, 64) and torch.equal(prefix_k, k[:, :3]) and torch.equal(prefix_v, v[:, :3])
+    # causal: attention over the first 3 tokens is the first 3 rows of attention over all of them
+    torch.testing.assert_close(attention_naive(prefix_q, prefix_k, prefix_v, scale), attention_naive(q, k, v, scale)[:, :3])
+    with pytest.raises(RequestError, match="Layer 30"):
+        experiments.captured_qkv(trace, 30, "cpu", bundled.dtype)
+
+
+def test_a_bad_prompt_or_layer_is_refused_before_anything_runs(bundled):
+    with pytest.raises(RequestError, match="empty"):
+        experiments.run_kernel_timings(bundled, "   ", sweep_sizes=())
+    with pytest.raises(RequestError, match="Layer 99"):
+        experiments.run_kernel_timings(bundled, PROMPT, kernel_layer=99, sweep_sizes=())
+
+
+def test_the_oracle_has_a_memory_limit_and_oversized_sweeps_are_refused(bundled):
+    limit = experiments.max_kernel_tokens(bundled.info, "cpu")
+    assert 9 * limit * limit * 4 <= experiments.MAX_ORACLE_SCORE_BYTES["cpu"] < 9 * (limit + 1) ** 2 * 4
+    assert max(experiments.SWEEP_CHOICES["cpu"]) <= limit
+    assert max(experiments.SWEEP_CHOICES["cuda"]) <= experiments.max_kernel_tokens(bundled.info, "cuda")
+    with pytest.raises(RequestError, match="oracle"):
+        experiments.run_kernel_timings(bundled, PROMPT, sweep_sizes=(limit + 1,))
+

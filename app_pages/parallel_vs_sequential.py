@@ -1,2 +1,211 @@
+"""Parallel vs token-by-token: the same prompt in one step or in N steps, timed and proven equal."""
+
+import statistics
+from contextlib import contextmanager
+from dataclasses import asdict
+
+import pandas as pd
 import streamlit as st
-st.title('parallel_vs_sequential')
+
+from prefillviz.experiments import parallel as experiments
+from prefillviz.figures import parallel as figures
+from prefillviz.prompts import PRESETS
+from prefillviz.ui.shell import downloads, get_result, loaded_model, run_guarded, save_result
+
+PREFILL_PROMPT = "Last prompt of the Prefill page"
+PASSES = {
+    "none": "timing pass (nothing captured)",
+    "inspect": "inspection pass (K/V and logits captured; slower)",
+}
+
+
+def source(result, capture: str) -> str:
+    """Which pass a number comes from, and where it ran (from the result, not the sidebar)."""
+    return f"{PASSES[capture]} · {result.model_id} on {result.device}, {result.dtype}"
+
+
+def rate(tokens_per_s: float) -> str:
+    return f"{tokens_per_s:,.0f}" if tokens_per_s >= 100 else f"{tokens_per_s:.3g}"
+
+
+@contextmanager
+def progress_bar(label: str):
+    """A progress bar driven by the experiments' (fraction, text) callback; gone when the run ends or fails."""
+    bar = st.progress(0.0, text=f"{label}: starting")
+    try:
+        yield lambda fraction, text: bar.progress(fraction, text=f"{label}: {text}")
+    finally:
+        bar.empty()
+
+
+st.title("Parallel vs token-by-token")
+st.markdown(
+    "The same prompt, the same engine, the same model, two token budgets. **Parallel**: a budget of at least N "
+    "runs all N prompt tokens in **one step** (one (1, N) batch: big matrix multiplications). **Token-by-token**: "
+    "a budget of 1 runs **N steps** of one token each, every step reading all the weights again to do 1/N of the work. "
+    "Both end with the same KV cache and the same next-token distribution, which is checked below."
+)
+
+loaded = loaded_model()
+
+# ---------------------------------------------------------------- one prompt, both ways
+st.header("One prompt, both ways")
+presets = dict(PRESETS)
+last_prefill = get_result("prefill")
+if last_prefill is not None:
+    presets[PREFILL_PROMPT] = last_prefill.prompt
+preset = st.selectbox("Preset", list(presets), index=list(presets).index("Chat with a system prompt"), key="parallel_preset")
+prompt = st.text_area("Prompt", presets[preset], height=130, key=f"parallel_prompt_{preset}")
+max_tokens = st.number_input(
+    "Use at most this many prompt tokens",
+    min_value=1,
+    max_value=4096,
+    value=256,
+    step=16,
+    key="parallel_max_tokens",
+    help="Token-by-token runs one step per token (tens of ms each on a CPU), twice: a timing and an inspection pass.",
+)
+
+if loaded is not None and st.button("Run both ways", type="primary", key="parallel_run"):
+    with run_guarded("The comparison"):
+        with progress_bar("Parallel vs token-by-token") as update:
+            save_result("parallel", experiments.run_both_ways(loaded, prompt, int(max_tokens), progress=update))
+
+comparison = get_result("parallel")
+if comparison is not None:
+    parallel, sequential, check = comparison.parallel, comparison.token_by_token, comparison.equality
+    n = comparison.num_tokens
+    cut = comparison.num_prompt_tokens_before_cut
+    st.caption(
+        f"Last run: {n:,} prompt tokens" + (f" (the first {n:,} of {cut:,})" if cut > n else "") + ". "
+        f"Times: {source(comparison, 'none')}, after a warm-up; parallel is the median of "
+        f"{len(parallel.timing_runs_s)} runs, token-by-token one run of {sequential.num_steps} steps."
+    )
+    columns = st.columns(4)
+    columns[0].metric(f"Parallel ({parallel.num_steps} step): time to first token", f"{parallel.time_to_first_token_s * 1e3:,.1f} ms")
+    columns[1].metric(f"Token-by-token ({sequential.num_steps} steps): time to first token", f"{sequential.time_to_first_token_s * 1e3:,.1f} ms")
+    columns[2].metric("Token-by-token / parallel", f"{comparison.ratio:,.1f}×")
+    columns[3].metric("Prompt tokens/s: parallel vs token-by-token", f"{rate(parallel.tokens_per_s)} vs {rate(sequential.tokens_per_s)}")
+
+    latency = figures.step_latency_figure(comparison)
+    st.plotly_chart(latency, key="parallel_latency_chart")
+    one_token_step_s = statistics.median(sequential.step_wall_times_s)
+    st.caption(
+        f"Each bar is one engine step (schedule + pack + forward + sample + update); {source(comparison, 'none')}. "
+        f"The parallel step did {n}× the work of a median one-token step ({one_token_step_s * 1e3:,.1f} ms) in "
+        f"{parallel.step_wall_times_s[0] / one_token_step_s:,.1f}× its time: each step reads all the weights, whatever its token count."
+    )
+    downloads("parallel_step_latency", "parallel_latency_dl", figure=latency, table=comparison.step_rows(), data=comparison.summary())
+
+    over_time = figures.tokens_over_time_figure(comparison)
+    st.plotly_chart(over_time, key="parallel_over_time_chart")
+    downloads("parallel_tokens_over_time", "parallel_over_time_dl", figure=over_time, table=comparison.step_rows())
+
+    st.subheader("Proof: the same KV cache and the same next token")
+    tolerance = f"{check.tolerance:g}"
+    same_model = loaded is not None and loaded.model_id == comparison.model_id and loaded.tokenizer is not None
+    token_text = (lambda t: f"{loaded.tokenizer.decode([t])!r}, id {t}") if same_model else (lambda t: f"id {t}")
+    verdict = (
+        f"**{'PASS' if check.passed else 'FAIL'}** ({check.dtype}, tolerance {tolerance}): over all {check.num_layers} layers and "
+        f"{check.num_positions} positions, max |ΔK| = {check.max_key_diff:.2e}, max |ΔV| = {check.max_value_diff:.2e}; "
+        f"first-token logits max |Δ| = {check.logits_max_abs_diff:.2e} (probabilities {check.probs_max_abs_diff:.2e}); "
+        f"top token {'the same' if check.parallel_top_token_id == check.token_by_token_top_token_id else 'DIFFERENT'} "
+        f"({token_text(check.parallel_top_token_id)} vs {token_text(check.token_by_token_top_token_id)}). "
+    )
+    if check.passed:
+        st.success(verdict + f"All differences are below the tolerance {tolerance}.")
+    else:
+        st.warning(verdict + f"Some difference is not below the tolerance {tolerance}.")
+    st.caption(
+        f"From an {source(comparison, 'inspect')}: the post-RoPE keys and values each way wrote into the KV cache, "
+        f"compared element by element. Rounding alone makes them differ a little: a matmul over {n} rows adds its products "
+        "in another order than one over 1 row. The tolerance is 1e-3 in float32; bfloat16 keeps 8 significant bits, so its tolerance "
+        f"is {experiments.TOLERANCES['bfloat16']:g} (float16: {experiments.TOLERANCES['float16']:g})."
+    )
+    difference = figures.kv_difference_figure(check)
+    st.plotly_chart(difference, key="parallel_difference_chart")
+    downloads("parallel_kv_difference", "parallel_difference_dl", figure=difference, table=check.rows(), data=comparison.summary()["equality"])
+
+# ---------------------------------------------------------------- the N sweep
+st.header("Time to first token against N")
+st.markdown(
+    "Prompts of N tokens of real prose, each way, fitted by least squares to **t = a + b·N + c·N²** with "
+    "a, b, c ≥ 0 (no cost shrinks as the prompt grows): *a* is the fixed cost of a request, *b* the cost per token, "
+    "*c* the part that grows with N² (causal attention: token *i* looks at *i* keys). Token-by-token pays a whole "
+    "step per token, so its *b* is about one step's time; keep its N small."
+)
+columns = st.columns(3)
+parallel_sizes = columns[0].multiselect(
+    "Parallel: N", [8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024], list(experiments.DEFAULT_PARALLEL_SIZES), key="parallel_sweep_parallel_sizes"
+)
+sequential_sizes = columns[1].multiselect(
+    "Token-by-token: N", [2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128], list(experiments.DEFAULT_SEQUENTIAL_SIZES), key="parallel_sweep_sequential_sizes"
+)
+parallel_runs = columns[2].number_input("Parallel runs per N (median)", 1, 9, 3, key="parallel_sweep_runs")
+estimate = f"Token-by-token will run {sum(sequential_sizes):,} steps; parallel {len(parallel_sizes) * (int(parallel_runs) + 1)} steps (one warm-up per N)."
+if comparison is not None and loaded is not None and (comparison.model_id, comparison.dtype) == (loaded.model_id, str(loaded.dtype).removeprefix("torch.")):
+    step_s = statistics.median(comparison.token_by_token.step_wall_times_s)
+    estimate += f" At the {step_s * 1e3:,.0f} ms per one-token step measured above, the token-by-token part takes about {sum(sequential_sizes) * step_s:,.0f} s."
+st.caption(estimate)
+
+if loaded is not None and st.button("Run the sweep", key="parallel_sweep_run"):
+    with run_guarded("The sweep"):
+        with progress_bar("Sweep") as update:
+            save_result("parallel_sweep", experiments.run_sweep(loaded, parallel_sizes, sequential_sizes, int(parallel_runs), progress=update))
+
+sweep = get_result("parallel_sweep")
+if sweep is not None:
+    sweep_chart = figures.sweep_figure(sweep)
+    st.plotly_chart(sweep_chart, key="parallel_sweep_chart")
+    fits = pd.DataFrame(
+        [
+            {
+                "way": row["way"],
+                "a (ms)": row["a_s"] * 1e3,
+                "b (ms per token)": row["b_s_per_token"] * 1e3,
+                "c (µs per token²)": row["c_s_per_token2"] * 1e6,
+                "R²": row["r_squared"],
+            }
+            for row in sweep.fit_rows()
+        ]
+    )
+    st.dataframe(fits, hide_index=True, key="parallel_fit_table")
+    b_parallel, b_sequential = (sweep.fits[way].b_s_per_token for way in experiments.WAYS)
+    b_text = (
+        f"Per-token cost b: token-by-token / parallel = {b_sequential / b_parallel:,.1f}×."
+        if b_parallel > 0
+        else "Parallel's per-token cost b fitted as 0: at these N its growth is lost in the timing noise; try larger N."
+    )
+    st.caption(f"{b_text} Every number: {source(sweep, 'none')}, each run a fresh request with the prefix cache off.")
+    downloads("parallel_sweep", "parallel_sweep_dl", figure=sweep_chart, table=sweep.rows(), data={"fits": sweep.fit_rows(), "points": sweep.rows()})
+
+# ---------------------------------------------------------------- the roofline
+st.header("Roofline: why one big step beats N small ones")
+st.markdown(
+    "A step that does F FLOPs while moving B bytes can run no faster than min(peak FLOP/s, bandwidth × F/B). "
+    "A prefill step of N tokens reuses every weight N times (high intensity, **compute-bound**); a one-token step "
+    "reads every weight for one token (intensity ≈ 1 FLOP/byte, **memory-bound**). The roofs are this machine's "
+    "measured matmul peak and memory bandwidth; the points are measured engine steps."
+)
+columns = st.columns(3)
+prefill_sizes = columns[0].multiselect("Prefill points: N", [16, 32, 64, 128, 256, 512, 1024], list(experiments.DEFAULT_ROOFLINE_PREFILL_SIZES), key="parallel_roofline_prefill")
+decode_contexts = columns[1].multiselect("Decode points: context", [16, 64, 256, 1024], list(experiments.DEFAULT_ROOFLINE_DECODE_CONTEXTS), key="parallel_roofline_decode")
+roofline_runs = columns[2].number_input("Runs per point (median)", 1, 9, 2, key="parallel_roofline_runs")
+
+if loaded is not None and st.button("Measure the roofline", key="parallel_roofline_run"):
+    with run_guarded("The roofline"), st.spinner("Reading or measuring the machine's peaks, then timing prefill and decode steps…"):
+        save_result("parallel_roofline", experiments.run_roofline(loaded, prefill_sizes, decode_contexts, int(roofline_runs)))
+
+roofline = get_result("parallel_roofline")
+if roofline is not None:
+    same_setup = comparison is not None and (comparison.model_id, comparison.device, comparison.dtype) == (roofline.model_id, roofline.device, roofline.dtype)
+    prompt_points = comparison.roofline_points if same_setup else []
+    roofline_chart = figures.roofline_figure(roofline.peaks, roofline.points, prompt_points)
+    st.plotly_chart(roofline_chart, key="parallel_roofline_chart")
+    st.caption(
+        f"Points: median forward time of real engine steps, {source(roofline, 'none')}; FLOPs and bytes from the model's shapes. "
+        f"Roofs: matmul {roofline.peaks.matmul_gflops:,.0f} GFLOP/s, memory {roofline.peaks.memory_gb_s:,.1f} GB/s, "
+        f"measured on {roofline.peaks.machine} ({roofline.peaks.device}, {roofline.peaks.dtype})."
+        + (" Stars: the prompt above (its timing pass)." if prompt_points else "")
+    )
+    downloads("parallel_roofline", "parallel_roofline_dl", figure=roofline_chart, table=roofline.rows(), data={"peaks": asdict(roofline.peaks), "points": roofline.rows()})

@@ -1,0 +1,153 @@
+"""Parallel vs token-by-token: both ways fill the same KV cache and predict the same token,
+one step vs N steps, the N sweep's fit, and the figures built from them."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from prefillviz.analysis.peaks import MachinePeaks
+from prefillviz.config import EngineConfig
+from prefillviz.engine.engine import LLMEngine
+from prefillviz.engine.request import SamplingParams
+from prefillviz.errors import ConfigError, RequestError
+from prefillviz.experiments.parallel import (
+    PARALLEL,
+    TOKEN_BY_TOKEN,
+    compare_inspections,
+    fit_quadratic,
+    run_both_ways,
+    run_roofline,
+    run_sweep,
+    tolerance_for,
+)
+from prefillviz.figures import parallel as figures
+from tests.conftest import FP32_TOLERANCE, assert_matches_hf
+
+TINY_PROMPT = [5, 17, 99, 3, 42, 8, 77, 64, 12, 101, 33, 7]  # 12 ids of the tiny model's 128
+FAKE_PEAKS = MachinePeaks("cpu", "float32", matmul_gflops=100.0, memory_gb_s=20.0, measured_at="now", machine="test cpu", num_threads=2)
+
+
+@pytest.fixture(scope="module")
+def tiny_comparison(tiny_llama):
+    fractions = []
+    comparison = run_both_ways((tiny_llama, None), TINY_PROMPT, progress=lambda fraction, text: fractions.append(fraction))
+    return comparison, fractions
+
+
+def test_one_step_vs_n_steps_with_times(tiny_comparison):
+    comparison, fractions = tiny_comparison
+    n = len(TINY_PROMPT)
+    assert comparison.num_tokens == n
+    assert (comparison.parallel.num_steps, comparison.token_by_token.num_steps) == (1, n)
+    assert (comparison.parallel.inspection_num_steps, comparison.token_by_token.inspection_num_steps) == (1, n)
+    assert (comparison.parallel.token_budget, comparison.token_by_token.token_budget) == (n, 1)
+    assert [s.num_scheduled_tokens for s in comparison.token_by_token.timing.steps] == [1] * n
+    assert comparison.parallel.timing.steps[0].num_scheduled_tokens == n
+    assert len(comparison.parallel.timing_runs_s) == 3
+    for run in (comparison.parallel, comparison.token_by_token):
+        assert 0 < run.time_to_first_token_s < math.inf
+        assert 0 < run.tokens_per_s < math.inf
+        assert run.timing.steps[0].capture_level == "none"  # times come from the timing pass
+    assert 0 < comparison.ratio < math.inf
+    assert len(comparison.step_rows()) == n + 1
+    assert fractions and fractions == sorted(fractions) and fractions[-1] == pytest.approx(1.0)
+    assert [p.phase for p in comparison.roofline_points] == [PARALLEL, TOKEN_BY_TOKEN]
+    assert all(p.achieved_gflops > 0 for p in comparison.roofline_points)
+
+
+def test_both_ways_fill_the_same_kv_cache_tiny(tiny_comparison):
+    check = tiny_comparison[0].equality
+    assert check.tolerance == FP32_TOLERANCE == tolerance_for("float32")
+    assert tolerance_for("bfloat16") > tolerance_for("float16") > tolerance_for("float32")  # coarser roundings
+    assert check.same_positions and check.num_positions == len(TINY_PROMPT) and check.num_layers == 2
+    assert check.max_key_diff < 1e-3 and check.max_value_diff < 1e-3 and check.logits_max_abs_diff < 1e-3
+    assert check.parallel_top_token_id == check.token_by_token_top_token_id
+    assert check.passed
+
+
+def test_both_ways_on_the_bundled_model_match_each_other_and_hf(bundled):
+    comparison = run_both_ways(bundled, "The capital of France is a city that", parallel_timing_runs=1)
+    check = comparison.equality
+    assert comparison.token_by_token.num_steps == comparison.num_tokens == check.num_positions
+    assert check.num_layers == 30
+    assert check.max_key_diff < 1e-3 and check.max_value_diff < 1e-3 and check.logits_max_abs_diff < 1e-3
+    assert check.passed
+    logits = torch.from_numpy(comparison.parallel.record.first_token_logits)
+    assert_matches_hf(bundled.model, comparison.token_ids, logits)
+
+
+def test_different_prompts_fail_the_check(tiny_llama):
+    traces = []
+    for prompt in (TINY_PROMPT, TINY_PROMPT[::-1]):
+        engine = LLMEngine(tiny_llama, None, EngineConfig(num_blocks=4))
+        engine.add_request(prompt, SamplingParams(max_new_tokens=1), request_id="prompt")
+        traces.append(engine.run(capture_level="inspect"))
+    check = compare_inspections(*traces)
+    assert check.max_key_diff > 1e-3 and not check.passed
+
+
+def test_empty_prompt_and_bad_limits_are_refused(bundled):
+    with pytest.raises(RequestError, match="empty"):
+        run_both_ways(bundled, "   ")
+    with pytest.raises(ConfigError):
+        run_both_ways(bundled, "Hello", max_tokens=0)
+
+
+def test_fit_recovers_known_coefficients_and_needs_three_sizes():
+    sizes = [16, 32, 64, 128, 256]
+    fit = fit_quadratic(sizes, [0.01 + 0.002 * n + 3e-6 * n**2 for n in sizes])
+    assert (fit.a_s, fit.b_s_per_token, fit.c_s_per_token2) == pytest.approx((0.01, 0.002, 3e-6), rel=1e-6)
+    assert fit.r_squared == pytest.approx(1.0)
+    noisy = fit_quadratic([8, 16, 32, 48], [0.30, 0.50, 1.70, 2.10])  # plain least squares: a < 0
+    assert min(noisy.a_s, noisy.b_s_per_token, noisy.c_s_per_token2) >= 0
+    assert list(np.argsort(noisy.predict([8, 16, 32, 48]))) == [0, 1, 2, 3]
+    with pytest.raises(ConfigError, match="3 different"):
+        fit_quadratic([8, 8, 16], [0.1, 0.1, 0.2])
+
+
+def test_sweep_points_steps_and_fit(tiny_llama):
+    fractions = []
+    sweep = run_sweep(
+        (tiny_llama, None), [4, 8, 16], [2, 8, 32], parallel_runs=1, sequential_runs=3, progress=lambda f, t: fractions.append(f)
+    )
+    assert [p.num_tokens for p in sweep.points[PARALLEL]] == [4, 8, 16]
+    assert [p.num_steps for p in sweep.points[PARALLEL]] == [1, 1, 1]
+    assert [p.num_steps for p in sweep.points[TOKEN_BY_TOKEN]] == [2, 8, 32]
+    assert [len(p.runs_s) for p in sweep.points[TOKEN_BY_TOKEN]] == [3, 3, 3]
+    for way, points in sweep.points.items():
+        assert all(0 < p.time_to_first_token_s < math.inf for p in points)
+        fit = sweep.fits[way]
+        assert all(0 <= c < math.inf for c in (fit.a_s, fit.b_s_per_token, fit.c_s_per_token2))
+        fitted = fit.predict([p.num_tokens for p in points])
+        assert list(fitted) == sorted(fitted)  # no cost shrinks with N
+    measured = [p.time_to_first_token_s for p in sweep.points[TOKEN_BY_TOKEN]]  # 2, 8, 32 steps: far apart
+    fitted = sweep.fits[TOKEN_BY_TOKEN].predict([2, 8, 32])
+    assert list(np.argsort(fitted)) == list(np.argsort(measured)) == [0, 1, 2]  # the fit keeps the points' order
+    assert len(sweep.rows()) == 6 and len(sweep.fit_rows()) == 2
+    assert fractions[-1] == pytest.approx(1.0)
+    with pytest.raises(ConfigError, match="at least 3"):
+        run_sweep((tiny_llama, None), [4, 8], [2, 4, 8])
+
+
+def test_figures_carry_every_measured_point(tiny_comparison, tiny_llama):
+    comparison = tiny_comparison[0]
+    n = comparison.num_tokens
+    steps = figures.step_latency_figure(comparison)
+    assert [len(bar.y) for bar in steps.data] == [1, n] and all(y > 0 for bar in steps.data for y in bar.y)
+    assert "(ms)" in steps.layout.yaxis.title.text
+    over_time = figures.tokens_over_time_figure(comparison)
+    assert [trace.y[-1] for trace in over_time.data] == [n, n]
+    kv = figures.kv_difference_figure(comparison.equality)
+    assert [len(trace.y) for trace in kv.data[:2]] == [2, 2] and kv.layout.yaxis.type == "log"
+
+    roofline = run_roofline((tiny_llama, None), prefill_sizes=(8, 32), decode_contexts=(16,), runs=1, peaks=FAKE_PEAKS)
+    assert [p.phase for p in roofline.points] == ["prefill", "prefill", "decode"]
+    fig = figures.roofline_figure(roofline.peaks, roofline.points, comparison.roofline_points)
+    by_name = {trace.name: trace for trace in fig.data}
+    assert len(by_name["prefill steps (N tokens, 1 step)"].x) == 2
+    assert len(by_name["decode steps (1 token, context C)"].x) == 1
+    assert len(by_name["this prompt: token-by-token"].x) == 1
+    assert fig.layout.xaxis.type == fig.layout.yaxis.type == "log"
+    assert "FLOP/byte" in fig.layout.xaxis.title.text and "GFLOP/s" in fig.layout.yaxis.title.text

@@ -15,6 +15,7 @@ import time
 from typing import Callable
 
 import torch
+from transformers import DynamicCache
 
 from prefillviz.analysis.flops import model_costs
 from prefillviz.analysis.memory import peak_rss_bytes
@@ -67,6 +68,12 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
 
         return prefill
 
+    @torch.inference_mode()
+    def hf_token_by_token() -> None:  # HF's own decode loop: one token at a time into a DynamicCache
+        cache = DynamicCache(config=model.config)
+        for position in range(num_tokens):
+            model(input_ids=input_ids[:, position : position + 1], cache=cache, use_cache=True, logits_to_keep=1)
+
     budget = max(num_tokens, 2048)
     parallel = engine_prefill(budget)
     timed = engine_prefill(budget, "timing")
@@ -77,8 +84,9 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
         for fn in (hf_forward, parallel, timed, inspected):
             fn()
     sequential()
+    hf_token_by_token()
 
-    hf_times, parallel_times, timing_times, inspect_times, sequential_times = [], [], [], [], []
+    hf_times, parallel_times, timing_times, inspect_times, sequential_times, hf_sequential_times = [], [], [], [], [], []
     for i in range(runs):  # interleaved, so drift hits every variant alike
         hf_times.append(_time(hf_forward, device_))
         parallel_times.append(_time(parallel, device_))
@@ -86,6 +94,8 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
         inspect_times.append(_time(inspected, device_))
         if i < max(3, runs // 2):  # N steps each: fewer runs
             sequential_times.append(_time(sequential, device_))
+            hf_sequential_times.append(_time(hf_token_by_token, device_))
+    prefix = _prefix_hit_speedup(loaded, 2 * num_tokens, runs)
 
     ratios = [p / h for p, h in zip(parallel_times, hf_times)]
     parallel_median = statistics.median(parallel_times)
@@ -105,11 +115,18 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
         "inspect_4096_peak_rss_mb": _inspect_peak_rss_mb(model_id, device, dtype),
         "gemm_peak_gflops": peaks.matmul_gflops,
         "prefill_achieved_gflops": prefill_flops / parallel_median / 1e9,
+        "prefill_fraction_of_peak": prefill_flops / parallel_median / 1e9 / peaks.matmul_gflops,
+        "sequential_over_hf_decode": statistics.median(sequential_times) / statistics.median(hf_sequential_times),
+        "prefix_hit_speedup": prefix["speedup"],
+        "cold_start_s": _cold_start_s(model_id, device, dtype),
         "details": {
             "hf_forward_s": _spread(hf_times),
             "engine_parallel_prefill_s": _spread(parallel_times),
             "engine_token_by_token_s": _spread(sequential_times),
             "overhead_vs_hf_ratios": _spread(ratios),
+            "hf_token_by_token_s": _spread(hf_sequential_times),
+            "prefix_hit": prefix,
+            "cold_start": "fresh process: import, load the model from the prefillviz cache, first token of a short prompt",
             "engine_timing_capture_s": _spread(timing_times),
             "engine_inspect_capture_s": _spread(inspect_times),
             "prefill_flops": prefill_flops,
@@ -118,6 +135,42 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
             "warmup_runs": NUM_WARMUP,
         },
     }
+
+
+def _prefix_hit_speedup(loaded, prefix_tokens: int, runs: int, new_tokens: int = 32) -> dict:
+    """TTFT of a prompt whose first ``prefix_tokens`` are cached, miss over hit (interleaved runs)."""
+    token_ids = bench_token_ids(loaded.tokenizer, prefix_tokens + new_tokens)
+    prefix, prompt = token_ids[:prefix_tokens], token_ids
+
+    def ttft(enable_prefix_caching: bool) -> float:
+        engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(token_budget=4096, enable_prefix_caching=enable_prefix_caching))
+        engine.add_request(prefix)  # an earlier request with the same prefix fills the cache
+        engine.run()
+        request = engine.add_request(prompt)
+        return engine.run().requests[request.request_id].time_to_first_token_s
+
+    ttft(True), ttft(False)  # warm-up
+    hits, misses = [], []
+    for _ in range(max(3, runs // 2)):
+        hits.append(ttft(True))
+        misses.append(ttft(False))
+    return {
+        "prefix_tokens": prefix_tokens,
+        "new_tokens": new_tokens,
+        "ttft_hit_s": _spread(hits),
+        "ttft_miss_s": _spread(misses),
+        "speedup": statistics.median(misses) / statistics.median(hits),
+    }
+
+
+def _cold_start_s(model_id: str, device: str, dtype: str) -> float:
+    """A fresh process: import, load from the cached copy, first token (the model is cached by now)."""
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "prefillviz", "run", "--prompt", "Hello", "--model", model_id, "--device", device, "--dtype", dtype, "--json"],
+        capture_output=True, check=True,
+    )
+    return time.perf_counter() - start
 
 
 def _inspect_peak_rss_mb(model_id: str, device: str, dtype: str) -> float:

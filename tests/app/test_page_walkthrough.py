@@ -1,0 +1,114 @@
+"""The Guided lessons page on the bundled model (fp32): lesson 1, step 1 runs the real model,
+the answer stays hidden until a prediction is made, Next/Back move between steps, and the
+Prefill page then shows the same run with the lesson's prompt."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from prefillviz.prompts import PRESETS
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+PAGE = "app_pages/walkthrough.py"
+LESSON = "01_prefill_and_ttft"
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Test machines are shared: one intra-op thread avoids OpenMP oversubscription stalls."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def texts(elements) -> str:
+    return " ".join(str(element.value) for element in elements)
+
+
+def test_lesson_one_predict_run_reveal_navigate_and_the_prefill_page(bundled):
+    app = AppTest.from_file(APP, default_timeout=240)
+    app.session_state["sidebar_dtype"] = "float32"
+    app.run()
+    app.switch_page(PAGE).run()
+    assert not app.exception and app.title[0].value == "Guided lessons"
+    assert len(app.radio(key="lesson_choice").options) >= 4
+    assert app.header[0].value == "1. One forward pass over the whole prompt"
+    assert app.button(key="lesson_back_top").disabled and app.button(key="lesson_reveal").disabled
+
+    app.button(key="lesson_run").click().run()  # the real model
+    assert not app.exception and not app.error
+    assert "Ran in" in texts(app.caption)
+    assert app.button(key="lesson_reveal").disabled  # run, but nothing predicted yet: still hidden
+    assert "Measured:" not in texts(app.markdown) and not app.get("plotly_chart")
+
+    app.radio(key=f"lesson_predict_{LESSON}/0").set_value(0).run()  # "1 step for the whole prompt"
+    assert not app.button(key="lesson_reveal").disabled
+    app.button(key="lesson_reveal").click().run()
+    assert not app.exception
+    assert "**Measured:** 1 step for the whole prompt (measured: 1)" in texts(app.markdown)
+    assert app.success[0].value.startswith("Right")
+    assert app.get("plotly_chart") and app.radio(key=f"lesson_predict_{LESSON}/0").disabled  # the prediction is locked
+
+    app.button(key="lesson_next_top").click().run()
+    assert app.header[0].value == "2. Where the time to first token goes"
+    assert "the run of lesson 1, step 1" in texts(app.caption)  # the same action: no second run needed
+    assert app.button(key="lesson_reveal").disabled and not app.metric
+    app.button(key="lesson_lock").click().run()  # keep the slider's value as the prediction
+    app.button(key="lesson_reveal").click().run()
+    assert [metric.label for metric in app.metric[:2]] == ["Measured", "Your prediction"]
+    assert app.metric[0].value.endswith("%") and app.metric[1].value == "50%"
+
+    app.button(key="lesson_back_bottom").click().run()
+    assert app.header[0].value == "1. One forward pass over the whole prompt" and app.success  # still revealed
+
+    app.switch_page("app_pages/prefill.py").run()
+    assert not app.exception
+    assert app.text_area(key="prefill_prompt").value == PRESETS["Chat with a system prompt"]
+    assert "Last run: “<|im_start|>system" in texts(app.caption)  # the lesson's run, not a new one
+
+
+def test_a_step_sets_the_sidebar_dtype_before_it_runs(bundled):
+    app = AppTest.from_file(APP, default_timeout=240)
+    app.session_state["sidebar_dtype"] = "float32"
+    app.run()
+    app.switch_page(PAGE).run()
+    app.radio(key="lesson_choice").set_value(2).run()  # lesson 3: the KV cache and GQA
+    for _ in range(3):
+        app.button(key="lesson_next_bottom").click().run()
+    assert app.header[0].value == "4. Grouped-query attention"
+    assert "dtype = auto" in texts(app.caption)
+
+    app.button(key="lesson_run").click().run()
+    assert not app.exception and not app.error
+    assert app.selectbox(key="sidebar_dtype").value == "auto"  # the step's setting, applied before the run
+    app.radio(key="lesson_predict_03_kv_cache_and_gqa/3").set_value(1).run()  # "3× larger"
+    app.button(key="lesson_reveal").click().run()
+    assert app.success[0].value.startswith("Right") and "3× larger (measured: 3)" in texts(app.markdown)
+    assert app.button(key="lesson_next_bottom").label == "Next lesson ▶"
+    app.button(key="lesson_next_bottom").click().run()
+    assert app.radio(key="lesson_choice").value == 3 and app.header[0].value == "1. A long prompt arrives while others are decoding"
+
+
+def test_the_full_views_show_the_lessons_runs(bundled):
+    """A step saves its run where its view reads it: each page draws the lesson's run (small scale)."""
+    from prefillviz import lessons
+
+    results = {}
+    for kind in ("parallel_vs_sequential", "roofline", "chunked", "prefix"):
+        action = next(s.action for lesson in lessons.load_lessons() for s in lesson.steps if s.action["kind"] == kind)
+        results.update(lessons.page_results(lessons.run_action(bundled, action, scale=0.05), "timing pass · test"))
+    app = AppTest.from_file(APP, default_timeout=240)
+    app.session_state["sidebar_dtype"] = "float32"
+    app.run()
+    app.session_state["results"] = results
+    for page, expected in [
+        ("app_pages/parallel_vs_sequential.py", "Last run: 20 prompt tokens (the first 20 of"),
+        ("app_pages/chunked_prefill.py", "Last run: 3 short request(s)"),
+        ("app_pages/prefix_cache.py", "Last run: 3 requests"),
+    ]:
+        app.switch_page(page).run()
+        assert not app.exception and expected in texts(app.caption), page
+        assert app.get("plotly_chart")

@@ -1,0 +1,94 @@
+"""Every lesson action kind on the bundled model (fp32), at a small scale: it runs, returns
+every number its questions ask for, and the numbers say what the lessons say they show."""
+
+import math
+
+import pytest
+import torch
+
+from prefillviz import lessons
+from prefillviz.experiments.prefill import PrefillResult
+from prefillviz.prompts import PRESETS
+
+SCALE = 0.05  # token counts x 0.05 (each kind has a floor): seconds per action, not minutes
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Test machines are shared: one intra-op thread avoids OpenMP oversubscription stalls."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def first_action(kind: str) -> dict:
+    """The first action of this kind in the lesson files (what a class really runs)."""
+    return next(step.action for lesson in lessons.load_lessons() for step in lesson.steps if step.action["kind"] == kind)
+
+
+def run(bundled, kind: str, **override) -> lessons.ActionOutcome:
+    outcome = lessons.run_action(bundled, {**first_action(kind), **override}, scale=SCALE)
+    assert set(outcome.measured) == set(lessons.ACTION_KINDS[kind].measured)
+    assert all(math.isfinite(value) for value in outcome.measured.values()), outcome.measured
+    assert (outcome.model_id, outcome.dtype) == (bundled.model_id, "float32") and outcome.elapsed_s > 0
+    for lesson in lessons.load_lessons():  # every question on this kind gets a reveal and a figure
+        for step in lesson.steps:
+            if step.action["kind"] == kind:
+                reveal = lessons.format_reveal(step.question, outcome.measured[step.question.answer], 0 if step.question.kind == "choice" else step.question.default)
+                assert reveal.measured_text and reveal.verdict
+                assert lessons.step_figure(step, outcome).data
+    return outcome
+
+
+def test_prefill_is_one_step_and_sets_the_prefill_page(bundled):
+    outcome = run(bundled, "prefill")
+    measured = outcome.measured
+    assert measured["num_steps"] == 1 and measured["num_tokens"] == len(bundled.tokenizer(PRESETS["Chat with a system prompt"])["input_ids"])
+    assert 0 < measured["forward_share_percent"] <= 100 and measured["forward_ms"] <= measured["ttft_ms"]
+    results = lessons.page_results(outcome, "label")
+    assert isinstance(results["prefill"], PrefillResult) and results["prefill"].prompt == PRESETS["Chat with a system prompt"]
+    assert lessons.page_state(outcome) == {"prefill_prompt": PRESETS["Chat with a system prompt"], "prefill_preset": "Chat with a system prompt"}
+
+
+def test_ttft_ratio_times_a_short_and_a_long_prompt(bundled):
+    measured = run(bundled, "ttft_ratio", runs=1).measured
+    assert (measured["short_tokens"], measured["long_tokens"]) == (4, 26)
+    assert measured["token_ratio"] == 26 / 4 and measured["ttft_ratio"] == measured["long_ttft_ms"] / measured["short_ttft_ms"]
+
+
+def test_token_by_token_takes_n_steps_is_slower_and_fills_the_same_cache(bundled):
+    outcome = run(bundled, "parallel_vs_sequential", num_tokens=320, parallel_timing_runs=1)  # x 0.05 = 16 tokens
+    measured = outcome.measured
+    assert measured["num_tokens"] == measured["token_by_token_steps"] == 16
+    assert measured["ratio"] > 1  # 16 steps that each read every weight vs 1
+    assert measured["same_top_token"] == 1 and measured["kv_diff_over_tolerance"] < 1
+    assert lessons.page_results(outcome, "")["parallel"] is outcome.raw["parallel"]
+
+
+def test_roofline_puts_prefill_at_a_higher_intensity_than_decode(bundled):
+    measured = run(bundled, "roofline", runs=1).measured
+    assert measured["prefill_tokens"] == 13 and measured["intensity_ratio"] > 5
+    assert measured["prefill_gflops"] > 0 and measured["decode_gflops"] > 0 and measured["ridge_intensity"] > 0
+
+
+def test_kv_memory_matches_the_formula_and_gqa_saves_3x(bundled):
+    measured = run(bundled, "kv_memory").measured
+    assert measured["kv_bytes_per_token"] == measured["kv_bytes_per_token_formula"] == 2 * 30 * 3 * 64 * 4
+    assert measured["gqa_saving_factor"] == 3 and measured["mha_bytes_per_token"] == 138_240
+    assert measured["num_blocks"] == math.ceil(measured["num_tokens"] / measured["block_size"])
+    assert measured["kv_total_mb"] == pytest.approx(measured["num_tokens"] * 46_080 / 1e6)
+
+
+def test_chunked_runs_more_steps_and_generates_the_same_tokens(bundled):
+    outcome = run(bundled, "chunked")
+    assert outcome.measured["outputs_identical"] == 1 and outcome.measured["num_steps_on"] > outcome.measured["num_steps_off"]
+    assert set(lessons.page_results(outcome, "label")["chunked"]) == {"comparison", "label"}
+
+
+def test_prefix_cache_hits_the_shared_prefix_and_keeps_the_outputs(bundled):
+    outcome = run(bundled, "prefix")
+    measured = outcome.measured
+    assert measured["num_shared_prefix_tokens"] >= 40 and measured["outputs_identical"] == 1
+    assert measured["later_cached_percent"] > 0 and measured["hit_rate_percent"] > 0  # every full prefix block is a hit
+    assert set(lessons.page_results(outcome, "label")["prefix"]) == {"experiment", "label"}

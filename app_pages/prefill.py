@@ -23,9 +23,9 @@ def use_preset() -> None:
 
 
 loaded = loaded_model()
-st.selectbox("Preset", list(PRESETS), key="prefill_preset", on_change=use_preset)
+st.selectbox("Preset", list(PRESETS), key="prefill_preset", on_change=use_preset, persist_state="session")
 st.session_state.setdefault("prefill_prompt", PRESETS[st.session_state["prefill_preset"]])
-prompt = st.text_area("Prompt", height=150, key="prefill_prompt")
+prompt = st.text_area("Prompt", height=150, key="prefill_prompt", persist_state="session")  # kept across pages
 
 if loaded is not None and st.button("Run prefill", type="primary", key="prefill_run"):
     with run_guarded("The prefill"), st.spinner("Running a timing pass, then an inspection pass…"):

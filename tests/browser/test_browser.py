@@ -26,6 +26,7 @@ PAGES = [
     ("Kernel timings", "Kernel"),
     ("Chunked prefill", "Chunked prefill"),
     ("Prefix cache", "Prefix cache"),
+    ("Guided lessons", "Guided lessons"),
 ]
 CHROMIUM_FLAGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

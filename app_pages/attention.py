@@ -4,12 +4,9 @@ import streamlit as st
 
 from prefillviz.analysis.attention_maps import causal_chunk_strips
 from prefillviz.experiments import inspect_run
-from prefillviz.experiments.inspect_run import from_prefill_result, run_inspection
 from prefillviz.figures import attention as figures
-from prefillviz.prompts import PRESETS
-from prefillviz.ui.shell import downloads, get_result, loaded_model, progress_callback, run_guarded, save_result
-
-PREFILL_RUN, THIS_PAGE_RUN = "the Prefill page's last run", "a run on this page"
+from prefillviz.ui.inspection_source import inspection_source
+from prefillviz.ui.shell import downloads
 
 
 def open_clicked_head() -> None:
@@ -28,25 +25,7 @@ st.markdown(
     "attention computes. With grouped-query attention, several query heads read the same KV head."
 )
 
-loaded = loaded_model()
-prompt = st.text_area("Prompt", PRESETS["Chat with a system prompt"], height=120, key="attention_prompt")
-chunk_size = st.number_input(
-    "Chunk size (tokens per step; 0 = the whole prompt in one step)", 0, 8192, 0, key="attention_chunk_size",
-    help="A chunked run computes the causal matrix in strips: each chunk's rows over every key up to its end.",
-)
-if loaded is not None and st.button("Run (inspection pass)", type="primary", key="attention_run"):
-    with run_guarded("The inspection run"), st.spinner("Running the prompt with the inspection capture (KV write log, q/k)…"):
-        result = run_inspection(loaded, prompt, int(chunk_size), lambda steps: progress_callback(steps, "Inspection run"))
-        save_result("attention", result)
-        st.session_state["attention_source"] = THIS_PAGE_RUN
-
-runs = {PREFILL_RUN: from_prefill_result(get_result("prefill")), THIS_PAGE_RUN: get_result("attention")}
-runs = {label: run for label, run in runs.items() if run is not None}
-if not runs:
-    st.info("Run a prompt here, or on the Prefill page: this page then shows that run's attention.")
-    st.stop()
-label = st.radio("Show", list(runs), key="attention_source", horizontal=True) if len(runs) > 1 else next(iter(runs))
-run = runs[label]
+run = inspection_source("attention", "attention", "A chunked run computes the causal matrix in strips: each chunk's rows over every key up to its end.", "Run a prompt here, or on the Prefill page: this page then shows that run's attention.")
 trace, captured = run.trace, run.trace.captured_qk[run.request_id]
 num_layers, num_heads = len(captured.queries), captured.queries[0].shape[0]
 steps = "one step" if run.num_steps == 1 else f"{run.num_steps} chunks of up to {run.chunk_size} tokens"

@@ -3,12 +3,10 @@
 import streamlit as st
 
 from prefillviz.experiments import inspect_run
-from prefillviz.experiments.inspect_run import KV_QUANTITIES, from_prefill_result, run_inspection
+from prefillviz.experiments.inspect_run import KV_QUANTITIES
 from prefillviz.figures import kv_cache as figures
-from prefillviz.prompts import PRESETS
-from prefillviz.ui.shell import downloads, get_result, loaded_model, progress_callback, run_guarded, save_result
-
-PREFILL_RUN, THIS_PAGE_RUN = "the Prefill page's last run", "a run on this page"
+from prefillviz.ui.inspection_source import inspection_source
+from prefillviz.ui.shell import downloads
 
 st.title("KV cache: what prefill leaves behind")
 st.markdown(
@@ -18,25 +16,7 @@ st.markdown(
     "engine's **KV write log** and block allocations of a real run (inspection pass)."
 )
 
-loaded = loaded_model()
-prompt = st.text_area("Prompt", PRESETS["Chat with a system prompt"], height=120, key="kv_prompt")
-chunk_size = st.number_input(
-    "Chunk size (tokens per step; 0 = the whole prompt in one step)", 0, 8192, 0, key="kv_chunk_size",
-    help="A chunked run gives the engine this token budget per step, so the prompt is written in several steps.",
-)
-if loaded is not None and st.button("Run (inspection pass)", type="primary", key="kv_run"):
-    with run_guarded("The inspection run"), st.spinner("Running the prompt with the inspection capture (KV write log, q/k)…"):
-        result = run_inspection(loaded, prompt, int(chunk_size), lambda steps: progress_callback(steps, "Inspection run"))
-        save_result("kv_cache", result)
-        st.session_state["kv_source"] = THIS_PAGE_RUN
-
-runs = {PREFILL_RUN: from_prefill_result(get_result("prefill")), THIS_PAGE_RUN: get_result("kv_cache")}
-runs = {label: run for label, run in runs.items() if run is not None}
-if not runs:
-    st.info("Run a prompt here, or on the Prefill page: this page then shows that run's KV cache.")
-    st.stop()
-label = st.radio("Show", list(runs), key="kv_source", horizontal=True) if len(runs) > 1 else next(iter(runs))
-run = runs[label]
+run = inspection_source("kv_cache", "kv", "A chunked run gives the engine this token budget per step, so the prompt is written in several steps.", "Run a prompt here, or on the Prefill page: this page then shows that run's KV cache.")
 trace, request_id = run.trace, run.request_id
 steps = "one step" if run.num_steps == 1 else f"{run.num_steps} steps of up to {run.chunk_size} tokens"
 st.caption(

@@ -1,35 +1,11 @@
 """The Attention page: maps rebuilt from the captured q/k of a real run of the bundled model."""
 
-import base64
-import json
-from pathlib import Path
-
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
+from tests.app.pages import APP, chart_titled, open_page, plotly_array
+
 PROMPT = "The capital of France is Paris, and the capital of Italy is"
-
-
-def open_page():
-    app = AppTest.from_file(APP, default_timeout=240)
-    app.run()
-    app.selectbox(key="sidebar_dtype").set_value("float32").run()
-    app.switch_page("app_pages/attention.py").run()
-    return app
-
-
-def array(value):
-    """A plotly spec array: a plain list, or numpy's base64 typed array (plotly >= 6)."""
-    if isinstance(value, dict) and "bdata" in value:
-        flat = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
-        return flat.reshape([int(d) for d in str(value.get("shape", len(flat))).split(",")])
-    return np.array(value)
-
-
-def spec(app, title_start):
-    specs = [json.loads(chart.proto.spec) for chart in app.get("plotly_chart")]
-    return next(s for s in specs if s["layout"]["title"]["text"].startswith(title_start))
 
 
 def run_here(app, prompt=PROMPT, chunk_size=0):
@@ -39,37 +15,37 @@ def run_here(app, prompt=PROMPT, chunk_size=0):
 
 
 def test_run_draws_the_head_grid_and_pickers_change_the_head(bundled):
-    app = open_page()
+    app = open_page("attention")
     assert not app.exception
     run_here(app, chunk_size=6)
     assert not app.exception and not app.error
-    grid = spec(app, "Every head")
+    grid = chart_titled(app, "Every head")
     entropy, sink = grid["data"][0], grid["data"][2]
-    assert array(entropy["x"]).size == array(sink["x"]).size == 30 * 9
-    assert sorted(set(array(entropy["y"]).tolist())) == list(range(30))
-    assert sorted(set(array(entropy["x"]).tolist())) == list(range(9))
-    attention = spec(app, "Layer 0, head 0")
-    z = array(attention["data"][0]["z"])
+    assert plotly_array(entropy["x"]).size == plotly_array(sink["x"]).size == 30 * 9
+    assert sorted(set(plotly_array(entropy["y"]).tolist())) == list(range(30))
+    assert sorted(set(plotly_array(entropy["x"]).tolist())) == list(range(9))
+    attention = chart_titled(app, "Layer 0, head 0")
+    z = plotly_array(attention["data"][0]["z"])
     n = z.shape[0]
     assert z.shape == (n, n) and n > 10
     assert len(attention["layout"]["shapes"]) == -(-n // 6)  # one strip per chunk
     app.selectbox(key="attention_layer").set_value(12).run()
     app.selectbox(key="attention_head").set_value(7).run()
     assert not app.exception
-    other = array(spec(app, "Layer 12, head 7 (KV head 2)")["data"][0]["z"])
+    other = plotly_array(chart_titled(app, "Layer 12, head 7 (KV head 2)")["data"][0]["z"])
     assert other.shape == (n, n) and not np.allclose(np.nan_to_num(other), np.nan_to_num(z))
-    outline = spec(app, "Every head")["data"][1]  # the picked head is outlined in the grid
-    assert (array(outline["y"])[0], array(outline["x"])[0]) == (12, 7)
+    outline = chart_titled(app, "Every head")["data"][1]  # the picked head is outlined in the grid
+    assert (plotly_array(outline["y"])[0], plotly_array(outline["x"])[0]) == (12, 7)
 
 
 def test_empty_prompt_gives_an_inline_error_and_keeps_the_last_run(bundled):
-    app = open_page()
+    app = open_page("attention")
     run_here(app)
-    before = array(spec(app, "Layer 0, head 0")["data"][0]["z"])
+    before = plotly_array(chart_titled(app, "Layer 0, head 0")["data"][0]["z"])
     run_here(app, prompt="")
     assert not app.exception
     assert "empty" in app.error[0].value
-    np.testing.assert_array_equal(array(spec(app, "Layer 0, head 0")["data"][0]["z"]), before)
+    np.testing.assert_array_equal(plotly_array(chart_titled(app, "Layer 0, head 0")["data"][0]["z"]), before)
 
 
 def test_shows_the_prefill_pages_run(bundled):
@@ -81,7 +57,7 @@ def test_shows_the_prefill_pages_run(bundled):
     app.switch_page("app_pages/attention.py").run()
     assert not app.exception
     assert "the Prefill page's run" in " ".join(c.value for c in app.caption)
-    attention = spec(app, "Layer 0, head 0")
-    assert array(attention["data"][0]["z"]).shape == (5, 5)  # "The capital of France is"
+    attention = chart_titled(app, "Layer 0, head 0")
+    assert plotly_array(attention["data"][0]["z"]).shape == (5, 5)  # "The capital of France is"
     assert attention["data"][0]["x"][1].startswith("1 ")  # token labels
     assert not attention["layout"].get("shapes")  # one step: no chunk strips

@@ -1,38 +1,15 @@
 """The KV cache page: a real inspection run of the bundled model, drawn from its write log."""
 
-import base64
-import json
-from pathlib import Path
-
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
+from tests.app.pages import APP, chart_specs, chart_titled, open_page, plotly_array
+
 PROMPT = "The capital of France is Paris, and the capital of Italy is"
 
 
-def open_page():
-    app = AppTest.from_file(APP, default_timeout=240)
-    app.run()
-    app.selectbox(key="sidebar_dtype").set_value("float32").run()
-    app.switch_page("app_pages/kv_cache.py").run()
-    return app
-
-
-def array(value):
-    """A plotly spec array: a plain list, or numpy's base64 typed array (plotly >= 6)."""
-    if isinstance(value, dict) and "bdata" in value:
-        flat = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
-        return flat.reshape([int(d) for d in str(value.get("shape", len(flat))).split(",")])
-    return np.array(value)
-
-
-def charts(app):
-    return {chart.proto.id: json.loads(chart.proto.spec) for chart in app.get("plotly_chart")}
-
-
 def heatmap_spec(app):
-    return next(spec for spec in charts(app).values() if spec["layout"]["title"]["text"].startswith("KV writes"))
+    return chart_titled(app, "KV writes")
 
 
 def run_here(app, prompt=PROMPT, chunk_size=0):
@@ -42,29 +19,29 @@ def run_here(app, prompt=PROMPT, chunk_size=0):
 
 
 def test_run_on_the_page_draws_measured_figures(bundled):
-    app = open_page()
+    app = open_page("kv_cache")
     assert not app.exception
     run_here(app, chunk_size=5)
     assert not app.exception and not app.error
     assert len(app.get("plotly_chart")) == 4
     heatmap = heatmap_spec(app)["data"][0]
-    num_tokens = len(array(heatmap["x"]))
-    assert array(heatmap["z"]).shape == (30, num_tokens) and num_tokens > 10  # the model's layers x the prompt
+    num_tokens = len(plotly_array(heatmap["x"]))
+    assert plotly_array(heatmap["z"]).shape == (30, num_tokens) and num_tokens > 10  # the model's layers x the prompt
     assert "steps of up to 5 tokens" in " ".join(c.value for c in app.caption)
-    bars = next(spec for spec in charts(app).values() if spec["layout"]["title"]["text"].startswith("GQA"))
-    assert list(array(bars["data"][0]["y"])) == [46080, 138240]
+    bars = next(spec for spec in chart_specs(app).values() if spec["layout"]["title"]["text"].startswith("GQA"))
+    assert list(plotly_array(bars["data"][0]["y"])) == [46080, 138240]
     app.radio(key="kv_quantity").set_value("bytes").run()
-    assert np.all(array(heatmap_spec(app)["data"][0]["z"]) == 1536)
+    assert np.all(plotly_array(heatmap_spec(app)["data"][0]["z"]) == 1536)
 
 
 def test_empty_prompt_gives_an_inline_error_and_keeps_the_last_run(bundled):
-    app = open_page()
+    app = open_page("kv_cache")
     run_here(app)
-    before = array(heatmap_spec(app)["data"][0]["z"])
+    before = plotly_array(heatmap_spec(app)["data"][0]["z"])
     run_here(app, prompt="   ")
     assert not app.exception
     assert "empty" in app.error[0].value
-    np.testing.assert_array_equal(array(heatmap_spec(app)["data"][0]["z"]), before)
+    np.testing.assert_array_equal(plotly_array(heatmap_spec(app)["data"][0]["z"]), before)
 
 
 def test_shows_the_prefill_pages_run(bundled):
@@ -77,9 +54,9 @@ def test_shows_the_prefill_pages_run(bundled):
     assert not app.exception
     assert "the Prefill page's run" in " ".join(c.value for c in app.caption)
     heatmap = heatmap_spec(app)["data"][0]
-    assert array(heatmap["z"]).shape == (30, 5)  # "The capital of France is"
+    assert plotly_array(heatmap["z"]).shape == (30, 5)  # "The capital of France is"
     run_here(app)  # a run here is shown next, and the Prefill run stays one click away
     assert app.radio(key="kv_source").value == "a run on this page"
-    assert array(heatmap_spec(app)["data"][0]["z"]).shape[1] > 5
+    assert plotly_array(heatmap_spec(app)["data"][0]["z"]).shape[1] > 5
     app.radio(key="kv_source").set_value("the Prefill page's last run").run()
-    assert array(heatmap_spec(app)["data"][0]["z"]).shape == (30, 5)
+    assert plotly_array(heatmap_spec(app)["data"][0]["z"]).shape == (30, 5)

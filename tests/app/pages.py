@@ -1,0 +1,37 @@
+"""Helpers for the AppTests: open the app on a page (bundled model, fp32) and read its charts."""
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+from streamlit.testing.v1 import AppTest
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+
+
+def open_page(page: str | None = None) -> AppTest:
+    """The app with the sidebar dtype set to float32, switched to ``app_pages/<page>.py``."""
+    app = AppTest.from_file(APP, default_timeout=240)
+    app.run()
+    app.selectbox(key="sidebar_dtype").set_value("float32").run()
+    if page is not None:
+        app.switch_page(f"app_pages/{page}.py").run()
+    return app
+
+
+def chart_specs(app: AppTest) -> dict[str, dict]:
+    """Every plotly chart on the page: element id -> its JSON spec."""
+    return {chart.proto.id: json.loads(chart.proto.spec) for chart in app.get("plotly_chart")}
+
+
+def chart_titled(app: AppTest, title_start: str) -> dict:
+    return next(spec for spec in chart_specs(app).values() if spec["layout"]["title"]["text"].startswith(title_start))
+
+
+def plotly_array(value) -> np.ndarray:
+    """A plotly spec array: a plain list, or numpy's base64 typed array (plotly >= 6)."""
+    if isinstance(value, dict) and "bdata" in value:
+        flat = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+        return flat.reshape([int(d) for d in str(value.get("shape", len(flat))).split(",")])
+    return np.array(value)

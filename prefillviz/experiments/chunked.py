@@ -1,0 +1,339 @@
+"""Chunked prefill: a long prompt arrives while short requests are decoding.
+
+The same workload runs twice on the real model, greedy, with a timing pass (capture "none"):
+
+    chunking off   the long prompt runs whole in one prefill-only step; every decode waits
+    chunking on    decodes go first, the long prompt gets the budget left over, chunk by chunk
+
+    step:        0    1    2    3    4    5   ...
+    short-1     [P]  [d]  [d]  [d]  [d]  [d]
+    short-2     [P]  [d]  [d]  [d]  [d]  [d]
+    long                  [P..][P..][P..][P.]   <- arrives at step 2, chunked into the budget
+
+What users feel: the inter-token latency (ITL) of the decoding requests and the time to
+first token (TTFT) of the long one. ``budget_sweep`` repeats the chunked run at several
+token budgets to draw the trade-off between the two. Outputs of every run are compared
+token for token with the chunking-off run: the schedule must never change what is generated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import numpy as np
+import torch
+
+from prefillviz.config import EngineConfig
+from prefillviz.engine.engine import LLMEngine
+from prefillviz.engine.request import SamplingParams
+from prefillviz.errors import RequestError
+from prefillviz.instrument.trace import StepRecord, Trace
+from prefillviz.prompts import PRESETS
+
+LONG_REQUEST_ID = "long"
+Progress = Callable[[int, StepRecord], None]
+
+
+def short_request_id(index: int) -> str:
+    return f"short-{index + 1}"
+
+
+@dataclass(frozen=True)
+class ChunkedWorkload:
+    """k short requests that start decoding, then one long prompt arriving at ``arrival_step``.
+
+    Attributes:
+        short_prompts: the k short prompts (token ids).
+        short_max_new_tokens: tokens each short request generates.
+        long_prompt: the long prompt (token ids).
+        long_max_new_tokens: tokens the long request generates after its prefill.
+        arrival_step: engine steps run before the long prompt is added.
+        token_budget: most tokens per step (vLLM's ``max_num_batched_tokens``).
+        block_size: tokens per KV block.
+    """
+
+    short_prompts: tuple[tuple[int, ...], ...]
+    short_max_new_tokens: int
+    long_prompt: tuple[int, ...]
+    long_max_new_tokens: int = 4
+    arrival_step: int = 2
+    token_budget: int = 64
+    block_size: int = 16
+
+    def __post_init__(self) -> None:
+        EngineConfig(block_size=self.block_size, token_budget=self.token_budget)  # impossible values fail here (ConfigError)
+        if not self.long_prompt or any(not prompt for prompt in self.short_prompts):
+            raise RequestError("Every prompt of the workload needs at least one token.")
+        if self.arrival_step < 0:
+            raise RequestError(f"The long prompt can't arrive before step 0 (got {self.arrival_step}).")
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [short_request_id(i) for i in range(len(self.short_prompts))] + [LONG_REQUEST_ID]
+
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks for every request at once: nobody is ever preempted, and no memory is wasted."""
+        prompts = [(p, self.short_max_new_tokens) for p in self.short_prompts] + [(self.long_prompt, self.long_max_new_tokens)]
+        return sum(math.ceil((len(p) + n) / self.block_size) for p, n in prompts)
+
+    def engine_config(self, enable_chunked_prefill: bool) -> EngineConfig:
+        # prefix caching off: the comparison is about scheduling alone
+        return EngineConfig(
+            block_size=self.block_size,
+            token_budget=self.token_budget,
+            enable_chunked_prefill=enable_chunked_prefill,
+            enable_prefix_caching=False,
+            num_blocks=self.num_blocks,
+        )
+
+    def estimated_num_steps(self, enable_chunked_prefill: bool) -> int:
+        """About how many steps a run takes (for progress bars only; the run decides)."""
+        k = len(self.short_prompts)
+        short_prefill_steps = math.ceil(sum(map(len, self.short_prompts)) / self.token_budget)
+        short_end = short_prefill_steps + self.short_max_new_tokens - 1
+        if enable_chunked_prefill:
+            long_prefill_steps = math.ceil(len(self.long_prompt) / max(self.token_budget - k, 1))
+            return max(short_end, self.arrival_step + long_prefill_steps + self.long_max_new_tokens - 1)
+        return max(short_end + 1, self.arrival_step + self.long_max_new_tokens)
+
+
+def _cycle(token_ids: list[int], start: int, num_tokens: int) -> tuple[int, ...]:
+    repeats = -(-(start + num_tokens) // len(token_ids))
+    return tuple((token_ids * repeats)[start : start + num_tokens])
+
+
+def build_workload(
+    tokenizer,
+    num_short_requests: int = 3,
+    short_prompt_tokens: int = 16,
+    short_max_new_tokens: int = 16,
+    long_prompt_tokens: int = 512,
+    long_max_new_tokens: int = 4,
+    arrival_step: int = 2,
+    token_budget: int = 64,
+    block_size: int = 16,
+) -> ChunkedWorkload:
+    """A workload of real prose from the "Long document" preset, cut to the token counts asked.
+
+    The long prompt is the document from its start (repeated if asked for more than it has);
+    short request i is a slice from further in, so every prompt is different real text.
+
+    Raises:
+        ConfigError: a token budget or block size that is not a positive whole number.
+        RequestError: a prompt length below 1 or an arrival step below 0.
+    """
+    if num_short_requests < 0 or short_prompt_tokens < 1 or long_prompt_tokens < 1:
+        raise RequestError("Prompts need at least one token, and the number of short requests can't be negative.")
+    document = list(tokenizer(PRESETS["Long document"])["input_ids"])
+    short_prompts = tuple(_cycle(document, 300 + 47 * i, short_prompt_tokens) for i in range(num_short_requests))
+    return ChunkedWorkload(
+        short_prompts=short_prompts,
+        short_max_new_tokens=short_max_new_tokens,
+        long_prompt=_cycle(document, 0, long_prompt_tokens),
+        long_max_new_tokens=long_max_new_tokens,
+        arrival_step=arrival_step,
+        token_budget=token_budget,
+        block_size=block_size,
+    )
+
+
+def _counting(progress: Progress | None, offset: int) -> Progress | None:
+    if progress is None:
+        return None
+    return lambda steps_done, record: progress(offset + steps_done, record)
+
+
+def run_workload(
+    model,
+    workload: ChunkedWorkload,
+    enable_chunked_prefill: bool,
+    progress: Progress | None = None,
+    model_id: str = "",
+) -> Trace:
+    """Run the workload once (greedy, capture "none"); the long prompt is added after ``arrival_step`` steps.
+
+    Args:
+        model: a loaded causal LM.
+        workload: what to run.
+        enable_chunked_prefill: chunk the long prompt into the budget left after decodes.
+        progress: called after each step with (steps done in this run, the step record).
+        model_id: a name for the trace.
+    """
+    engine = LLMEngine(model, None, workload.engine_config(enable_chunked_prefill), model_id=model_id)
+    for i, prompt in enumerate(workload.short_prompts):
+        engine.add_request(list(prompt), SamplingParams(max_new_tokens=workload.short_max_new_tokens), request_id=short_request_id(i))
+    if workload.arrival_step > 0 and engine.has_unfinished_requests():
+        engine.run(max_steps=workload.arrival_step, progress=progress, capture_level="none")
+    steps_before = len(engine.steps)
+    engine.add_request(list(workload.long_prompt), SamplingParams(max_new_tokens=workload.long_max_new_tokens), request_id=LONG_REQUEST_ID)
+    return engine.run(progress=_counting(progress, steps_before), capture_level="none")
+
+
+def warm_up(model) -> None:
+    """A tiny run so the first timed step doesn't pay for one-time allocations."""
+    engine = LLMEngine(model, None, EngineConfig(token_budget=64, enable_prefix_caching=False, num_blocks=4))
+    vocab_size = engine.info.vocab_size
+    engine.add_request([i % vocab_size for i in range(1, 33)], SamplingParams(max_new_tokens=2))
+    engine.run()
+
+
+# ---------------------------------------------------------------- measurements
+@dataclass
+class LatencySummary:
+    """What the users of one run felt, in milliseconds."""
+
+    itl_p50_ms: float  # inter-token latency of the short (decoding) requests, all tokens pooled
+    itl_p99_ms: float
+    itl_max_ms: float
+    long_ttft_ms: float  # long prompt: arrival to its first token
+    num_steps: int
+    total_ms: float  # first step start to last step end
+    num_paused_decode_steps: int  # steps that left out a request in the middle of decoding
+
+
+def short_request_ids(trace: Trace) -> list[str]:
+    return [rid for rid in trace.requests if rid != LONG_REQUEST_ID]
+
+
+def steps_after_arrival(trace: Trace) -> list[StepRecord]:
+    """The steps that started after the long prompt arrived."""
+    arrival = trace.requests[LONG_REQUEST_ID].arrival_time_s
+    return [step for step in trace.steps if step.start_time_s >= arrival]
+
+
+def paused_decode_steps(trace: Trace) -> list[int]:
+    """Indices of steps that left out a request which had started decoding and was not done:
+    its user saw no token in that step."""
+    num_outputs = {rid: len(record.output_token_ids) for rid, record in trace.requests.items()}
+    num_sampled = dict.fromkeys(trace.requests, 0)
+    paused = []
+    for step in trace.steps:
+        decoding = {rid for rid, n in num_sampled.items() if 0 < n < num_outputs[rid]}
+        if decoding - {chunk.request_id for chunk in step.chunks}:
+            paused.append(step.step_index)
+        for request_id in step.sampled_token_ids:
+            num_sampled[request_id] += 1
+    return paused
+
+
+def latency_summary(trace: Trace) -> LatencySummary:
+    itl_s = np.array([t for rid in short_request_ids(trace) for t in trace.requests[rid].inter_token_times_s])
+    ttft = trace.requests[LONG_REQUEST_ID].time_to_first_token_s
+    last = trace.steps[-1]
+
+    def percentile(q: float) -> float:
+        return float(np.percentile(itl_s, q) * 1000) if itl_s.size else float("nan")
+
+    return LatencySummary(
+        itl_p50_ms=percentile(50),
+        itl_p99_ms=percentile(99),
+        itl_max_ms=float(itl_s.max() * 1000) if itl_s.size else float("nan"),
+        long_ttft_ms=ttft * 1000 if ttft is not None else float("nan"),
+        num_steps=trace.num_steps,
+        total_ms=(last.start_time_s + last.wall_time_s) * 1000,
+        num_paused_decode_steps=len(paused_decode_steps(trace)),
+    )
+
+
+@dataclass
+class OutputCheck:
+    request_id: str
+    tokens_off: list[int]
+    tokens_on: list[int]
+
+    @property
+    def identical(self) -> bool:
+        return self.tokens_off == self.tokens_on
+
+
+def compare_outputs(off: Trace, on: Trace) -> list[OutputCheck]:
+    """Each request's greedy output with chunking off vs on (they must be identical)."""
+    return [OutputCheck(rid, off.requests[rid].output_token_ids, on.requests[rid].output_token_ids) for rid in off.requests]
+
+
+@dataclass
+class ChunkedComparison:
+    workload: ChunkedWorkload
+    model_id: str
+    device: str
+    dtype: str
+    off: Trace
+    on: Trace
+
+    @property
+    def summary_off(self) -> LatencySummary:
+        return latency_summary(self.off)
+
+    @property
+    def summary_on(self) -> LatencySummary:
+        return latency_summary(self.on)
+
+    @property
+    def output_checks(self) -> list[OutputCheck]:
+        return compare_outputs(self.off, self.on)
+
+
+def compare_chunking(model, workload: ChunkedWorkload, progress: Progress | None = None, model_id: str = "") -> ChunkedComparison:
+    """Warm up, then run the workload with chunking off and on (same tokens, greedy).
+
+    ``progress`` counts steps across both runs.
+    """
+    warm_up(model)
+    off = run_workload(model, workload, False, progress, model_id)
+    on = run_workload(model, workload, True, _counting(progress, off.num_steps), model_id)
+    parameter = next(model.parameters())
+    return ChunkedComparison(workload, model_id, str(parameter.device), str(parameter.dtype).removeprefix("torch."), off, on)
+
+
+@dataclass
+class SweepPoint:
+    token_budget: int
+    enable_chunked_prefill: bool
+    summary: LatencySummary
+    outputs_match_off: bool  # every request's tokens equal the chunking-off run's
+
+
+@dataclass
+class BudgetSweep:
+    workload: ChunkedWorkload
+    model_id: str
+    device: str
+    dtype: str
+    points: list[SweepPoint]  # the chunking-off point first, then budgets ascending
+
+
+def budget_sweep(
+    model, workload: ChunkedWorkload, budgets: list[int], progress: Progress | None = None, model_id: str = ""
+) -> BudgetSweep:
+    """The workload with chunking off once, then chunked at each budget: (TTFT, max ITL) per run.
+
+    Raises:
+        ConfigError: a budget that is not a positive whole number.
+    """
+    workloads = [replace(workload, token_budget=int(b)) for b in sorted(set(budgets))]  # validates every budget first
+    warm_up(model)
+    off = run_workload(model, workload, False, progress, model_id)
+    points = [SweepPoint(workload.token_budget, False, latency_summary(off), True)]
+    steps_done = off.num_steps
+    for chunked in workloads:
+        trace = run_workload(model, chunked, True, _counting(progress, steps_done), model_id)
+        steps_done += trace.num_steps
+        same = all(check.identical for check in compare_outputs(off, trace))
+        points.append(SweepPoint(chunked.token_budget, True, latency_summary(trace), same))
+    parameter = next(model.parameters())
+    return BudgetSweep(workload, model_id, str(parameter.device), str(parameter.dtype).removeprefix("torch."), points)
+
+
+def estimated_sweep_steps(workload: ChunkedWorkload, budgets: list[int]) -> int:
+    total = workload.estimated_num_steps(False)
+    for budget in budgets:
+        if isinstance(budget, int) and budget > 0:
+            total += replace(workload, token_budget=budget).estimated_num_steps(True)
+    return total
+
+
+def threads_label() -> str:
+    return f"{torch.get_num_threads()} torch threads"

@@ -27,7 +27,8 @@ class EngineConfig:
             budget left after decodes. Off means the old behaviour: prefill-first steps that
             run whole prompts and pause every decode.
         enable_prefix_caching: reuse KV blocks of earlier requests with the same prefix.
-        kv_cache_memory_bytes: memory budget for the KV cache; the number of blocks follows.
+        kv_cache_memory_bytes: memory budget for the KV cache; the number of blocks follows, capped
+            at what max_num_running requests of the model's full context could fill.
         num_blocks: if set, the exact number of KV blocks (overrides the memory budget; tests
             use it for tiny caches that evict).
     """

@@ -48,6 +48,8 @@ class LLMEngine:
         self.dtype = next(model.parameters()).dtype
         self.kv_bytes_per_token = kv_bytes_per_token(self.info.num_layers, self.info.num_kv_heads, self.info.head_dim, self.dtype)
         num_blocks = self.config.num_blocks or self.config.kv_cache_memory_bytes // (self.kv_bytes_per_token * self.config.block_size)
+        if self.config.num_blocks is None and self.info.max_context:  # never more than the running requests can fill
+            num_blocks = min(num_blocks, -(-self.info.max_context // self.config.block_size) * self.config.max_num_running)
         if num_blocks < 1:
             raise RequestError(
                 f"The KV memory budget ({self.config.kv_cache_memory_bytes:,} bytes) is smaller than one block "

@@ -2,6 +2,8 @@
 
 import streamlit as st
 
+from prefillviz.hosted import hosted_policy
+
 from prefillviz.experiments.chunked import (
     budget_sweep,
     build_workload,
@@ -142,7 +144,7 @@ st.markdown(
     "A smaller budget gives the decoding users shorter steps (lower ITL) but spreads the long prompt over more "
     "steps (higher TTFT). The sweep reruns the workload above with chunking on at each budget, plus once with chunking off."
 )
-budgets = st.multiselect("Token budgets", [16, 32, 64, 128, 256, 512, 1024, 2048], [32, 64, 128, 256], key="chunked_sweep_budgets")
+budgets = st.multiselect("Token budgets", [16, 32, 64, 128, 256, 512, 1024, 2048], [32, 64, 128, 256], max_selections=hosted_policy().limit("sweep_points", 64), key="chunked_sweep_budgets")
 if loaded is not None and st.button("Run the budget sweep", key="chunked_sweep_run"):
     with run_guarded("The budget sweep"):
         if not budgets:

@@ -7,6 +7,8 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from prefillviz.hosted import hosted_policy
+
 from kernels.attention import KERNELS
 from prefillviz.experiments import kernels as experiments
 from prefillviz.figures import kernels as figures
@@ -38,6 +40,7 @@ sweep_sizes = controls[1].multiselect(
     "Sweep of prompt lengths N for the kernels (random q/k/v of the model's shape)",
     experiments.SWEEP_CHOICES.get(device_type, experiments.SWEEP_CHOICES["cpu"]),
     default=list(experiments.default_sweep_sizes(device_type)),
+    max_selections=hosted_policy().limit("sweep_points", 64),
     key=f"kernels_sweep_{device_type}",
 )
 

@@ -7,6 +7,8 @@ from dataclasses import asdict
 import pandas as pd
 import streamlit as st
 
+from prefillviz.hosted import hosted_policy
+
 from prefillviz.experiments import parallel as experiments
 from prefillviz.figures import parallel as figures
 from prefillviz.prompts import PRESETS
@@ -136,10 +138,10 @@ st.markdown(
 )
 columns = st.columns(3)
 parallel_sizes = columns[0].multiselect(
-    "Parallel: N", [8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024], list(experiments.DEFAULT_PARALLEL_SIZES), key="parallel_sweep_parallel_sizes"
+    "Parallel: N", [8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024], list(experiments.DEFAULT_PARALLEL_SIZES), max_selections=hosted_policy().limit("sweep_points", 64), key="parallel_sweep_parallel_sizes"
 )
 sequential_sizes = columns[1].multiselect(
-    "Token-by-token: N", [2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128], list(experiments.DEFAULT_SEQUENTIAL_SIZES), key="parallel_sweep_sequential_sizes"
+    "Token-by-token: N", [2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128], list(experiments.DEFAULT_SEQUENTIAL_SIZES), max_selections=hosted_policy().limit("sweep_points", 64), key="parallel_sweep_sequential_sizes"
 )
 parallel_runs = columns[2].number_input("Parallel runs per N (median)", 1, 9, 3, key="parallel_sweep_runs")
 estimate = f"Token-by-token will run {sum(sequential_sizes):,} steps; parallel {len(parallel_sizes) * (int(parallel_runs) + 1)} steps (one warm-up per N)."
@@ -188,8 +190,8 @@ st.markdown(
     "measured matmul peak and memory bandwidth; the points are measured engine steps."
 )
 columns = st.columns(3)
-prefill_sizes = columns[0].multiselect("Prefill points: N", [16, 32, 64, 128, 256, 512, 1024], list(experiments.DEFAULT_ROOFLINE_PREFILL_SIZES), key="parallel_roofline_prefill")
-decode_contexts = columns[1].multiselect("Decode points: context", [16, 64, 256, 1024], list(experiments.DEFAULT_ROOFLINE_DECODE_CONTEXTS), key="parallel_roofline_decode")
+prefill_sizes = columns[0].multiselect("Prefill points: N", [16, 32, 64, 128, 256, 512, 1024], list(experiments.DEFAULT_ROOFLINE_PREFILL_SIZES), max_selections=hosted_policy().limit("sweep_points", 64), key="parallel_roofline_prefill")
+decode_contexts = columns[1].multiselect("Decode points: context", [16, 64, 256, 1024], list(experiments.DEFAULT_ROOFLINE_DECODE_CONTEXTS), max_selections=hosted_policy().limit("sweep_points", 64), key="parallel_roofline_decode")
 roofline_runs = columns[2].number_input("Runs per point (median)", 1, 9, 2, key="parallel_roofline_runs")
 
 if loaded is not None and st.button("Measure the roofline", key="parallel_roofline_run"):

@@ -2,6 +2,8 @@
 
 import streamlit as st
 
+from prefillviz.hosted import hosted_policy
+
 from prefillviz.experiments.chunked import threads_label
 from prefillviz.experiments.prefix import (
     OTHER_REQUEST_ID,
@@ -42,7 +44,7 @@ small_blocks = row[1].number_input(
 if loaded is not None and st.button("Run the stream", type="primary", key="prefix_run"):
     with run_guarded("The prefix-cache run"):
         stream = build_stream(
-            loaded.tokenizer, shared_prefix, questions.splitlines(), turn_template, max_new_tokens, int(block_size),
+            loaded.tokenizer, shared_prefix, [q for q in questions.splitlines() if q.strip()][: hosted_policy().limit("requests_per_workload", 10**6)], turn_template, max_new_tokens, int(block_size),
             other_user_after=2 if other_user else None,
         )
         num_blocks = (int(small_blocks) or stream.min_num_blocks) if small_cache else None

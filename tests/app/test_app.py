@@ -86,3 +86,25 @@ def test_a_shared_link_opens_with_its_prompt_and_settings(bundled):
     assert "model" in notes and "token_budget" in notes  # junk is ignored and said so
     link = app.sidebar.code[0].value
     assert "prompt=Shared+prompt+from+a+teacher" in link and "dtype=float32" in link and "presenter=1" in link
+
+
+def test_an_out_of_memory_run_shows_a_message_frees_and_the_next_run_works(bundled, monkeypatch):
+    """Failure injection: the model's forward raises the CPU allocator's error once."""
+    from prefillviz.engine.runner import ModelRunner
+
+    real_forward = ModelRunner.forward
+    failures = [RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB")]
+
+    def forward_that_fails_once(self, inputs):
+        if failures:
+            raise failures.pop()
+        return real_forward(self, inputs)
+
+    monkeypatch.setattr(ModelRunner, "forward", forward_that_fails_once)
+    app = make_app()
+    app.button(key="prefill_run").click().run()
+    assert not app.exception
+    assert "Out of memory" in app.error[0].value
+    app.button(key="prefill_run").click().run()
+    assert not app.exception and not app.error
+    assert app.metric[2].value == "' Paris'"

@@ -1,24 +1,8 @@
 """The Chunked prefill page: a real run of a small workload, chunking off and on, the budget
 sweep, and a bad token budget shown inline with the earlier results kept."""
 
-import json
-from pathlib import Path
 
-from streamlit.testing.v1 import AppTest
-
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
-
-
-def open_page():
-    app = AppTest.from_file(APP, default_timeout=240)
-    app.run()
-    app.selectbox(key="sidebar_dtype").set_value("float32").run()
-    app.switch_page("app_pages/chunked_prefill.py").run()
-    return app
-
-
-def charts(app):
-    return {chart.proto.id: json.loads(chart.proto.spec) for chart in app.get("plotly_chart")}
+from tests.app.pages import chart_specs, open_page
 
 
 def timeline_steps(spec):
@@ -27,7 +11,7 @@ def timeline_steps(spec):
 
 
 def test_small_workload_runs_off_and_on_and_keeps_results_after_a_bad_budget(bundled):
-    app = open_page()
+    app = open_page("chunked_prefill")
     assert not app.exception
     app.slider(key="chunked_num_short").set_value(2)
     app.slider(key="chunked_short_prompt_tokens").set_value(8)
@@ -49,7 +33,7 @@ def test_small_workload_runs_off_and_on_and_keeps_results_after_a_bad_budget(bun
     # chunking off: step 0 both prompts, step 1 the whole long prompt alone (the short requests
     # wait), steps 2-3 decode all three, step 4 the long request's last token
     assert comparison.off.num_steps == 5
-    specs = list(charts(app).values())
+    specs = list(chart_specs(app).values())
     assert len(specs) == 3
     off_spec, on_spec, latency_spec = specs
     assert timeline_steps(off_spec) == list(range(5)) and timeline_steps(on_spec) == list(range(7))
@@ -66,13 +50,13 @@ def test_small_workload_runs_off_and_on_and_keeps_results_after_a_bad_budget(bun
     app.multiselect(key="chunked_sweep_budgets").set_value([64])
     app.button(key="chunked_sweep_run").click().run()
     assert not app.exception and not app.error
-    sweep_spec = list(charts(app).values())[-1]
-    assert len(charts(app)) == 4 and sweep_spec["data"][1]["text"] == ["chunking off"]
+    sweep_spec = list(chart_specs(app).values())[-1]
+    assert len(chart_specs(app)) == 4 and sweep_spec["data"][1]["text"] == ["chunking off"]
     assert sweep_spec["data"][0]["text"] == ["budget 64"]
 
     app.number_input(key="chunked_token_budget").set_value(0).run()
     app.button(key="chunked_run").click().run()
     assert not app.exception
     assert "token_budget must be a positive whole number, got 0" in app.error[0].value
-    assert len(charts(app)) == 4 and "Identical outputs" in app.success[0].value  # earlier results still shown
+    assert len(chart_specs(app)) == 4 and "Identical outputs" in app.success[0].value  # earlier results still shown
     assert app.session_state["results"]["chunked"]["comparison"] is comparison

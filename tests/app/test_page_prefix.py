@@ -1,29 +1,13 @@
 """The Prefix cache page: a real stream sharing a system prompt (cache on, off, small cache),
 and bad input (block size 0, no questions) shown inline with the earlier results kept."""
 
-import json
 import math
-from pathlib import Path
 
-from streamlit.testing.v1 import AppTest
-
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
-
-
-def open_page():
-    app = AppTest.from_file(APP, default_timeout=240)
-    app.run()
-    app.selectbox(key="sidebar_dtype").set_value("float32").run()
-    app.switch_page("app_pages/prefix_cache.py").run()
-    return app
-
-
-def charts(app):
-    return [json.loads(chart.proto.spec) for chart in app.get("plotly_chart")]
+from tests.app.pages import chart_specs, open_page
 
 
 def test_stream_hits_the_system_prompt_and_keeps_results_after_bad_input(bundled):
-    app = open_page()
+    app = open_page("prefix_cache")
     assert not app.exception
     app.text_area(key="prefix_questions").set_value(
         "Why does a language model answer faster after it has read my question once?\n\nWhat is a cache?"
@@ -43,7 +27,7 @@ def test_stream_hits_the_system_prompt_and_keeps_results_after_bad_input(bundled
     queries = sum(len(p) for _, p in stream.prompts)
     assert [m.value for m in app.metric] == [f"{queries:,}", f"{full_prefix:,}", f"{100 * full_prefix / queries:.0f}%"]
 
-    grid_on, grid_small, hit_rate, ttft, evictions = charts(app)
+    grid_on, grid_small, hit_rate, ttft, evictions = list(chart_specs(app).values())
     assert sum(len(bar["y"]) for bar in grid_on["data"]) == sum(math.ceil(len(p) / stream.block_size) for _, p in stream.prompts)
     hits = grid_on["data"][0]
     assert hits["name"].startswith("cache hit") and hits["y"].count("q2") == stream.num_shared_full_blocks
@@ -57,7 +41,7 @@ def test_stream_hits_the_system_prompt_and_keeps_results_after_bad_input(bundled
     app.button(key="prefix_run").click().run()
     assert not app.exception
     assert "block_size must be a positive whole number, got 0" in app.error[0].value
-    assert len(charts(app)) == 5 and "Identical outputs" in app.success[0].value
+    assert len(list(chart_specs(app).values())) == 5 and "Identical outputs" in app.success[0].value
 
     app.number_input(key="prefix_block_size").set_value(16)
     app.text_area(key="prefix_questions").set_value("  \n ")

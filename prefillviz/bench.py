@@ -22,6 +22,8 @@ from prefillviz.analysis.memory import peak_rss_bytes
 from prefillviz.analysis.peaks import machine_peaks
 from prefillviz.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
+from prefillviz.engine.request import SamplingParams
+from prefillviz.experiments.chunked import build_workload, latency_summary, run_workload
 from prefillviz.models import load_model
 from prefillviz.prompts import bench_token_ids
 
@@ -96,6 +98,9 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
             sequential_times.append(_time(sequential, device_))
             hf_sequential_times.append(_time(hf_token_by_token, device_))
     prefix = _prefix_hit_speedup(loaded, 2 * num_tokens, runs)
+    chunked = _chunked_ratios(loaded, 2 * num_tokens, runs)
+    inspect_rss_mb = _inspect_peak_rss_mb(model_id, device, dtype)
+    peer = _engine_over_hf_cb(loaded, num_tokens)  # last: transformers' continuous batching sizes a large cache
 
     ratios = [p / h for p, h in zip(parallel_times, hf_times)]
     parallel_median = statistics.median(parallel_times)
@@ -112,13 +117,16 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
         "prefill_tok_s": num_tokens / parallel_median,
         "timing_overhead": statistics.median(t / p for t, p in zip(timing_times, parallel_times)),
         "inspect_overhead": statistics.median(t / p for t, p in zip(inspect_times, parallel_times)),
-        "inspect_4096_peak_rss_mb": _inspect_peak_rss_mb(model_id, device, dtype),
+        "inspect_4096_peak_rss_mb": inspect_rss_mb,
         "gemm_peak_gflops": peaks.matmul_gflops,
         "prefill_achieved_gflops": prefill_flops / parallel_median / 1e9,
         "prefill_fraction_of_peak": prefill_flops / parallel_median / 1e9 / peaks.matmul_gflops,
         "sequential_over_hf_decode": statistics.median(sequential_times) / statistics.median(hf_sequential_times),
         "prefix_hit_speedup": prefix["speedup"],
         "cold_start_s": _cold_start_s(model_id, device, dtype),
+        "chunked_max_itl_ratio": chunked["max_itl_ratio"],
+        "chunked_total_time_ratio": chunked["total_time_ratio"],
+        "engine_over_hf_cb": peer["speedup"],
         "details": {
             "hf_forward_s": _spread(hf_times),
             "engine_parallel_prefill_s": _spread(parallel_times),
@@ -126,6 +134,8 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
             "overhead_vs_hf_ratios": _spread(ratios),
             "hf_token_by_token_s": _spread(hf_sequential_times),
             "prefix_hit": prefix,
+            "chunked": chunked,
+            "hf_continuous_batching": peer,
             "cold_start": "fresh process: import, load the model from the prefillviz cache, first token of a short prompt",
             "engine_timing_capture_s": _spread(timing_times),
             "engine_inspect_capture_s": _spread(inspect_times),
@@ -160,6 +170,71 @@ def _prefix_hit_speedup(loaded, prefix_tokens: int, runs: int, new_tokens: int =
         "ttft_hit_s": _spread(hits),
         "ttft_miss_s": _spread(misses),
         "speedup": statistics.median(misses) / statistics.median(hits),
+    }
+
+
+def _chunked_ratios(loaded, long_tokens: int, runs: int) -> dict:
+    """4 requests decoding when a long prompt arrives; token budget 128, chunking on over off."""
+    workload = build_workload(
+        loaded.tokenizer, num_short_requests=4, short_prompt_tokens=32, short_max_new_tokens=24,
+        long_prompt_tokens=long_tokens, long_max_new_tokens=4, arrival_step=2, token_budget=128,
+    )
+    run_workload(loaded.model, workload, True)  # warm-up
+    max_itl, total = [], []
+    for _ in range(max(3, runs // 2)):
+        off = latency_summary(run_workload(loaded.model, workload, False))
+        on = latency_summary(run_workload(loaded.model, workload, True))
+        max_itl.append(on.itl_max_ms / off.itl_max_ms)
+        total.append(on.total_ms / off.total_ms)
+    return {
+        "workload": f"4 requests decoding (32-token prompts, 24 new tokens) when a {long_tokens}-token prompt arrives; budget 128 vs no chunking",
+        "max_itl_ratio": statistics.median(max_itl),
+        "total_time_ratio": statistics.median(total),
+        "max_itl_ratios": _spread(max_itl),
+        "total_time_ratios": _spread(total),
+    }
+
+
+def _engine_over_hf_cb(loaded, num_tokens: int, new_tokens: int = 32) -> dict:
+    """Our engine vs transformers' own continuous batching (``generate_batch``) on one mixed workload.
+
+    8 requests with prompts of 64 ... 1,024 tokens (scaled by N / 512), 32 new tokens each,
+    token budget 512, greedy. Both do the same tokens, so the speed-up is a ratio of wall times.
+    """
+    from transformers import GenerationConfig
+
+    scale = num_tokens / 512
+    lengths = [max(8, int(n * scale)) for n in (64, 128, 256, 384, 512, 640, 768, 1024)]
+    prompts = [bench_token_ids(loaded.tokenizer, n + 7 * i)[7 * i :] for i, n in enumerate(lengths)]
+
+    def ours() -> list[list[int]]:
+        engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(token_budget=512, enable_prefix_caching=False))
+        ids = [engine.add_request(p, SamplingParams(max_new_tokens=new_tokens)).request_id for p in prompts]
+        trace = engine.run()
+        return [trace.requests[i].output_token_ids for i in ids]
+
+    def theirs() -> list[list[int]]:
+        config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
+        outputs = loaded.model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+        by_prompt = {tuple(o.prompt_ids): list(o.generated_tokens)[:new_tokens] for o in outputs.values()}
+        return [by_prompt[tuple(p)] for p in prompts]
+
+    ours_out, theirs_out = ours(), theirs()  # warm-up, and the outputs compared
+    ours_s, theirs_s = [], []
+    for _ in range(2):
+        ours_s.append(_time(ours, loaded.device))
+        theirs_s.append(_time(theirs, loaded.device))
+    num_tokens_done = sum(lengths) + len(prompts) * new_tokens
+    return {
+        "prompt_lengths": lengths,
+        "new_tokens": new_tokens,
+        "engine_tok_s": num_tokens_done / statistics.median(ours_s),
+        "hf_generate_batch_tok_s": num_tokens_done / statistics.median(theirs_s),
+        "speedup": statistics.median(theirs_s) / statistics.median(ours_s),
+        "outputs_equal": sum(a == b for a, b in zip(ours_out, theirs_out)),
+        "outputs_compared": len(prompts),
+        "engine_s": _spread(ours_s),
+        "hf_generate_batch_s": _spread(theirs_s),
     }
 
 

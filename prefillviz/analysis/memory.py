@@ -136,7 +136,8 @@ def kv_memory_report(engine_or_info: Any, dtype: str | torch.dtype | None = None
 def peak_rss_bytes() -> int:
     """Peak resident memory of this process so far, in bytes.
 
-    Reads ``resource.getrusage(RUSAGE_SELF).ru_maxrss``, the kernel's high-water mark
+    On Linux reads VmHWM from /proc/self/status (the high-water mark of this process's own
+    memory, reset at exec). Elsewhere reads ``resource.getrusage(RUSAGE_SELF).ru_maxrss``, the kernel's high-water mark
     (Linux reports KiB, macOS bytes). Linux updates that mark lazily, so it can trail the
     current RSS by a few hundred KiB: the larger of the two (psutil ``memory_info().rss``)
     is returned. Without ``resource`` (Windows) psutil's ``peak_wset`` is used.
@@ -145,10 +146,25 @@ def peak_rss_bytes() -> int:
         Bytes.
     """
     memory = psutil.Process().memory_info()
+    high_water = _vm_hwm_bytes()
+    if high_water is not None:
+        return max(memory.rss, high_water)
     if resource is None:
         return getattr(memory, "peak_wset", memory.rss)
     max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return max(memory.rss, max_rss if sys.platform == "darwin" else max_rss * 1024)
+
+
+def _vm_hwm_bytes() -> int | None:
+    """Linux's per-process RSS high-water mark (VmHWM). Unlike ``ru_maxrss`` it starts afresh
+    at exec, so a child started from a big parent reports only its own peak."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 def current_rss_bytes() -> int:

@@ -58,9 +58,12 @@ def test_bench_json_has_the_documented_keys(bundled):
         "overhead_vs_hf", "sequential_over_parallel", "prefill_tok_s", "device", "dtype",
         "timing_overhead", "inspect_overhead", "inspect_4096_peak_rss_mb", "gemm_peak_gflops", "prefill_achieved_gflops",
         "prefill_fraction_of_peak", "sequential_over_hf_decode", "prefix_hit_speedup", "cold_start_s",
+        "chunked_max_itl_ratio", "chunked_total_time_ratio", "engine_over_hf_cb",
     ]:
         assert key in data
     assert 300 < data["inspect_4096_peak_rss_mb"] < 3 * 1024  # the bound the issue sets, on the real model
     assert data["prefill_achieved_gflops"] > 0 and data["gemm_peak_gflops"] > 0
+    assert data["details"]["hf_continuous_batching"]["outputs_compared"] == 8  # fp32: the same greedy tokens as HF's own
+    assert data["details"]["hf_continuous_batching"]["outputs_equal"] == 8
     assert data["sequential_over_parallel"] > 1  # 24 steps cost more than one
     assert data["details"]["hf_forward_s"]["runs"] == 2

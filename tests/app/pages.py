@@ -35,3 +35,10 @@ def plotly_array(value) -> np.ndarray:
         flat = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
         return flat.reshape([int(d) for d in str(value.get("shape", len(flat))).split(",")])
     return np.array(value)
+
+
+def run_inspection_here(app: AppTest, prefix: str, prompt: str, chunk_size: int = 0) -> None:
+    """Fill the shared inspection-run controls (ui/inspection_source) of a page and click run."""
+    app.text_area(key=f"{prefix}_prompt").set_value(prompt)
+    app.number_input(key=f"{prefix}_chunk_size").set_value(chunk_size)
+    app.button(key=f"{prefix}_run").click().run()

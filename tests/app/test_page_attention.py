@@ -3,15 +3,13 @@
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
-from tests.app.pages import APP, chart_titled, open_page, plotly_array
+from tests.app.pages import APP, chart_titled, open_page, plotly_array, run_inspection_here
 
 PROMPT = "The capital of France is Paris, and the capital of Italy is"
 
 
 def run_here(app, prompt=PROMPT, chunk_size=0):
-    app.text_area(key="attention_prompt").set_value(prompt)
-    app.number_input(key="attention_chunk_size").set_value(chunk_size)
-    app.button(key="attention_run").click().run()
+    run_inspection_here(app, "attention", prompt, chunk_size)
 
 
 def test_run_draws_the_head_grid_and_pickers_change_the_head(bundled):

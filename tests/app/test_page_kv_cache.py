@@ -3,7 +3,7 @@
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
-from tests.app.pages import APP, chart_specs, chart_titled, open_page, plotly_array
+from tests.app.pages import APP, chart_specs, chart_titled, open_page, plotly_array, run_inspection_here
 
 PROMPT = "The capital of France is Paris, and the capital of Italy is"
 
@@ -13,9 +13,7 @@ def heatmap_spec(app):
 
 
 def run_here(app, prompt=PROMPT, chunk_size=0):
-    app.text_area(key="kv_prompt").set_value(prompt)
-    app.number_input(key="kv_chunk_size").set_value(chunk_size)
-    app.button(key="kv_run").click().run()
+    run_inspection_here(app, "kv", prompt, chunk_size)
 
 
 def test_run_on_the_page_draws_measured_figures(bundled):

@@ -324,6 +324,8 @@ class KernelResult:
     memory_method: str
     largest_intermediate_bytes: int | None  # analytic, from the shapes
     output_bytes: int
+    workload: str = "one prompt"  # what the N tokens were (paged kernels: a step's mix of requests)
+    context_tokens: int | None = None  # keys attended over, all requests together (paged kernels)
 
 
 def check_and_time(

@@ -9,7 +9,9 @@ batch, which is wrong for chunked prefill.
 For each layer it:
 1. writes the step's new K/V into the paged cache through the slot mapping (the KV writes);
 2. for each request packed in the batch, attends its queries over the request's cached +
-   new keys (gathered through its block table), causally, offset by what was cached:
+   new keys (gathered through its block table), causally, offset by what was cached
+   (``kernels/paged_attention.py``: ``ENGINE_KERNEL``, one SDPA call per request, which beat
+   one packed call with a block-diagonal mask on the engine's step shapes):
 
        keys  ->  0 .......... context_len
        query i (position num_computed + i) sees keys 0 .. num_computed + i
@@ -22,16 +24,18 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Iterator
 
 import torch
-import torch.nn.functional as F
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from kernels.paged_attention import LOOP, PagedStep
 from prefillviz.engine.kv_cache import PagedKVCache
 
 ATTENTION_NAME = "prefillviz_paged"
+ENGINE_KERNEL = LOOP  # v2: `python -m prefillviz kernels` measures it against v3 packed
 
 
 @dataclass
@@ -48,6 +52,11 @@ class AttentionMetadata:
     # observers see (layer_idx, module, query, key, value, metadata) after the write; the
     # instruments (timers, KV write log, query capture) attach here
     observers: list[Callable] = field(default_factory=list)
+
+    @cached_property
+    def paged_step(self) -> PagedStep:
+        """The step as the kernels in ``kernels/paged_attention.py`` take it (made once, used by every layer)."""
+        return PagedStep(self.query_start_loc, self.num_computed_tokens, self.slot_mapping, self.context_slots)
 
 
 def paged_attention_forward(
@@ -71,28 +80,10 @@ def paged_attention_forward(
     for observer in meta.observers:
         observer(layer_idx, module, query, key, value, meta)
 
-    enable_gqa = query.shape[1] != key.shape[1]
-    outputs = []
-    for r, num_computed in enumerate(meta.num_computed_tokens):
-        start, end = meta.query_start_loc[r], meta.query_start_loc[r + 1]
-        q = query[:, :, start:end]  # (1, H, q, D)
-        if num_computed == 0:  # nothing cached: the context is exactly the new tokens
-            k, v = key[:, :, start:end], value[:, :, start:end]
-        else:
-            k, v = meta.kv_cache.gather(layer_idx, meta.context_slots[r])
-            k, v = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)  # (1, KVH, ctx, D)
-        q_len, kv_len = q.shape[2], k.shape[2]
-        mask, is_causal = None, False
-        if q_len > 1 and kv_len == q_len:
-            is_causal = True
-        elif q_len > 1:  # a chunk after cached context: causal, shifted by num_computed
-            rows = torch.arange(q_len, device=q.device)[:, None] + (kv_len - q_len)
-            mask = torch.arange(kv_len, device=q.device)[None, :] <= rows  # (q, kv) True = attend
-        outputs.append(
-            F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scaling, enable_gqa=enable_gqa)
-        )
-    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)  # (1, H, T, D)
-    return out.transpose(1, 2).contiguous(), None
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    cache = meta.kv_cache
+    out = ENGINE_KERNEL(query[0], key[0], value[0], cache.key_cache[layer_idx], cache.value_cache[layer_idx], meta.paged_step, scale)
+    return out.transpose(0, 1).unsqueeze(0).contiguous(), None  # (1, T, H, D)
 
 
 def no_mask(*args, **kwargs) -> None:

@@ -4,8 +4,9 @@
     slot = block_id * block_size + offset_in_block
 
 The runner turns each scheduled token's position into a slot through the request's block
-table (the *slot mapping*); the attention function writes the new K/V there and gathers a
-request's whole context back through the same table.
+table (the *slot mapping*); the attention function writes the new K/V there, and the
+kernels in ``kernels/paged_attention.py`` gather a request's whole context back through
+the same table.
 """
 
 from __future__ import annotations
@@ -45,12 +46,3 @@ class PagedKVCache:
         """Store new K/V. ``key``/``value``: (T, num_kv_heads, head_dim); ``slot_mapping``: (T,)."""
         self.key_cache[layer_idx].view(-1, *key.shape[1:]).index_copy_(0, slot_mapping, key)
         self.value_cache[layer_idx].view(-1, *value.shape[1:]).index_copy_(0, slot_mapping, value)
-
-    def gather(self, layer_idx: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V at ``slots`` (positions 0..n-1 of one request): each (n, num_kv_heads, head_dim)."""
-        key = self.key_cache[layer_idx]
-        value = self.value_cache[layer_idx]
-        return (
-            key.view(-1, *key.shape[2:]).index_select(0, slots),
-            value.view(-1, *value.shape[2:]).index_select(0, slots),
-        )

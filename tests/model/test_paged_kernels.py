@@ -1,0 +1,145 @@
+"""The paged attention kernels of one engine step (kernels/paged_attention.py): the naive
+oracle against plain causal SDPA over each request's whole sequence, every other version
+against the oracle on fresh prompts, chunks after cached context, decodes and a mix of
+all three; the block-diagonal mask spelled out; and the check refusing a wrong kernel."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.attention import KernelCheckError
+from kernels.paged_attention import (
+    ENGINE_KERNELS,
+    FLEX,
+    LOOP,
+    NAIVE,
+    PACKED,
+    PAGED_KERNELS,
+    TRITON,
+    PagedKernel,
+    check_paged,
+    check_paged_and_time,
+    flex_status,
+    get_paged_kernel,
+    packed_mask,
+    paged_naive,
+    random_step,
+)
+from prefillviz.engine import attention as engine_attention
+
+TOLERANCE = 1e-5  # fp32
+STEPS = [  # [(cached, new), ...] per request
+    pytest.param([(0, 37)], id="one fresh prompt"),
+    pytest.param([(40, 9)], id="a chunk after cached context"),
+    pytest.param([(17, 1), (33, 1), (5, 1)], id="three decodes"),
+    pytest.param([(20, 1), (0, 23), (31, 12), (64, 1)], id="decode + fresh prompt + chunk + decode"),
+]
+HEADS = [pytest.param((4, 4, 16), id="MHA"), pytest.param((9, 3, 64), id="GQA, SmolLM2's heads")]
+
+
+def whole_sequence_reference(inputs, r):
+    """Request r's new rows, from plain causal SDPA over its whole sequence (its cached
+    positions get random queries of their own; causality makes them irrelevant to the new rows)."""
+    step = inputs.step
+    slots = step.slots(r)
+    keys = inputs.key_cache.view(-1, *inputs.key_cache.shape[2:])[slots].transpose(0, 1)  # (KVH, ctx, D)
+    values = inputs.value_cache.view(-1, *inputs.value_cache.shape[2:])[slots].transpose(0, 1)
+    start, end, cached = step.query_start_loc[r], step.query_start_loc[r + 1], step.num_computed[r]
+    earlier = torch.randn(inputs.q.shape[0], cached, inputs.q.shape[2])
+    queries = torch.cat([earlier, inputs.q[:, start:end]], dim=1)
+    out = F.scaled_dot_product_attention(queries[None], keys[None], values[None], is_causal=True, scale=inputs.scale, enable_gqa=True)
+    return out[0, :, cached:]
+
+
+@pytest.mark.parametrize("heads", HEADS)
+@pytest.mark.parametrize("requests", STEPS)
+@pytest.mark.parametrize("block_size", [16, 5])
+def test_oracle_equals_causal_attention_over_each_whole_sequence(requests, heads, block_size):
+    inputs = random_step(requests, *heads, block_size=block_size, seed=3)
+    got = paged_naive(*inputs.arguments())
+    for r in range(inputs.step.num_requests):
+        start, end = inputs.step.query_start_loc[r], inputs.step.query_start_loc[r + 1]
+        assert torch.allclose(got[:, start:end], whole_sequence_reference(inputs, r), atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("kernel", [LOOP, PACKED], ids=lambda k: k.name)
+@pytest.mark.parametrize("heads", HEADS)
+@pytest.mark.parametrize("requests", STEPS)
+def test_torch_kernels_match_the_oracle(kernel, requests, heads):
+    inputs = random_step(requests, *heads, block_size=16, seed=1)
+    difference, allowed = check_paged(kernel, inputs)
+    assert difference < TOLERANCE <= allowed
+
+
+def test_the_oracle_in_row_blocks_is_the_same_arithmetic():
+    inputs = random_step([(50, 70), (0, 33)], 6, 2, 16, seed=2)
+    whole = paged_naive(*inputs.arguments())
+    assert torch.allclose(paged_naive(*inputs.arguments(), row_block=8), whole, atol=1e-6)
+
+
+def test_packed_mask_is_block_diagonal_and_causal_with_offsets():
+    inputs = random_step([(2, 1), (0, 2), (1, 2)], 2, 1, 4)
+    # keys: request 0 positions 0-2, request 1 positions 0-1, request 2 positions 0-2
+    expected = torch.tensor(
+        [
+            [1, 1, 1, 0, 0, 0, 0, 0],  # request 0, position 2 (a decode)
+            [0, 0, 0, 1, 0, 0, 0, 0],  # request 1, position 0 (fresh)
+            [0, 0, 0, 1, 1, 0, 0, 0],  # request 1, position 1
+            [0, 0, 0, 0, 0, 1, 1, 0],  # request 2, position 1 (after 1 cached)
+            [0, 0, 0, 0, 0, 1, 1, 1],  # request 2, position 2
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(packed_mask(inputs.step, torch.device("cpu")), expected)
+
+
+def test_bf16_kernels_pass_their_looser_check():
+    inputs = random_step([(20, 1), (0, 40), (30, 10)], 9, 3, 64, dtype=torch.bfloat16)
+    for kernel in (LOOP, PACKED):
+        difference, allowed = check_paged(kernel, inputs)
+        assert 0 < difference <= allowed
+
+
+def test_a_kernel_that_forgets_the_cache_is_refused_before_it_is_timed():
+    def new_tokens_only(q, k_new, v_new, key_cache, value_cache, step, scale):
+        return F.scaled_dot_product_attention(q[None], k_new[None], v_new[None], is_causal=True, scale=scale, enable_gqa=True)[0]
+
+    wrong = PagedKernel("wrong", 0, "ignores what was cached", new_tokens_only)
+    inputs = random_step([(30, 5)], 4, 2, 16)
+    with pytest.raises(KernelCheckError, match="differs from the naive oracle"):
+        check_paged_and_time(wrong, inputs)
+
+
+def test_check_and_time_reports_the_step():
+    inputs = random_step([(30, 5), (0, 7)], 4, 2, 16, workload="mixed")
+    result = check_paged_and_time(LOOP, inputs, runs=2, warmup=1)
+    assert (result.kernel, result.num_tokens, result.context_tokens, result.workload) == ("v2 loop", 12, 42, "mixed")
+    assert result.median_s > 0 and result.max_abs_diff < TOLERANCE
+    assert result.peak_memory_bytes is None or result.peak_memory_bytes >= result.output_bytes
+
+
+def test_registry_and_the_engines_kernel():
+    assert [k.version for k in PAGED_KERNELS] == [1, 2, 3, 4, 5]
+    assert get_paged_kernel("v3 packed") is PACKED
+    with pytest.raises(KeyError, match="v1 naive"):
+        get_paged_kernel("v9")
+    assert engine_attention.ENGINE_KERNEL in ENGINE_KERNELS.values()
+    assert NAIVE.status("cpu")[0] and LOOP.status("cpu")[0]
+
+
+def test_triton_kernel_reports_why_it_cannot_run_on_a_plain_cpu(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    runs, reason = TRITON.status("cpu")
+    assert isinstance(runs, bool) and reason
+    if not runs:
+        assert "triton" in reason.lower() or "cuda" in reason.lower()
+
+
+def test_flexattention_probe_says_whether_it_runs_and_if_so_it_is_right():
+    runs, reason = flex_status("cpu")
+    assert reason.startswith("compiled FlexAttention")
+    if not runs:
+        pytest.skip(reason)
+    inputs = random_step([(20, 1), (0, 23), (31, 12)], 9, 3, 64, seed=4)
+    difference, _ = check_paged(FLEX, inputs)
+    assert difference < TOLERANCE

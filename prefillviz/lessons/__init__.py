@@ -1,0 +1,59 @@
+"""Guided lessons: lesson files, checked when loaded, and the real model runs behind their steps.
+
+A lesson is two files with the same stem under ``assets/lessons/``:
+
+    01_prefill_and_ttft.md      # Title            <- the lesson's title
+                                # intro text
+                                # ## Step title    <- one section per step: the narration
+                                # ### After the reveal   (optional: shown after the reveal)
+    01_prefill_and_ttft.json    {"minutes": 7, "steps": [one spec per "## " section, in order]}
+
+A step spec says what the step does to the app and asks:
+
+    {"action":   {"kind": "prefill", "preset": "Short question"},   # what runs on the model
+     "view":     "app_pages/prefill.py",                            # the full view of that run
+     "figure":   "ttft_breakdown",                                  # optional: which figure
+     "settings": {"dtype": "float32"},                              # optional: sidebar settings
+     "question": {"kind": "number", "text": "...", "answer": "ttft_ratio",
+                  "options": [1, 2, 4, 8, 16], "default": 4, "unit": "×"}}
+
+Every action runs the real model through the experiments the pages use (``experiments.prefill``,
+``parallel``, ``chunked``, ``prefix``; ``analysis.memory``) and returns **measured numbers by
+name**; a question names the number that answers it (``ACTION_KINDS[kind].measured``). A
+"choice" question sorts the measured number into the first option whose ``up_to`` it does not
+exceed (the last option takes the rest). Nothing is hard-coded: the reveal shows what this run
+measured. This package does not import streamlit; ``app_pages/walkthrough.py`` draws it.
+
+The modules, in import order:
+
+    spec.py          Lesson, Step, Question, Choice; LessonError; where lessons live, step settings
+    actions.py       ActionKind, ActionOutcome, check_parameters
+    runs.py          the real model run behind each action kind
+    step_figures.py  the figure builders a step can name
+    registry.py      ACTION_KINDS; resolve_parameters, run_action
+    loading.py       parse and check the .md/.json pair: load_lesson, load_lessons
+    run_store.py     action_key, RunStore: a session's runs
+    views.py         step_figure; page_results, page_state: hand a run to its full view
+    reveal.py        format_reveal, format_value, choice_for: the prediction vs the measurement
+"""
+
+from __future__ import annotations
+
+from prefillviz.lessons.actions import TYPE_WORDS, ActionKind, ActionOutcome, Progress, check_parameters
+from prefillviz.lessons.loading import load_lesson, load_lessons, parse_markdown, parse_question, parse_step
+from prefillviz.lessons.registry import ACTION_KINDS, PROMPT_PARAMETERS, resolve_parameters, run_action
+from prefillviz.lessons.reveal import Reveal, choice_for, format_reveal, format_value
+from prefillviz.lessons.run_store import RunStore, action_key
+from prefillviz.lessons.spec import (
+    AFTER_REVEAL,
+    LESSONS_DIR,
+    MAX_MINUTES,
+    ROOT,
+    SETTINGS,
+    Choice,
+    Lesson,
+    LessonError,
+    Question,
+    Step,
+)
+from prefillviz.lessons.views import page_results, page_state, step_figure

@@ -10,6 +10,7 @@ import streamlit as st
 from prefillviz.hosted import hosted_policy
 
 from kernels.attention import KERNELS
+from kernels.paged_attention import PAGED_KERNELS
 from prefillviz.experiments import kernels as experiments
 from prefillviz.figures import kernels as figures
 from prefillviz.prompts import PRESETS
@@ -28,6 +29,7 @@ preset = st.selectbox("Preset", list(PRESETS), key="kernels_preset")
 prompt = st.text_area("Prompt", PRESETS[preset], height=120, key=f"kernels_prompt_{preset}")
 device_type = loaded.device.type if loaded is not None else "cpu"
 controls = st.columns(2)
+policy = hosted_policy()
 num_layers = loaded.info.num_layers if loaded is not None else 1
 kernel_layer = controls[0].number_input(
     "Layer whose queries, keys and values the attention kernels run on",
@@ -36,12 +38,20 @@ kernel_layer = controls[0].number_input(
     0,
     key=f"kernels_layer_of_{num_layers}",  # a model with another depth gets its own widget and bounds
 )
+sweep_choices = experiments.SWEEP_CHOICES.get(device_type, experiments.SWEEP_CHOICES["cpu"])
+sweep_choices = [n for n in sweep_choices if n <= policy.limit("prompt_tokens", n)]
 sweep_sizes = controls[1].multiselect(
-    "Sweep of prompt lengths N for the kernels (random q/k/v of the model's shape)",
-    experiments.SWEEP_CHOICES.get(device_type, experiments.SWEEP_CHOICES["cpu"]),
-    default=list(experiments.default_sweep_sizes(device_type)),
-    max_selections=hosted_policy().limit("sweep_points", 64),
+    "Kernel benchmark: prompt lengths N (random q/k/v of the model's shape; long N take a while on a CPU)",
+    sweep_choices,
+    default=[n for n in experiments.default_sweep_sizes(device_type) if n in sweep_choices],
+    max_selections=policy.limit("sweep_points", 64),
     key=f"kernels_sweep_{device_type}",
+)
+include_flex = controls[1].checkbox(
+    "Include FlexAttention (v4): compiled for every new shape, several seconds each",
+    value=False,
+    key="kernels_flex",
+    disabled=policy.enabled,
 )
 
 if loaded is not None and st.button("Measure", type="primary", key="kernels_run"):
@@ -50,7 +60,12 @@ if loaded is not None and st.button("Measure", type="primary", key="kernels_run"
         save_result(
             "kernels",
             experiments.run_kernel_timings(
-                loaded, prompt, int(kernel_layer), sorted(sweep_sizes), progress=lambda done, text: bar.progress(min(done, 1.0), text=text)
+                loaded,
+                prompt,
+                int(kernel_layer),
+                sorted(sweep_sizes),
+                progress=lambda done, text: bar.progress(min(done, 1.0), text=text),
+                include_flex=include_flex,
             ),
         )
     bar.empty()
@@ -168,19 +183,50 @@ st.caption(
 )
 downloads("kernels_attention_kernels", "kernels_kernel_dl", figure=kernel_time, table=kernel_rows)
 
-if result.sweep_results:
-    sweep_rows = experiments.kernel_rows(result.sweep_results)
-    sweep_label = experiments.pass_label(result, "sweep")
-    first = sweep_rows[0]
+BENCHMARK_VIEWS = [  # (family, workload, what the N tokens are, chart key)
+    ("dense", "one prompt", "one causal prompt of N tokens (`kernels/attention.py`)", "dense"),
+    ("paged", "prefill", "an engine step with one fresh prompt of N tokens, through the paged cache (`kernels/paged_attention.py`)", "paged_prefill"),
+    (
+        "paged",
+        "mixed",
+        "a chunked-prefill step: 128 new tokens after N - 128 cached, packed with 4 decodes of requests holding N tokens",
+        "paged_mixed",
+    ),
+]
+if result.benchmark is not None:
+    st.subheader("Kernel benchmark: time and memory vs N")
     st.markdown(
-        f"**Sweep of N:** random q/k/v with the model's shape ({first['heads']} heads, head dim {first['head_dim']}); "
-        "the time and memory of attention depend on the shapes, not on the values."
+        "Random q/k/v with the model's attention shape: the time and memory of attention depend on the shapes, "
+        "not on the values. The paged family is the engine's step: **v2 loop** (one SDPA call per request) is "
+        "what the engine runs; **v3 packed** puts every request of the step in one call with a block-diagonal "
+        "causal mask; **v4 flex** does that with FlexAttention's block mask."
     )
-    columns = st.columns(2)
+    st.dataframe(
+        pd.DataFrame([{"version": k.name, "what it changes": k.changes} for k in PAGED_KERNELS]), hide_index=True
+    )
+    benchmark_rows = result.benchmark.rows()
     sweep_subtitle = experiments.pass_label(result, "sweep", short=True)
-    sweep_time = figures.sweep_time_figure(sweep_rows, sweep_subtitle)
-    sweep_memory = figures.sweep_memory_figure(sweep_rows, sweep_subtitle)
-    columns[0].plotly_chart(sweep_time, key="kernels_sweep_time_chart")
-    columns[1].plotly_chart(sweep_memory, key="kernels_sweep_memory_chart")
-    st.caption(f"{sweep_label}. Every point passed the check against v1 before it was timed.")
-    downloads("kernels_sweep", "kernels_sweep_dl", figure=sweep_time, table=sweep_rows)
+    for family, workload, what, chart in BENCHMARK_VIEWS:
+        rows = [row for row in benchmark_rows if row["family"] == family and row["workload"] == workload]
+        if not rows:
+            continue
+        st.markdown(f"**{family.capitalize()} kernels, {workload}:** {what}.")
+        columns = st.columns(2)
+        sweep_time = figures.sweep_time_figure(rows, sweep_subtitle, f"{family.capitalize()} attention, {workload}: time vs N")
+        sweep_memory = figures.sweep_memory_figure(rows, sweep_subtitle, f"{family.capitalize()} attention, {workload}: memory vs N")
+        columns[0].plotly_chart(sweep_time, key=f"kernels_sweep_{chart}_time_chart")
+        columns[1].plotly_chart(sweep_memory, key=f"kernels_sweep_{chart}_memory_chart")
+        downloads(f"kernels_benchmark_{chart}", f"kernels_sweep_{chart}_dl", figure=sweep_time, table=rows)
+    summary = result.benchmark.summary()["packed_over_loop"]
+    if summary:
+        st.markdown(
+            "**Packed over loop** (v3 time / v2 time; above 1 means the engine's per-request loop is faster): "
+            + ", ".join(f"{point.removeprefix('paged ')}: {ratio:.2f}×" for point, ratio in summary.items())
+        )
+    if result.benchmark.skipped:
+        st.markdown("**Not run here:**")
+        st.dataframe(pd.DataFrame(result.benchmark.skipped), hide_index=True)
+    st.caption(
+        f"{experiments.pass_label(result, 'sweep')}. Every point passed the check against its family's v1 before it was timed "
+        "(the check computes v1 a few hundred rows at a time, so long N are checked too)."
+    )

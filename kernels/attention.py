@@ -55,6 +55,7 @@ from prefillviz.errors import PrefillVizError
 BLOCK_SIZE = 64  # v3's query and key block (tile) size
 DEFAULT_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 """Allowed max |kernel - oracle|, per unit of max |v| (the output is a weighted mean of V rows)."""
+ORACLE_ROW_BLOCK = 256  # the check's oracle holds at most (H, 256, N) scores at a time
 MIN_RUN_TIME_S = 0.002  # a timed run repeats a fast kernel until it takes this long
 
 
@@ -63,17 +64,28 @@ class KernelCheckError(PrefillVizError):
 
 
 # ------------------------------------------------------------------------------ versions
-def attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """v1, the oracle: full score matrix, -inf above the diagonal, softmax, times V."""
+def attention_naive(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, row_block: int | None = None
+) -> torch.Tensor:
+    """v1, the oracle: full score matrix, -inf above the diagonal, softmax, times V.
+
+    ``row_block`` does the same arithmetic ``row_block`` query rows at a time, so that the
+    check of a long prompt fits in memory (the timed v1 always builds the whole matrix).
+    """
     num_heads, num_tokens, _ = q.shape
     groups = num_heads // k.shape[0]
     k = k.repeat_interleave(groups, dim=0)  # (H, N, D): head h gets KV head h // groups
     v = v.repeat_interleave(groups, dim=0)  # (H, N, D)
-    scores = (q @ k.transpose(-1, -2)) * scale  # (H, N, N)
-    future = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=q.device).triu(1)  # key j > query i
-    scores = scores.masked_fill(future, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)  # (H, N, N), rows sum to 1
-    return probs @ v  # (H, N, D)
+    block = row_block or num_tokens
+    outputs = []
+    for row in range(0, num_tokens, block):
+        rows = min(block, num_tokens - row)
+        scores = (q[:, row : row + rows] @ k.transpose(-1, -2)) * scale  # (H, rows, N)
+        query_position = torch.arange(row, row + rows, device=q.device)[:, None]
+        future = torch.arange(num_tokens, device=q.device)[None, :] > query_position  # key j > query i
+        probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)  # rows sum to 1
+        outputs.append(probs @ v)  # (H, rows, D)
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
 
 
 def attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -205,7 +217,7 @@ def check_against_oracle(
     _check_shapes(q, k, v)
     tolerance = DEFAULT_TOLERANCE.get(q.dtype, 1e-4) if tolerance is None else tolerance
     allowed = tolerance * max(1.0, float(v.abs().max()))
-    expected = attention_naive(q.float(), k.float(), v.float(), scale)  # (H, N, D) fp32
+    expected = attention_naive(q.float(), k.float(), v.float(), scale, row_block=ORACLE_ROW_BLOCK)  # (H, N, D) fp32
     got = kernel(q, k, v, scale)
     if got.shape != expected.shape:
         raise KernelCheckError(f"{kernel.name} returned shape {tuple(got.shape)}, expected {tuple(expected.shape)}.")

@@ -56,6 +56,7 @@ import torch.nn.functional as F
 
 from kernels.attention import (
     DEFAULT_TOLERANCE,
+    ORACLE_ROW_BLOCK,
     KernelCheckError,
     KernelResult,
     measure_peak_memory,
@@ -380,9 +381,6 @@ def random_step(
 
 
 # ------------------------------------------------------------------------------ check + time
-ORACLE_ROW_BLOCK = 256  # the check's oracle holds at most (H, 256, ctx) scores at a time
-
-
 @torch.inference_mode()
 def check_paged(kernel: PagedKernel, inputs: PagedInputs, tolerance: float | None = None) -> tuple[float, float]:
     """``kernel`` against the fp32 v1 oracle on the same step.

@@ -1,8 +1,10 @@
-"""Command line: ``python -m prefillviz run|bench``.
+"""Command line: ``python -m prefillviz run|trace|bench|kernels``.
 
 ``run`` prefills one prompt on the engine and prints what came out (``--json`` for one JSON
 object). ``trace`` runs it at a capture level and writes the trace (JSON + NPZ) to a folder.
-``bench`` prints the benchmark figures as one JSON object (see ``bench.py``).
+``bench`` prints the benchmark figures as one JSON object (see ``bench.py``). ``kernels``
+prints the attention-kernel benchmark, time and peak memory vs N for every kernel in
+``kernels/`` (see ``experiments/kernel_bench.py``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import argparse
 import json
 import sys
 
-from prefillviz.errors import PrefillVizError
+from prefillviz.errors import ConfigError, PrefillVizError
+from prefillviz.experiments.kernel_bench import BENCH_SIZES, SHAPES
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--num-tokens", type=int, default=512)
     bench.add_argument("--runs", type=int, default=7, help="timed runs per figure, after warm-up")
     bench.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
+
+    kernels = commands.add_parser("kernels", help="time and peak memory vs N of every attention kernel")
+    kernels.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES), help="whose attention heads")
+    kernels.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    kernels.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    kernels.add_argument("--sizes", default=",".join(map(str, BENCH_SIZES)), help="comma-separated N values")
+    kernels.add_argument("--families", default="dense,paged", help="dense, paged or both")
+    kernels.add_argument("--runs", type=int, default=3, help="timed runs per kernel and N, after warm-up")
+    kernels.add_argument("--no-flex", action="store_true", help="leave out FlexAttention (it compiles per shape)")
+    kernels.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     return parser
 
 
@@ -105,6 +118,23 @@ def trace_command(args: argparse.Namespace) -> dict:
     }
 
 
+def kernels_command(args: argparse.Namespace) -> dict:
+    from prefillviz.experiments.kernel_bench import benchmark_json, run_kernel_benchmark
+    from prefillviz.models import resolve_device, resolve_dtype
+
+    try:
+        sizes = [int(n) for n in args.sizes.split(",") if n.strip()]
+    except ValueError:
+        raise ConfigError(f"--sizes must be comma-separated whole numbers, got {args.sizes!r}.") from None
+    families = tuple(f.strip() for f in args.families.split(",") if f.strip())
+    if not sizes or min(sizes) < 1 or not families or set(families) - {"dense", "paged"}:
+        raise ConfigError("Need --sizes of positive N and --families among dense, paged.")
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    bench = run_kernel_benchmark(*SHAPES[args.shape], sizes, device, dtype, families, not args.no_flex, args.runs)
+    return {"shape_name": args.shape, **benchmark_json(bench)}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -117,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{key}: {value!r}" if key == "first_token" else f"{key}: {value}")
         elif args.command == "trace":
             print(json.dumps(trace_command(args)))
+        elif args.command == "kernels":
+            print(json.dumps(kernels_command(args), indent=2))
         else:
             from prefillviz.bench import run_bench
 

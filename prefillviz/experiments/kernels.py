@@ -9,8 +9,9 @@ in its own pass, because each instrument changes what it measures:
     profile      capture "profile": torch.profiler op table + Chrome trace (slower: its
                  times include the profiler's own cost)
     inspect      capture "inspect": the post-RoPE q/k/v of one layer, for the kernels
-    kernels      kernels/attention.py on those q/k/v, then on random q/k/v of the model's
-                 shape for a sweep of N (each checked against the naive oracle first)
+    kernels      kernels/attention.py on those q/k/v, then the kernel benchmark
+                 (``kernel_bench.py``: both kernel families on random q/k/v of the model's
+                 shape for a sweep of N, each checked against its naive oracle first)
 
 Every row this module returns carries plain numbers (ms, bytes) ready for a table or a
 figure; the figures live in ``prefillviz.figures.kernels``.
@@ -34,15 +35,16 @@ from prefillviz.analysis.roofline import predict_layer_times
 from prefillviz.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
+from prefillviz.experiments.kernel_bench import KernelBenchmark, kernel_rows, run_kernel_benchmark
 from prefillviz.errors import RequestError
 from prefillviz.instrument.trace import LayerTimes, Trace
 from prefillviz.models import LoadedModel, ModelInfo
 
 CPU_SWEEP_SIZES = (128, 256, 512, 1024)
 CUDA_SWEEP_SIZES = (512, 1024, 2048, 4096, 8192)
-SWEEP_CHOICES = {"cpu": (64, 128, 256, 512, 1024, 2048), "cuda": (256, 512, 1024, 2048, 4096, 8192)}
+SWEEP_CHOICES = {"cpu": (64, 128, 256, 512, 1024, 2048, 4096, 8192), "cuda": (256, 512, 1024, 2048, 4096, 8192)}
 MAX_ORACLE_SCORE_BYTES = {"cpu": 512 * 2**20, "cuda": 4 * 2**30}
-"""The naive oracle's fp32 (H, N, N) score matrix may take this much (softmax makes a second)."""
+"""On the prompt, v1 is timed with its whole fp32 (H, N, N) score matrix up to this size."""
 ATTENTION_OPS = ("q_proj", "k_proj", "v_proj", "attn_scores", "attn_values", "o_proj")  # inside the attention module
 MLP_OPS = ("mlp_gate", "mlp_up", "mlp_down", "mlp_fc", "mlp_proj")
 SCOPE_PATTERN = re.compile(r"^(embedding|final_norm|lm_head|layers\.(\d+)(?:\.(\w+))?)$")
@@ -51,7 +53,7 @@ Progress = Callable[[float, str], None]
 
 
 def max_kernel_tokens(info: ModelInfo, device: str | torch.device) -> int:
-    """The longest N the naive oracle checks within ``MAX_ORACLE_SCORE_BYTES`` on this device."""
+    """The longest prompt prefix the kernels run on within ``MAX_ORACLE_SCORE_BYTES`` on this device."""
     budget = MAX_ORACLE_SCORE_BYTES.get(torch.device(device).type, MAX_ORACLE_SCORE_BYTES["cpu"])
     return math.isqrt(budget // (info.num_heads * 4))
 
@@ -81,7 +83,7 @@ class KernelTimingsResult:
     kernel_layer: int
     kernel_num_tokens: int  # the first tokens of the prompt the kernels ran on (all, unless the oracle can't fit)
     kernel_results: list[KernelResult]  # kernels on the captured q/k/v of kernel_layer
-    sweep_results: list[KernelResult]  # kernels on random q/k/v of the model's shape, same device and dtype
+    benchmark: KernelBenchmark | None  # both families on random q/k/v of the model's shape, same device and dtype
 
     @property
     def num_layers(self) -> int:
@@ -242,33 +244,6 @@ def predicted_vs_measured(info: ModelInfo | LoadedModel, num_tokens: int, layer_
     return rows
 
 
-def kernel_rows(results: list[KernelResult]) -> list[dict]:
-    """Kernel results as table rows in ms and MiB."""
-    return [
-        {
-            "kernel": r.kernel,
-            "version": r.version,
-            "N": r.num_tokens,
-            "heads": f"{r.num_heads} q / {r.num_kv_heads} kv",
-            "head_dim": r.head_dim,
-            "dtype": r.dtype,
-            "device": r.device,
-            "median_ms": r.median_s * 1e3,
-            "min_ms": r.min_s * 1e3,
-            "max_ms": r.max_s * 1e3,
-            "runs": r.num_runs,
-            "calls_per_run": r.calls_per_run,
-            "max_abs_diff_vs_v1": r.max_abs_diff,
-            "allowed_diff": r.allowed_diff,
-            "peak_memory_MiB": None if r.peak_memory_bytes is None else r.peak_memory_bytes / 2**20,
-            "memory_method": r.memory_method,
-            "largest_intermediate_MiB": None if r.largest_intermediate_bytes is None else r.largest_intermediate_bytes / 2**20,
-            "output_MiB": r.output_bytes / 2**20,
-        }
-        for r in results
-    ]
-
-
 # ------------------------------------------------------------------------------ kernels
 def captured_qkv(
     trace: Trace, layer: int, device: torch.device | str, dtype: torch.dtype, max_tokens: int | None = None
@@ -299,33 +274,6 @@ def compare_kernels(
     return [check_and_time(kernel, q, k, v, scale, runs=runs) for kernel in kernels]
 
 
-def kernel_sweep(
-    info: ModelInfo,
-    sizes: tuple[int, ...] | list[int],
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
-    kernels: tuple[AttentionKernel, ...] = KERNELS,
-    runs: int = 3,
-    seed: int = 0,
-    progress: Progress | None = None,
-) -> list[KernelResult]:
-    """Every kernel at each N on random q/k/v of the model's attention shape (H, KVH, D).
-
-    Random inputs, not the prompt's: the time and memory of attention depend on the
-    shapes, not on the values. Each result is still checked against the oracle.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    results = []
-    for index, n in enumerate(sizes):
-        if progress is not None:
-            progress(index / max(len(sizes), 1), f"kernel sweep: N = {n:,}")
-        q = torch.randn(info.num_heads, n, info.head_dim, generator=generator).to(device=device, dtype=dtype)
-        k = torch.randn(info.num_kv_heads, n, info.head_dim, generator=generator).to(device=device, dtype=dtype)
-        v = torch.randn(info.num_kv_heads, n, info.head_dim, generator=generator).to(device=device, dtype=dtype)
-        results += compare_kernels(q, k, v, info.head_dim**-0.5, kernels, runs)
-    return results
-
-
 # ------------------------------------------------------------------------------ together
 def run_kernel_timings(
     loaded: LoadedModel,
@@ -336,6 +284,7 @@ def run_kernel_timings(
     kernel_runs: int = 5,
     profile_dir: str | None = None,
     progress: Progress | None = None,
+    include_flex: bool = False,
 ) -> KernelTimingsResult:
     """All passes of the Kernel timings page for one prompt.
 
@@ -343,12 +292,13 @@ def run_kernel_timings(
         loaded: the model.
         prompt: text to prefill.
         kernel_layer: whose captured q/k/v the attention kernels run on.
-        sweep_sizes: N values for the random-input sweep (``default_sweep_sizes`` if None;
+        sweep_sizes: N values for the kernel benchmark (``default_sweep_sizes`` if None;
             empty for none).
         timing_runs: timing passes; the per-layer median is kept.
         kernel_runs: timed runs per kernel.
         profile_dir: where the Chrome trace goes (a new temp folder if None).
         progress: called with (fraction done, what is running).
+        include_flex: also benchmark v4 FlexAttention (it compiles each new shape).
 
     Raises:
         RequestError: empty prompt, too long, or a layer that does not exist.
@@ -358,12 +308,9 @@ def run_kernel_timings(
     if not 0 <= kernel_layer < info.num_layers:
         raise RequestError(f"Layer {kernel_layer} does not exist: the model has layers 0..{info.num_layers - 1}.")
     sizes = list(default_sweep_sizes(loaded.device) if sweep_sizes is None else sweep_sizes)
+    if any(n < 1 for n in sizes):
+        raise RequestError(f"Sweep sizes must be at least 1 token, got {sorted(sizes)}.")
     token_limit = max_kernel_tokens(info, loaded.device)
-    if any(n > token_limit for n in sizes):
-        raise RequestError(
-            f"The naive oracle every kernel is checked against holds an (H, N, N) score matrix: on "
-            f"{loaded.device.type} this page runs it up to N = {token_limit:,}. Drop the larger sweep sizes."
-        )
     report(0.0, "warm-up prefill")
     prefill_pass(loaded, prompt, "none")  # raises RequestError on a bad prompt before anything is kept
     timing_traces = []
@@ -395,7 +342,12 @@ def run_kernel_timings(
     def sweep_progress(fraction: float, text: str) -> None:
         report(0.6 + 0.4 * fraction, text)
 
-    sweep_results = kernel_sweep(info, sizes, loaded.device, loaded.dtype, runs=kernel_runs, progress=sweep_progress)
+    benchmark = None
+    if sizes:
+        benchmark = run_kernel_benchmark(
+            info.num_heads, info.num_kv_heads, info.head_dim, sizes, loaded.device, loaded.dtype,
+            include_flex=include_flex, runs=kernel_runs, progress=sweep_progress,
+        )
     report(1.0, "done")
     return KernelTimingsResult(
         model_id=loaded.model_id,
@@ -413,7 +365,7 @@ def run_kernel_timings(
         kernel_layer=kernel_layer,
         kernel_num_tokens=kernel_num_tokens,
         kernel_results=kernel_results,
-        sweep_results=sweep_results,
+        benchmark=benchmark,
     )
 
 
@@ -421,7 +373,7 @@ PASS_NAMES = {  # which: (long, short for a figure's subtitle)
     "timing": ("timing pass (per-layer clocks, median of {runs})", "timing pass, median of {runs}"),
     "profile": ("under torch.profiler (slower: includes the profiler's own cost)", "under torch.profiler"),
     "inspect": ("q/k/v of layer {layer} from an inspection pass, kernels timed on their own", "layer {layer}'s q/k/v, inspection pass"),
-    "sweep": ("random q/k/v of the model's shape, kernels timed on their own", "random q/k/v of the model's shape"),
+    "sweep": ("kernel benchmark: random q/k/v of the model's shape, kernels timed on their own", "random q/k/v of the model's shape"),
 }
 
 

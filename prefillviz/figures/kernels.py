@@ -27,7 +27,7 @@ TIMELINE_LANES = [  # (part, lane, colour): top lane first
     ("final_norm", "embedding / final norm / lm_head", style.NORMS),
     ("lm_head", "embedding / final norm / lm_head", style.DECODE),
 ]
-KERNEL_COLOURS = {1: style.EVICTED, 2: style.PREFILL, 3: style.CACHE_HIT}
+KERNEL_COLOURS = {1: style.EVICTED, 2: style.PREFILL, 3: style.CACHE_HIT, 4: style.DECODE, 5: style.PARTIAL}  # by version
 
 
 def _layout(fig: go.Figure, title: str, subtitle: str, x_title: str, y_title: str, height: int = 420) -> go.Figure:
@@ -168,15 +168,15 @@ def _log_axes(fig: go.Figure, rows: list[dict]) -> None:
     fig.update_yaxes(type="log")
 
 
-def sweep_time_figure(rows: list[dict], subtitle: str = "") -> go.Figure:
+def sweep_time_figure(rows: list[dict], subtitle: str = "", title: str = "Attention time vs prompt length") -> go.Figure:
     """Median time per call vs N for each kernel (log-log)."""
     fig = go.Figure(_sweep_lines(rows, "median_ms"))
     _log_axes(fig, rows)
-    return _layout(fig, "Attention time vs prompt length", subtitle, "tokens N (log scale)", "median time per call (ms, log scale)")
+    return _layout(fig, title, subtitle, "tokens N (log scale)", "median time per call (ms, log scale)")
 
 
-def sweep_memory_figure(rows: list[dict], subtitle: str = "") -> go.Figure:
+def sweep_memory_figure(rows: list[dict], subtitle: str = "", title: str = "Attention memory vs prompt length") -> go.Figure:
     """Measured peak memory (solid) and analytic largest intermediate (dotted) vs N (log-log, MiB)."""
     fig = go.Figure(_sweep_lines(rows, "peak_memory_MiB", suffix=" measured") + _sweep_lines(rows, "largest_intermediate_MiB", "dot", " largest intermediate"))
     _log_axes(fig, rows)
-    return _layout(fig, "Attention memory vs prompt length", subtitle, "tokens N (log scale)", "memory (MiB, log scale)")
+    return _layout(fig, title, subtitle, "tokens N (log scale)", "memory (MiB, log scale)")

@@ -229,6 +229,7 @@ class Capture:
                     "self_time_s": event.self_cpu_time_total / 1e6,
                     "total_time_s": event.cpu_time_total / 1e6,
                     "device_time_s": getattr(event, "self_device_time_total", 0.0) / 1e6,
+                    "device_total_s": getattr(event, "device_time_total", 0.0) / 1e6,  # a scope's: its kernels
                     "flops": int(event.flops or 0),
                 }
             )

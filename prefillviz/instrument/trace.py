@@ -71,7 +71,7 @@ class CapturedQK:
 class ProfileRecord:
     """torch.profiler output: one row per op, and the Chrome trace (opens in Perfetto)."""
 
-    op_table: list[dict]  # op, calls, self_time_s, total_time_s, device_time_s, flops
+    op_table: list[dict]  # op, calls, self_time_s, total_time_s, device_time_s (self), device_total_s, flops
     chrome_trace_path: str
     activities: list[str]
 

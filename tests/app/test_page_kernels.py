@@ -46,7 +46,7 @@ def test_measure_draws_every_figure_from_real_data_and_offers_the_chrome_trace(m
 
     specs = list(charts(app).values())
     titles = [spec["layout"]["title"]["text"] for spec in specs]
-    assert len(specs) == 8, titles  # layers, prediction, ops, timeline, kernel time + memory, sweep time + memory
+    assert len(specs) == 12, titles  # layers, prediction, ops, timeline, kernel time + memory, 3 x benchmark time + memory
     bars = layer_chart(app)["data"]
     assert [trace["name"] for trace in bars][:3] == ["attention", "MLP", "norms"]
     assert all(len(trace["y"]) == 30 for trace in bars) and all(y > 0 for y in bars[1]["y"])

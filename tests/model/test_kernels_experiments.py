@@ -9,6 +9,7 @@ import torch
 from kernels.attention import attention_naive
 
 from prefillviz.errors import RequestError
+from prefillviz.experiments import kernel_bench
 from prefillviz.experiments import kernels as experiments
 from prefillviz.figures import kernels as figures
 
@@ -97,8 +98,16 @@ def test_kernels_ran_on_the_prompts_captured_layer_and_on_the_sweep(result, bund
         assert row["max_abs_diff_vs_v1"] <= row["allowed_diff"] and row["median_ms"] > 0
         assert row["peak_memory_MiB"] > 0 and row["memory_method"] == "torch.profiler allocation events"
     assert result.kernel_layer == 7
-    sweep = experiments.kernel_rows(result.sweep_results)
+    benchmark = result.benchmark.rows()
+    assert {(row["family"], row["workload"]) for row in benchmark} == {("dense", "one prompt"), ("paged", "prefill"), ("paged", "mixed")}
+    sweep = [row for row in benchmark if row["family"] == "dense"]
     assert sorted({row["N"] for row in sweep}) == list(SWEEP) and len(sweep) == 3 * len(SWEEP)
+    paged = [row for row in benchmark if row["family"] == "paged"]
+    assert {row["kernel"] for row in paged} == {"v1 naive", "v2 loop", "v3 packed"}  # flex left out by default, no GPU
+    assert len(paged) == 3 * 2 * len(SWEEP) and all(row["max_abs_diff_vs_v1"] <= row["allowed_diff"] for row in paged)
+    mixed = next(row for row in paged if row["workload"] == "mixed" and row["N"] == 96)
+    assert (mixed["queries"], mixed["context_tokens"]) == (96 + 4, 96 + 4 * 96)  # a 96-token chunk (N < 128) + 4 decodes
+    assert {s["kernel"] for s in result.benchmark.skipped} == {"v4 flex", "v5 triton"}
     assert figures.kernel_time_figure(rows).data[0].y[0] == pytest.approx(rows[0]["median_ms"])
     assert len(figures.kernel_memory_figure(rows).data) == 2
     time_lines = figures.sweep_time_figure(sweep).data
@@ -127,11 +136,17 @@ def test_a_bad_prompt_or_layer_is_refused_before_anything_runs(bundled):
         experiments.run_kernel_timings(bundled, PROMPT, kernel_layer=99, sweep_sizes=())
 
 
-def test_the_oracle_has_a_memory_limit_and_oversized_sweeps_are_refused(bundled):
+def test_the_timed_oracle_has_a_memory_limit_and_long_sweeps_skip_it_with_the_reason(bundled, monkeypatch):
     limit = experiments.max_kernel_tokens(bundled.info, "cpu")
     assert 9 * limit * limit * 4 <= experiments.MAX_ORACLE_SCORE_BYTES["cpu"] < 9 * (limit + 1) ** 2 * 4
-    assert max(experiments.SWEEP_CHOICES["cpu"]) <= limit
-    assert max(experiments.SWEEP_CHOICES["cuda"]) <= experiments.max_kernel_tokens(bundled.info, "cuda")
-    with pytest.raises(RequestError, match="oracle"):
-        experiments.run_kernel_timings(bundled, PROMPT, sweep_sizes=(limit + 1,))
-
+    assert max(experiments.SWEEP_CHOICES["cpu"]) == 8192
+    assert kernel_bench.naive_fits(9, 8192, "cpu")[0] and not kernel_bench.naive_fits(32, 8192, "cpu")[0]
+    monkeypatch.setitem(kernel_bench.NAIVE_MAX_SCORE_BYTES, "cpu", 9 * 40 * 40 * 4)  # v1 up to N = 40 only
+    bench = kernel_bench.run_kernel_benchmark(9, 3, 64, (32, 48), runs=1, include_flex=False)
+    skipped = [(s["kernel"], s["family"], s["N"]) for s in bench.skipped if s["N"] is not None]
+    assert skipped == [("v1 naive", "dense", 48), ("v1 naive", "paged", 48), ("v1 naive", "paged", 48)]
+    assert "GiB" in bench.skipped[-1]["reason"]
+    at_48 = [row for row in bench.rows() if row["N"] == 48]
+    assert {row["kernel"] for row in at_48} == {"v2 sdpa", "v3 blocked", "v2 loop", "v3 packed"}  # still checked against v1
+    with pytest.raises(RequestError, match="at least 1"):
+        experiments.run_kernel_timings(bundled, PROMPT, sweep_sizes=(0,))

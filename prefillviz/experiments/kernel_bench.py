@@ -1,0 +1,209 @@
+"""The attention-kernel benchmark: time and peak memory vs N for every kernel in ``kernels/``.
+
+Both families run on random q/k/v of one model's attention shape (H, KVH, D), on one device
+and dtype; each kernel is checked against its family's naive oracle before it is timed:
+
+    dense  ``kernels/attention.py``, one causal prompt of N tokens: v1 naive, v2 sdpa,
+           v3 blocked
+    paged  ``kernels/paged_attention.py``, two engine steps at each N:
+             prefill  one fresh prompt of N tokens
+             mixed    a chunked-prefill step: a chunk of 128 new tokens after N - 128
+                      cached, packed with 4 decodes whose requests hold N tokens each
+           v1 naive, v2 loop (the engine's), v3 packed, v4 flex (if compiled
+           FlexAttention runs here), v5 triton (on CUDA only)
+
+A kernel that cannot run (v1's whole (H, N, N) score matrix over the memory cap, no
+FlexAttention, no GPU for Triton) is listed in ``skipped`` with the reason, never dropped
+silently. ``python -m prefillviz kernels`` prints the result as JSON; the Kernel timings page
+draws the same rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from kernels import attention as dense
+from kernels import paged_attention as paged
+from kernels.attention import KernelCheckError, KernelResult
+from prefillviz.analysis.peaks import machine_name
+
+BENCH_SIZES = (128, 256, 512, 1024, 2048, 4096, 8192)
+SHAPES = {  # name: (query heads, KV heads, head dim) of a model's attention
+    "smollm2-135m": (9, 3, 64),  # the bundled model
+    "llama-3.2-1b": (32, 8, 64),
+}
+MIXED_CHUNK, MIXED_DECODES = 128, 4
+NAIVE_MAX_SCORE_BYTES = {"cpu": 3 * 2**30, "cuda": 24 * 2**30}
+"""v1 is timed with its whole (H, N, N) fp32-sized score matrix only up to this size."""
+
+Progress = Callable[[float, str], None]
+
+
+@dataclass
+class KernelBenchmark:
+    """Every kernel at every N: results, what was skipped and why, and where it ran."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    device: str
+    dtype: str
+    sizes: list[int]
+    results: list[KernelResult] = field(default_factory=list)
+    points: list[tuple[str, int]] = field(default_factory=list)  # (family, N) of each result
+    skipped: list[dict] = field(default_factory=list)  # kernel, family, workload, N, reason
+
+    def add(self, family: str, n: int, result: KernelResult) -> None:
+        self.results.append(result)
+        self.points.append((family, n))
+
+    def rows(self) -> list[dict]:
+        """One table row per result: family, N (the benchmark's size), then ``kernel_rows``'s
+        columns (there ``N`` is renamed ``queries``: a mixed step has fewer queries than N)."""
+        rows = []
+        for (family, n), row in zip(self.points, kernel_rows(self.results)):
+            row["queries"] = row.pop("N")
+            rows.append({"family": family, "workload": row.pop("workload"), "N": n, **row})
+        return rows
+
+    def summary(self) -> dict:
+        """Median ms of every kernel per (family, workload, N), and v3 packed over v2 loop."""
+        table: dict[str, dict] = {}
+        for row in self.rows():
+            table.setdefault(f"{row['family']} {row['workload']} N={row['N']}", {})[row["kernel"]] = row["median_ms"]
+        ratios = {
+            point: times["v3 packed"] / times["v2 loop"] for point, times in table.items() if {"v2 loop", "v3 packed"} <= times.keys()
+        }
+        return {"median_ms": table, "packed_over_loop": ratios}
+
+
+def kernel_rows(results: list[KernelResult]) -> list[dict]:
+    """Kernel results as table rows in ms and MiB."""
+    return [
+        {
+            "kernel": r.kernel,
+            "version": r.version,
+            "workload": r.workload,
+            "N": r.num_tokens,
+            "context_tokens": r.context_tokens,
+            "heads": f"{r.num_heads} q / {r.num_kv_heads} kv",
+            "head_dim": r.head_dim,
+            "dtype": r.dtype,
+            "device": r.device,
+            "median_ms": r.median_s * 1e3,
+            "min_ms": r.min_s * 1e3,
+            "max_ms": r.max_s * 1e3,
+            "runs": r.num_runs,
+            "calls_per_run": r.calls_per_run,
+            "max_abs_diff_vs_v1": r.max_abs_diff,
+            "allowed_diff": r.allowed_diff,
+            "peak_memory_MiB": None if r.peak_memory_bytes is None else r.peak_memory_bytes / 2**20,
+            "memory_method": r.memory_method,
+            "largest_intermediate_MiB": None if r.largest_intermediate_bytes is None else r.largest_intermediate_bytes / 2**20,
+            "output_MiB": r.output_bytes / 2**20,
+        }
+        for r in results
+    ]
+
+
+def mixed_requests(n: int) -> list[tuple[int, int]]:
+    """The ``mixed`` step at N: (cached, new) per request."""
+    chunk = min(MIXED_CHUNK, n)
+    return [(n - chunk, chunk)] + [(n - 1, 1)] * MIXED_DECODES
+
+
+def naive_fits(num_heads: int, n: int, device: str) -> tuple[bool, str]:
+    """Whether v1's whole (H, N, N) score matrix, counted in fp32, is under the cap on ``device``."""
+    cap = NAIVE_MAX_SCORE_BYTES.get(torch.device(device).type, NAIVE_MAX_SCORE_BYTES["cpu"])
+    need = num_heads * n * n * 4
+    if need <= cap:
+        return True, ""
+    return False, f"its (H, N, N) scores would take {need / 2**30:.1f} GiB (cap {cap / 2**30:.0f} GiB on {torch.device(device).type})"
+
+
+def _dense_inputs(num_heads, num_kv_heads, head_dim, n, device, dtype, generator):
+    shapes = ((num_heads, n, head_dim), (num_kv_heads, n, head_dim), (num_kv_heads, n, head_dim))
+    return [torch.randn(*shape, generator=generator).to(device=device, dtype=dtype) for shape in shapes]
+
+
+def run_kernel_benchmark(
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    sizes: tuple[int, ...] | list[int] = BENCH_SIZES,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    families: tuple[str, ...] = ("dense", "paged"),
+    include_flex: bool = True,
+    runs: int = 3,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> KernelBenchmark:
+    """Check, time and measure every kernel of ``families`` at each N of ``sizes``.
+
+    Raises:
+        KernelCheckError: a kernel disagrees with its oracle (nothing after it is timed).
+    """
+    device = str(torch.device(device))
+    report = progress or (lambda fraction, text: None)
+    bench = KernelBenchmark(num_heads, num_kv_heads, head_dim, device, str(dtype).removeprefix("torch."), list(sizes))
+    generator = torch.Generator().manual_seed(seed)
+    scale = head_dim**-0.5
+    paged_kernels = [paged.LOOP, paged.PACKED]
+    for kernel in (paged.FLEX, paged.TRITON):
+        runnable, reason = kernel.status(device)
+        if kernel is paged.FLEX and not include_flex:
+            runnable, reason = False, "left out (each new shape compiles for several seconds)"
+        if kernel is paged.TRITON and runnable and torch.device(device).type != "cuda":
+            runnable, reason = False, "the Triton interpreter is a correctness check, too slow to time"
+        if runnable:
+            paged_kernels.append(kernel)
+        elif "paged" in families:
+            bench.skipped.append({"kernel": kernel.name, "family": "paged", "workload": "all", "N": None, "reason": reason})
+    for index, n in enumerate(sizes):
+        report(index / max(len(sizes), 1), f"kernel benchmark: N = {n:,}")
+        fits, why_not = naive_fits(num_heads, n, device)
+        if "dense" in families:
+            q, k, v = _dense_inputs(num_heads, num_kv_heads, head_dim, n, device, dtype, generator)
+            for kernel in dense.KERNELS:
+                if kernel is dense.NAIVE and not fits:
+                    bench.skipped.append({"kernel": kernel.name, "family": "dense", "workload": "one prompt", "N": n, "reason": why_not})
+                    continue
+                bench.add("dense", n, dense.check_and_time(kernel, q, k, v, scale, runs=runs))
+            del q, k, v
+        if "paged" in families:
+            for workload, requests in (("prefill", [(0, n)]), ("mixed", mixed_requests(n))):
+                inputs = paged.random_step(
+                    requests, num_heads, num_kv_heads, head_dim, device=device, dtype=dtype, seed=seed + n, workload=workload
+                )
+                for kernel in [paged.NAIVE, *paged_kernels]:
+                    if kernel is paged.NAIVE and not fits:
+                        bench.skipped.append({"kernel": kernel.name, "family": "paged", "workload": workload, "N": n, "reason": why_not})
+                        continue
+                    bench.add("paged", n, paged.check_paged_and_time(kernel, inputs, runs=runs))
+                del inputs
+    report(1.0, "done")
+    return bench
+
+
+def benchmark_json(bench: KernelBenchmark) -> dict:
+    """The benchmark as one JSON-ready object: machine, shape, rows, skipped, summary."""
+    return {
+        "machine": {
+            "name": machine_name(bench.device),
+            "device": bench.device,
+            "cpu_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+        },
+        "shape": {"num_heads": bench.num_heads, "num_kv_heads": bench.num_kv_heads, "head_dim": bench.head_dim, "dtype": bench.dtype},
+        "sizes": bench.sizes,
+        "rows": bench.rows(),
+        "skipped": bench.skipped,
+        "summary": bench.summary(),
+    }
+
+
+__all__ = ["BENCH_SIZES", "SHAPES", "KernelBenchmark", "KernelCheckError", "benchmark_json", "kernel_rows", "mixed_requests", "run_kernel_benchmark"]

@@ -2,7 +2,6 @@
 the roofline's prediction, and inside the attention kernel itself."""
 
 import statistics
-from pathlib import Path
 
 import pandas as pd
 import streamlit as st
@@ -137,10 +136,10 @@ timeline_figure = figures.timeline_figure(result.timeline, experiments.pass_labe
 st.plotly_chart(timeline_figure, key="kernels_timeline_chart")
 st.caption(f"From the Chrome trace's record_function scopes ({profile_label}). Zoom in to see the sub-layers of one layer.")
 downloads("kernels_timeline", "kernels_timeline_dl", figure=timeline_figure, table=result.timeline)
-if Path(result.chrome_trace_path).is_file():
+if result.profile.profile.chrome_trace_gz:
     st.download_button(
         "Chrome trace (JSON)",
-        lambda: Path(result.chrome_trace_path).read_bytes(),
+        result.profile.profile.chrome_trace_json,
         "prefill_chrome_trace.json",
         "application/json",
         key="kernels_chrome_trace",
@@ -148,8 +147,6 @@ if Path(result.chrome_trace_path).is_file():
         help="Opens in Perfetto (ui.perfetto.dev) or chrome://tracing: every op of the prefill on its thread.",
     )
     st.caption("The full trace opens in Perfetto (ui.perfetto.dev) or chrome://tracing.")
-else:
-    st.warning(f"The Chrome trace file is gone ({result.chrome_trace_path}); run again to make a new one.")
 
 # ---------------------------------------------------------------- attention kernels
 st.subheader("Attention kernels")

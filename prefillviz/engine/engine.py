@@ -251,7 +251,8 @@ class LLMEngine:
             max_steps: stop after this many steps of this call.
             progress: called after each step with (steps done in this call, the step record).
             capture_level: "none", "timing", "inspect" or "profile" (see ``instrument.capture``).
-            profile_dir: where the profile level writes its Chrome trace.
+            profile_dir: where the profile level also writes its Chrome trace as a file (it is
+                kept in memory either way: ``trace.profile.chrome_trace_json()``).
         """
         num_steps = 0
         with capture(self, capture_level, profile_dir) as recorder:

@@ -23,7 +23,6 @@ import json
 import math
 import re
 import statistics
-import tempfile
 from dataclasses import dataclass
 from typing import Callable
 
@@ -76,7 +75,6 @@ class KernelTimingsResult:
     timing_traces: list[Trace]  # capture "timing", one per timing run
     layer_times: LayerTimes  # per-layer median over the timing runs
     profile: Trace  # capture "profile"
-    chrome_trace_path: str
     timeline: list[dict]  # our record_function scopes, from the Chrome trace
     peaks: MachinePeaks
     predicted: list[dict]  # predicted vs measured, one row per layer
@@ -173,7 +171,7 @@ def op_rows(trace: Trace, top: int | None = None) -> list[dict]:
     return rows[:top] if top else rows
 
 
-def timeline_events(chrome_trace_path: str) -> list[dict]:
+def timeline_events(chrome_trace: bytes) -> list[dict]:
     """Our ``record_function`` scopes of one prefill, from a Chrome trace, in ms.
 
     Reads ``traceEvents``, keeps complete ("X") CPU-side scope events named like
@@ -186,8 +184,7 @@ def timeline_events(chrome_trace_path: str) -> list[dict]:
         (``layer``, ``attention``, ``mlp``, ``norm``, ``embedding``, ``final_norm``,
         ``lm_head``), ``start_ms``, ``duration_ms``, sorted by start.
     """
-    with open(chrome_trace_path) as handle:
-        events = json.load(handle)["traceEvents"]
+    events = json.loads(chrome_trace)["traceEvents"]
     seen: dict[str, dict] = {}
     for event in events:
         name = event.get("name", "")
@@ -296,7 +293,7 @@ def run_kernel_timings(
             empty for none).
         timing_runs: timing passes; the per-layer median is kept.
         kernel_runs: timed runs per kernel.
-        profile_dir: where the Chrome trace goes (a new temp folder if None).
+        profile_dir: also write the Chrome trace there (it is kept in memory either way).
         progress: called with (fraction done, what is running).
         include_flex: also benchmark v4 FlexAttention (it compiles each new shape).
 
@@ -321,10 +318,8 @@ def run_kernel_timings(
     num_tokens = timing_traces[0].steps[0].num_scheduled_tokens
 
     report(0.2, "prefill under torch.profiler")
-    profile_dir = profile_dir or tempfile.mkdtemp(prefix="prefillviz-kernels-")
     profile = prefill_pass(loaded, prompt, "profile", profile_dir)
-    chrome_trace_path = profile.profile.chrome_trace_path
-    timeline = timeline_events(chrome_trace_path)
+    timeline = timeline_events(profile.profile.chrome_trace_json())
 
     report(0.35, "machine peaks (cached after the first time)")
     dtype_name = str(loaded.dtype).removeprefix("torch.")
@@ -358,7 +353,6 @@ def run_kernel_timings(
         timing_traces=timing_traces,
         layer_times=layer_times,
         profile=profile,
-        chrome_trace_path=chrome_trace_path,
         timeline=timeline,
         peaks=peaks,
         predicted=predicted,

@@ -61,7 +61,7 @@ def read_bundle(data: bytes) -> tuple[dict[str, Trace], dict]:
                         (folder / file).write_bytes(archive.read(f"{name}/{file}"))
                 traces[name] = load_trace(folder)
                 if traces[name].profile is not None:
-                    traces[name].profile.chrome_trace_path = ""  # the temporary copy is gone
+                    traces[name].profile.chrome_trace_path = ""  # the temporary copy is gone; its bytes are kept
             return traces, meta
     except (zipfile.BadZipFile, KeyError, json.JSONDecodeError) as error:
         raise PrefillVizError(f"This file is not a prefillviz run bundle ({error}).") from error

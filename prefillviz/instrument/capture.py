@@ -17,6 +17,7 @@ Names are dotted: ``layers.3.attention``, ``layers.3.mlp``, ``layers.3.input_lay
 
 from __future__ import annotations
 
+import gzip
 import os
 import tempfile
 from contextlib import ExitStack, contextmanager
@@ -216,10 +217,19 @@ class Capture:
             trace.profile = self._profile_record()
 
     def _profile_record(self) -> ProfileRecord:
-        directory = self.profile_dir or tempfile.mkdtemp(prefix="prefillviz-profile-")
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, "chrome_trace.json")
-        self.profiler.export_chrome_trace(path)
+        if self.profile_dir:  # the caller wants the file
+            os.makedirs(self.profile_dir, exist_ok=True)
+            path = os.path.join(self.profile_dir, "chrome_trace.json")
+            self.profiler.export_chrome_trace(path)
+            with open(path, "rb") as handle:
+                chrome_trace = handle.read()
+        else:  # kept in memory only: the export needs a file, which goes with its folder
+            path = ""
+            with tempfile.TemporaryDirectory(prefix="prefillviz-profile-") as directory:
+                export = os.path.join(directory, "chrome_trace.json")
+                self.profiler.export_chrome_trace(export)
+                with open(export, "rb") as handle:
+                    chrome_trace = handle.read()
         rows = []
         for event in self.profiler.key_averages():
             rows.append(
@@ -235,7 +245,7 @@ class Capture:
             )
         rows.sort(key=lambda row: row["self_time_s"] + row["device_time_s"], reverse=True)
         activities = ["cpu"] + (["cuda"] if self.engine.device.type == "cuda" else [])
-        return ProfileRecord(op_table=rows, chrome_trace_path=path, activities=activities)
+        return ProfileRecord(op_table=rows, chrome_trace_path=path, activities=activities, chrome_trace_gz=gzip.compress(chrome_trace, 6))
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:

@@ -7,6 +7,7 @@ JSON plus an NPZ of the arrays.
 
 from __future__ import annotations
 
+import gzip
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -69,11 +70,20 @@ class CapturedQK:
 
 @dataclass
 class ProfileRecord:
-    """torch.profiler output: one row per op, and the Chrome trace (opens in Perfetto)."""
+    """torch.profiler output: one row per op, and the Chrome trace (opens in Perfetto).
+
+    The Chrome trace is kept in memory, gzip-compressed (``chrome_trace_json`` gives the
+    JSON); ``chrome_trace_path`` names a file only when the caller asked for one.
+    """
 
     op_table: list[dict]  # op, calls, self_time_s, total_time_s, device_time_s (self), device_total_s, flops
     chrome_trace_path: str
     activities: list[str]
+    chrome_trace_gz: bytes = b""
+
+    def chrome_trace_json(self) -> bytes:
+        """The Chrome trace as JSON bytes (empty when the run kept none)."""
+        return gzip.decompress(self.chrome_trace_gz) if self.chrome_trace_gz else b""
 
 
 @dataclass

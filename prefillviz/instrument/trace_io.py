@@ -11,8 +11,8 @@ trace classes only, so loading never imports or runs anything named in the file.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -78,11 +78,13 @@ def save_trace(trace: trace_module.Trace, directory: str | Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     arrays: dict[str, np.ndarray] = {}
     data = {"format_version": FORMAT_VERSION, "trace": _encode(trace, arrays)}
-    if trace.profile is not None and Path(trace.profile.chrome_trace_path).is_file():
-        target = directory / "chrome_trace.json"
-        if Path(trace.profile.chrome_trace_path).resolve() != target.resolve():
-            shutil.copyfile(trace.profile.chrome_trace_path, target)
-        data["trace"]["profile"]["chrome_trace_path"] = "chrome_trace.json"
+    if trace.profile is not None:
+        profile = data["trace"]["profile"]
+        del profile["chrome_trace_gz"]  # bytes: written as its own file
+        profile["chrome_trace_path"] = ""
+        if trace.profile.chrome_trace_gz:
+            (directory / "chrome_trace.json").write_bytes(trace.profile.chrome_trace_json())
+            profile["chrome_trace_path"] = "chrome_trace.json"
     (directory / "trace.json").write_text(json.dumps(data))
     np.savez_compressed(directory / "arrays.npz", **arrays)
     return directory
@@ -104,6 +106,9 @@ def load_trace(directory: str | Path) -> trace_module.Trace:
     if data.get("format_version") != FORMAT_VERSION:
         raise PrefillVizError(f"Trace format {data.get('format_version')} is not supported (expected {FORMAT_VERSION}).")
     trace = _decode(data["trace"], arrays)
-    if trace.profile is not None:
-        trace.profile.chrome_trace_path = str(directory / trace.profile.chrome_trace_path)
+    if trace.profile is not None:  # only the folder's own chrome_trace.json: never a path the file names
+        path = directory / "chrome_trace.json"
+        trace.profile.chrome_trace_path = str(path) if path.is_file() else ""
+        if path.is_file():
+            trace.profile.chrome_trace_gz = gzip.compress(path.read_bytes(), 6)
     return trace

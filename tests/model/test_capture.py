@@ -3,6 +3,7 @@ the KV write log covers every position of every layer once, profiler scopes and 
 hooks gone after errors, traces saved and reloaded."""
 
 import json
+import tempfile
 from contextlib import contextmanager
 
 import numpy as np
@@ -14,6 +15,7 @@ from prefillviz.analysis.first_token import first_token_view
 from prefillviz.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
+from prefillviz.instrument.trace_io import load_trace, save_trace
 from prefillviz.errors import ConfigError
 from prefillviz.instrument.trace_io import load_trace, save_trace
 
@@ -121,7 +123,19 @@ def test_profile_level_has_scopes_op_table_and_a_chrome_trace(bundled, tmp_path)
     events = json.loads((tmp_path / "chrome_trace.json").read_text())["traceEvents"]
     names = {event.get("name") for event in events}
     assert {"layers.0", "layers.29", "layers.15.mlp"} <= names
+    assert trace.profile.chrome_trace_json() == (tmp_path / "chrome_trace.json").read_bytes()  # the file, and in memory
     assert not all_hooks(bundled.model)
+
+
+def test_profile_without_a_folder_keeps_the_chrome_trace_in_memory_and_leaves_no_temp_folder(bundled, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where TemporaryDirectory would leave one
+    engine = LLMEngine(bundled.model, bundled.tokenizer, EngineConfig())
+    engine.add_request(TEXT)
+    trace = engine.run(capture_level="profile")
+    assert trace.profile.chrome_trace_path == "" and not list(tmp_path.iterdir())
+    assert "layers.29.mlp" in {event.get("name") for event in json.loads(trace.profile.chrome_trace_json())["traceEvents"]}
+    loaded = load_trace(save_trace(trace, tmp_path / "saved"))  # written as its own file, read back into memory
+    assert loaded.profile.chrome_trace_json() == trace.profile.chrome_trace_json()
 
 
 class Boom(RuntimeError):

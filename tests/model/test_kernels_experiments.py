@@ -19,10 +19,8 @@ SWEEP = (32, 96)
 
 
 @pytest.fixture(scope="module")
-def result(bundled, tmp_path_factory):
-    return experiments.run_kernel_timings(
-        bundled, PROMPT, kernel_layer=7, sweep_sizes=SWEEP, timing_runs=2, kernel_runs=2, profile_dir=str(tmp_path_factory.mktemp("profile"))
-    )
+def result(bundled):
+    return experiments.run_kernel_timings(bundled, PROMPT, kernel_layer=7, sweep_sizes=SWEEP, timing_runs=2, kernel_runs=2)
 
 
 def test_layer_bars_have_one_row_per_layer_and_add_up(result):
@@ -68,8 +66,9 @@ def test_timeline_has_every_layer_and_its_parts_in_order(result):
     outer, inner = by_name["layers.4"], by_name["layers.4.mlp"]
     assert outer["start_ms"] <= inner["start_ms"] and inner["start_ms"] + inner["duration_ms"] <= outer["start_ms"] + outer["duration_ms"] + 1e-6
     assert by_name["embedding"]["start_ms"] == 0 and by_name["lm_head"]["start_ms"] > by_name["layers.29"]["start_ms"]
-    # read back from the Chrome trace file the page offers for download
-    raw = json.loads(open(result.chrome_trace_path).read())["traceEvents"]
+    # read back from the Chrome trace the page offers for download: in memory, no file left behind
+    assert result.profile.profile.chrome_trace_path == ""
+    raw = json.loads(result.profile.profile.chrome_trace_json())["traceEvents"]
     assert any(e.get("name") == "layers.29.mlp" and e["dur"] / 1e3 == pytest.approx(by_name["layers.29.mlp"]["duration_ms"]) for e in raw)
     figure = figures.timeline_figure(events)
     sizes = {trace.name: len(trace.x) for trace in figure.data}

@@ -215,17 +215,25 @@ def check_against_oracle(
             difference above the allowed one.
     """
     _check_shapes(q, k, v)
-    tolerance = DEFAULT_TOLERANCE.get(q.dtype, 1e-4) if tolerance is None else tolerance
-    allowed = tolerance * max(1.0, float(v.abs().max()))
     expected = attention_naive(q.float(), k.float(), v.float(), scale, row_block=ORACLE_ROW_BLOCK)  # (H, N, D) fp32
-    got = kernel(q, k, v, scale)
+    where = f"H={q.shape[0]}, KVH={k.shape[0]}, N={q.shape[1]}, D={q.shape[2]}"
+    return compare_to_oracle(kernel.name, kernel(q, k, v, scale), expected, v, tolerance, where)
+
+
+def compare_to_oracle(
+    name: str, got: torch.Tensor, expected: torch.Tensor, v: torch.Tensor, tolerance: float | None, where: str
+) -> tuple[float, float]:
+    """(max |got - expected|, allowed); raises ``KernelCheckError`` on a wrong shape, a
+    non-finite value or a difference above ``tolerance`` (None: ``DEFAULT_TOLERANCE`` for
+    v's dtype) times max(1, max |v|)."""
+    tolerance = DEFAULT_TOLERANCE.get(v.dtype, 1e-4) if tolerance is None else tolerance
+    allowed = tolerance * max(1.0, float(v.abs().max()))
     if got.shape != expected.shape:
-        raise KernelCheckError(f"{kernel.name} returned shape {tuple(got.shape)}, expected {tuple(expected.shape)}.")
+        raise KernelCheckError(f"{name} returned shape {tuple(got.shape)}, expected {tuple(expected.shape)}.")
     difference = float((got.float() - expected).abs().max())
     if not math.isfinite(difference) or difference > allowed:
         raise KernelCheckError(
-            f"{kernel.name} differs from the naive oracle by {difference:.3g} (allowed {allowed:.1g}) on "
-            f"H={q.shape[0]}, KVH={k.shape[0]}, N={q.shape[1]}, D={q.shape[2]}: it is not timed."
+            f"{name} differs from the naive oracle by {difference:.3g} (allowed {allowed:.1g}) on {where}: it is not timed."
         )
     return difference, allowed
 
@@ -334,8 +342,8 @@ class KernelResult:
     clock: str
     peak_memory_bytes: int | None  # measured (see memory_method)
     memory_method: str
-    largest_intermediate_bytes: int | None  # analytic, from the shapes
     output_bytes: int
+    largest_intermediate_bytes: int | None = None  # analytic, from the shapes (None: unknown)
     workload: str = "one prompt"  # what the N tokens were (paged kernels: a step's mix of requests)
     context_tokens: int | None = None  # keys attended over, all requests together (paged kernels)
 
@@ -366,20 +374,40 @@ def check_and_time(
         KernelCheckError: the kernel disagrees with the oracle; nothing is timed.
     """
     difference, allowed = check_against_oracle(kernel, q, k, v, scale, tolerance)
-    timing = time_kernel(lambda: kernel(q, k, v, scale), q.device, runs, warmup)
-    peak, method = measure_peak_memory(lambda: kernel(q, k, v, scale), q.device) if measure_memory else (None, "not measured")
+    return time_checked(
+        kernel.name, kernel.version, lambda: kernel(q, k, v, scale), q, k.shape[0], (difference, allowed), runs, warmup,
+        measure_memory, largest_intermediate_bytes=kernel.largest_intermediate(q.shape[0], q.shape[1], q.element_size()),
+    )
+
+
+def time_checked(
+    name: str,
+    version: int,
+    call: Callable[[], torch.Tensor],
+    q: torch.Tensor,
+    num_kv_heads: int,
+    check: tuple[float, float],
+    runs: int = 5,
+    warmup: int = 2,
+    measure_memory: bool = True,
+    **extra,
+) -> KernelResult:
+    """Time ``call`` (a kernel that already passed its check, ``check`` = (difference, allowed))
+    and measure its memory; the result carries q's shape, dtype and device, and ``extra`` fields."""
+    timing = time_kernel(call, q.device, runs, warmup)
+    peak, method = measure_peak_memory(call, q.device) if measure_memory else (None, "not measured")
     num_heads, num_tokens, head_dim = q.shape
     return KernelResult(
-        kernel=kernel.name,
-        version=kernel.version,
+        kernel=name,
+        version=version,
         num_heads=num_heads,
-        num_kv_heads=k.shape[0],
+        num_kv_heads=num_kv_heads,
         num_tokens=num_tokens,
         head_dim=head_dim,
         dtype=str(q.dtype).removeprefix("torch."),
         device=str(q.device),
-        max_abs_diff=difference,
-        allowed_diff=allowed,
+        max_abs_diff=check[0],
+        allowed_diff=check[1],
         median_s=timing.median_s,
         min_s=timing.min_s,
         max_s=timing.max_s,
@@ -388,6 +416,6 @@ def check_and_time(
         clock=timing.clock,
         peak_memory_bytes=peak,
         memory_method=method,
-        largest_intermediate_bytes=kernel.largest_intermediate(num_heads, num_tokens, q.element_size()),
         output_bytes=q.numel() * q.element_size(),
+        **extra,
     )

@@ -54,14 +54,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from kernels.attention import (
-    DEFAULT_TOLERANCE,
-    ORACLE_ROW_BLOCK,
-    KernelCheckError,
-    KernelResult,
-    measure_peak_memory,
-    time_kernel,
-)
+from kernels.attention import ORACLE_ROW_BLOCK, KernelResult, compare_to_oracle, time_checked
 
 
 # ------------------------------------------------------------------------------ the step
@@ -391,53 +384,19 @@ def check_paged(kernel: PagedKernel, inputs: PagedInputs, tolerance: float | Non
     Raises:
         KernelCheckError: a wrong shape, non-finite values, or a difference above the allowed one.
     """
-    tolerance = DEFAULT_TOLERANCE.get(inputs.q.dtype, 1e-4) if tolerance is None else tolerance
-    allowed = tolerance * max(1.0, float(inputs.v_new.abs().max()))
     fp32 = [t.float() if isinstance(t, torch.Tensor) else t for t in inputs.arguments()]
     expected = paged_naive(*fp32, row_block=ORACLE_ROW_BLOCK)
-    got = kernel(*inputs.arguments())
-    if got.shape != expected.shape:
-        raise KernelCheckError(f"{kernel.name} returned shape {tuple(got.shape)}, expected {tuple(expected.shape)}.")
-    difference = float((got.float() - expected).abs().max())
-    if not math.isfinite(difference) or difference > allowed:
-        raise KernelCheckError(
-            f"{kernel.name} differs from the naive oracle by {difference:.3g} (allowed {allowed:.1g}) on the "
-            f"{inputs.workload or 'given'} step: it is not timed."
-        )
-    return difference, allowed
+    where = f"the {inputs.workload or 'given'} step"
+    return compare_to_oracle(kernel.name, kernel(*inputs.arguments()), expected, inputs.v_new, tolerance, where)
 
 
 def check_paged_and_time(
     kernel: PagedKernel, inputs: PagedInputs, runs: int = 5, warmup: int = 2, measure_memory: bool = True
 ) -> KernelResult:
     """Check ``kernel`` against v1, then time it, then measure its memory (see ``attention.check_and_time``)."""
-    difference, allowed = check_paged(kernel, inputs)
-    call = lambda: kernel(*inputs.arguments())  # noqa: E731
-    timing = time_kernel(call, inputs.q.device, runs, warmup)
-    peak, method = measure_peak_memory(call, inputs.q.device) if measure_memory else (None, "not measured")
-    num_heads, num_tokens, head_dim = inputs.q.shape
-    return KernelResult(
-        kernel=kernel.name,
-        version=kernel.version,
-        num_heads=num_heads,
-        num_kv_heads=inputs.k_new.shape[0],
-        num_tokens=num_tokens,
-        head_dim=head_dim,
-        dtype=str(inputs.q.dtype).removeprefix("torch."),
-        device=str(inputs.q.device),
-        max_abs_diff=difference,
-        allowed_diff=allowed,
-        median_s=timing.median_s,
-        min_s=timing.min_s,
-        max_s=timing.max_s,
-        num_runs=timing.num_runs,
-        calls_per_run=timing.calls_per_run,
-        clock=timing.clock,
-        peak_memory_bytes=peak,
-        memory_method=method,
-        largest_intermediate_bytes=None,
-        output_bytes=inputs.q.numel() * inputs.q.element_size(),
-        workload=inputs.workload,
-        context_tokens=inputs.num_context_tokens,
+    check = check_paged(kernel, inputs)
+    return time_checked(
+        kernel.name, kernel.version, lambda: kernel(*inputs.arguments()), inputs.q, inputs.k_new.shape[0], check, runs, warmup,
+        measure_memory, workload=inputs.workload, context_tokens=inputs.num_context_tokens,
     )
 

@@ -18,7 +18,6 @@ import json
 import re
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import time

@@ -15,7 +15,6 @@ from prefillviz.analysis.first_token import first_token_view
 from prefillviz.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
-from prefillviz.instrument.trace_io import load_trace, save_trace
 from prefillviz.errors import ConfigError
 from prefillviz.instrument.trace_io import load_trace, save_trace
 

@@ -200,9 +200,10 @@ if result.benchmark is not None:
     st.subheader("Kernel benchmark: time and memory vs N")
     st.markdown(
         "Random q/k/v with the model's attention shape: the time and memory of attention depend on the shapes, "
-        "not on the values. The paged family is the engine's step: **v2 loop** (one SDPA call per request) is "
-        "what the engine runs; **v3 packed** puts every request of the step in one call with a block-diagonal "
-        "causal mask; **v4 flex** does that with FlexAttention's block mask."
+        "not on the values. The paged family is the engine's step: **v2 loop** makes one SDPA call per request; "
+        "**v3 packed** puts every request of the step in one call with a block-diagonal causal mask; **v4 flex** "
+        "does that with FlexAttention's block mask; **v6** is v2 with 16-bit decodes on a CPU done as two fp32 "
+        "matmuls, and is what the engine runs."
     )
     st.dataframe(
         pd.DataFrame([{"version": k.name, "what it changes": k.changes} for k in PAGED_KERNELS]), hide_index=True

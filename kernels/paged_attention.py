@@ -34,10 +34,17 @@ Versions (each says what it changes from the one before):
     v5 triton   A Triton paged-prefill kernel (``paged_attention_triton.py``): one program
                 per (query block, head, request) that walks the request's block table. Runs on
                 CUDA; on a CPU only under TRITON_INTERPRET=1, as a correctness check.
+    v6 loop, fp32 decodes
+                v2 with one change, found by measuring v1 against v2: on a CPU, torch's
+                bf16/fp16 SDPA is several times slower for a single query row (a decode) than
+                two small matmuls, e.g. 0.57 vs 0.12 ms over 1,024 keys. A 16-bit decode on a
+                CPU is therefore computed by ``decode_fp32``: the G query heads of a KV head
+                as G rows of one matmul, with scores, softmax and P V in fp32. Prompts and
+                chunks, fp32 and every GPU run use v2's SDPA calls.
 
-Which one the engine uses: ``ENGINE_KERNELS`` lists the two it can be configured with
-(``EngineConfig.attention_kernel``); ``python -m prefillviz kernels`` measures them on the
-engine's step shapes, and the README keeps the figures behind the default.
+Which one the engine uses: ``ENGINE_KERNEL`` in ``prefillviz/engine/attention.py``, the
+fastest of ``ENGINE_KERNELS`` on the engine's step shapes as ``python -m prefillviz kernels``
+measures them (the README keeps the figures behind that choice).
 
 ``check_paged_and_time`` checks a version against v1 (fp32) and raises ``KernelCheckError``
 when they differ by more than the tolerance; only then it times it and measures its memory,
@@ -144,6 +151,28 @@ def paged_naive(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale:
 
 def paged_loop(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float) -> torch.Tensor:
     """v2: one SDPA call per request."""
+    return _per_request(q, k_new, v_new, key_cache, value_cache, step, scale, fp32_decodes=False)
+
+
+def paged_loop_fp32_decodes(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float) -> torch.Tensor:
+    """v6: v2, but a 16-bit decode on a CPU is two small fp32 matmuls instead of SDPA."""
+    fp32_decodes = q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+    return _per_request(q, k_new, v_new, key_cache, value_cache, step, scale, fp32_decodes)
+
+
+def decode_fp32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query row per head over all keys: q (H, 1, D), k and v (KVH, S, D) -> (H, 1, D).
+
+    GQA without copies: the G query heads of one KV head become G rows of one matmul.
+    Scores, softmax and P V in fp32 (as SDPA accumulates), the output in q's dtype.
+    """
+    num_kv_heads, groups = k.shape[0], q.shape[0] // k.shape[0]
+    queries = q.reshape(num_kv_heads, groups, q.shape[-1]).float()  # head h = (h // G, h % G)
+    probs = torch.softmax(torch.bmm(queries, k.float().transpose(1, 2)) * scale, dim=-1)  # (KVH, G, S)
+    return torch.bmm(probs, v.float()).to(q.dtype).reshape(q.shape)
+
+
+def _per_request(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float, fp32_decodes: bool) -> torch.Tensor:
     enable_gqa = q.shape[0] != k_new.shape[0]
     outputs = []
     for r, num_computed in enumerate(step.num_computed):
@@ -153,6 +182,9 @@ def paged_loop(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: 
         else:
             k, v = _gather(key_cache, step.slots(r)), _gather(value_cache, step.slots(r))  # (KVH, ctx, D)
         q_len, kv_len = end - start, k.shape[1]
+        if q_len == 1 and fp32_decodes:
+            outputs.append(decode_fp32(q[:, start:end], k, v, scale))
+            continue
         mask, is_causal = None, False
         if q_len > 1 and kv_len == q_len:
             is_causal = True
@@ -291,9 +323,14 @@ TRITON = PagedKernel(
     "v5 triton", 5, "a Triton kernel: one program per (query block, head, request) walking the block table", paged_triton,
     triton_status,
 )
-PAGED_KERNELS: tuple[PagedKernel, ...] = (NAIVE, LOOP, PACKED, FLEX, TRITON)
-ENGINE_KERNELS = {"loop": LOOP, "packed": PACKED}
-"""What ``EngineConfig.attention_kernel`` may name: plain torch, no compile, any device."""
+LOOP_FP32_DECODES = PagedKernel(
+    "v6 loop, fp32 decodes", 6,
+    "v2, but a 16-bit decode on a CPU is two fp32 matmuls (torch's bf16 SDPA is slow for one query row there)",
+    paged_loop_fp32_decodes,
+)
+PAGED_KERNELS: tuple[PagedKernel, ...] = (NAIVE, LOOP, PACKED, FLEX, TRITON, LOOP_FP32_DECODES)
+ENGINE_KERNELS = {"loop": LOOP, "packed": PACKED, "loop, fp32 decodes": LOOP_FP32_DECODES}
+"""The plain-torch versions the engine could run (no compile, any device)."""
 
 
 def get_paged_kernel(name: str) -> PagedKernel:

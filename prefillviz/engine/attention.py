@@ -11,7 +11,8 @@ For each layer it:
 2. for each request packed in the batch, attends its queries over the request's cached +
    new keys (gathered through its block table), causally, offset by what was cached
    (``kernels/paged_attention.py``: ``ENGINE_KERNEL``, one SDPA call per request, which beat
-   one packed call with a block-diagonal mask on the engine's step shapes):
+   one packed call with a block-diagonal mask on the engine's step shapes; on a CPU a 16-bit
+   decode is two fp32 matmuls instead, which beat torch's bf16 SDPA for one query row):
 
        keys  ->  0 .......... context_len
        query i (position num_computed + i) sees keys 0 .. num_computed + i
@@ -31,11 +32,11 @@ import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from kernels.paged_attention import LOOP, PagedStep
+from kernels.paged_attention import LOOP_FP32_DECODES, PagedStep
 from prefillviz.engine.kv_cache import PagedKVCache
 
 ATTENTION_NAME = "prefillviz_paged"
-ENGINE_KERNEL = LOOP  # v2: `python -m prefillviz kernels` measures it against v3 packed
+ENGINE_KERNEL = LOOP_FP32_DECODES  # v6: `python -m prefillviz kernels` measures it against v2 loop and v3 packed
 
 
 @dataclass

@@ -9,8 +9,8 @@ and dtype; each kernel is checked against its family's naive oracle before it is
              prefill  one fresh prompt of N tokens
              mixed    a chunked-prefill step: a chunk of 128 new tokens after N - 128
                       cached, packed with 4 decodes whose requests hold N tokens each
-           v1 naive, v2 loop (the engine's), v3 packed, v4 flex (if compiled
-           FlexAttention runs here), v5 triton (on CUDA only)
+           v1 naive, v2 loop, v3 packed, v4 flex (if compiled FlexAttention runs
+           here), v5 triton (on CUDA only), v6 loop with fp32 decodes (the engine's)
 
 A kernel that cannot run (v1's whole (H, N, N) score matrix over the memory cap, no
 FlexAttention, no GPU for Triton) is listed in ``skipped`` with the reason, never dropped
@@ -152,7 +152,7 @@ def run_kernel_benchmark(
     bench = KernelBenchmark(num_heads, num_kv_heads, head_dim, device, str(dtype).removeprefix("torch."), list(sizes))
     generator = torch.Generator().manual_seed(seed)
     scale = head_dim**-0.5
-    paged_kernels = [paged.LOOP, paged.PACKED]
+    paged_kernels = [paged.LOOP, paged.PACKED, paged.LOOP_FP32_DECODES]
     for kernel in (paged.FLEX, paged.TRITON):
         runnable, reason = kernel.status(device)
         if kernel is paged.FLEX and not include_flex:

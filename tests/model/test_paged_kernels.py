@@ -12,6 +12,7 @@ from kernels.paged_attention import (
     ENGINE_KERNELS,
     FLEX,
     LOOP,
+    LOOP_FP32_DECODES,
     NAIVE,
     PACKED,
     PAGED_KERNELS,
@@ -19,6 +20,7 @@ from kernels.paged_attention import (
     PagedKernel,
     check_paged,
     check_paged_and_time,
+    decode_fp32,
     flex_status,
     get_paged_kernel,
     packed_mask,
@@ -62,7 +64,7 @@ def test_oracle_equals_causal_attention_over_each_whole_sequence(requests, heads
         assert torch.allclose(got[:, start:end], whole_sequence_reference(inputs, r), atol=TOLERANCE)
 
 
-@pytest.mark.parametrize("kernel", [LOOP, PACKED], ids=lambda k: k.name)
+@pytest.mark.parametrize("kernel", [LOOP, PACKED, LOOP_FP32_DECODES], ids=lambda k: k.name)
 @pytest.mark.parametrize("heads", HEADS)
 @pytest.mark.parametrize("requests", STEPS)
 def test_torch_kernels_match_the_oracle(kernel, requests, heads):
@@ -95,9 +97,32 @@ def test_packed_mask_is_block_diagonal_and_causal_with_offsets():
 
 def test_bf16_kernels_pass_their_looser_check():
     inputs = random_step([(20, 1), (0, 40), (30, 10)], 9, 3, 64, dtype=torch.bfloat16)
-    for kernel in (LOOP, PACKED):
+    for kernel in (LOOP, PACKED, LOOP_FP32_DECODES):
         difference, allowed = check_paged(kernel, inputs)
         assert 0 < difference <= allowed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(9, 3), (4, 4), (8, 1)], ids=["GQA", "MHA", "MQA"])
+def test_fp32_decode_matches_sdpa_in_fp32_and_rounds_like_it_in_bf16(heads, dtype):
+    generator = torch.Generator().manual_seed(6)
+    q = torch.randn(heads[0], 1, 64, generator=generator).to(dtype)
+    k, v = (torch.randn(heads[1], 300, 64, generator=generator).to(dtype) for _ in range(2))
+    exact = F.scaled_dot_product_attention(q[None].float(), k[None].float(), v[None].float(), scale=0.125, enable_gqa=True)[0]
+    got = decode_fp32(q, k, v, 0.125)
+    assert got.dtype == dtype and got.shape == q.shape
+    sdpa_error = (F.scaled_dot_product_attention(q[None], k[None], v[None], scale=0.125, enable_gqa=True)[0].float() - exact).abs().max()
+    assert (got.float() - exact).abs().max() <= max(float(sdpa_error), 1e-6)  # no worse than SDPA in the same dtype
+
+
+def test_v6_is_v2_except_for_16_bit_decodes_on_a_cpu():
+    mixed = [(20, 1), (0, 23), (31, 12), (64, 1)]
+    fp32 = random_step(mixed, 9, 3, 64)
+    assert torch.equal(LOOP_FP32_DECODES(*fp32.arguments()), LOOP(*fp32.arguments()))
+    bf16 = random_step(mixed, 9, 3, 64, dtype=torch.bfloat16)
+    v2, v6 = LOOP(*bf16.arguments()), LOOP_FP32_DECODES(*bf16.arguments())
+    prompt_rows = slice(1, 1 + 23 + 12)  # the fresh prompt and the chunk: the same SDPA calls
+    assert torch.equal(v6[:, prompt_rows], v2[:, prompt_rows]) and not torch.equal(v6[:, :1], v2[:, :1])
 
 
 def test_a_kernel_that_forgets_the_cache_is_refused_before_it_is_timed():
@@ -119,7 +144,7 @@ def test_check_and_time_reports_the_step():
 
 
 def test_registry_and_the_engines_kernel():
-    assert [k.version for k in PAGED_KERNELS] == [1, 2, 3, 4, 5]
+    assert [k.version for k in PAGED_KERNELS] == [1, 2, 3, 4, 5, 6]
     assert get_paged_kernel("v3 packed") is PACKED
     with pytest.raises(KeyError, match="v1 naive"):
         get_paged_kernel("v9")

@@ -28,7 +28,7 @@ from prefillviz.models import load_model
 from prefillviz.prompts import bench_token_ids
 
 INSPECT_RSS_TOKENS = 4096
-COLD_START_RUNS = 3  # fresh processes, one after another (the model's files are in the page cache by then)
+COLD_START_RUNS = 5  # fresh processes, one after another (the model's files are in the page cache by then)
 
 NUM_WARMUP = 2
 
@@ -164,7 +164,7 @@ def _prefix_hit_speedup(loaded, prefix_tokens: int, runs: int, new_tokens: int =
 
     ttft(True), ttft(False)  # warm-up
     hits, misses = [], []
-    for _ in range(max(3, runs // 2)):
+    for _ in range(runs):  # a hit is ~0.1 s: fixed per-step costs, so its spread needs several runs
         hits.append(ttft(True))
         misses.append(ttft(False))
     return {

@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from prefillviz.errors import PrefillVizError
+from prefillviz.instrument.timers import synchronize
 
 BLOCK_SIZE = 64  # v3's query and key block (tile) size
 DEFAULT_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -239,11 +240,6 @@ def compare_to_oracle(
 
 
 # ------------------------------------------------------------------------------ time
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _run_seconds(fn: Callable[[], object], calls: int, device: torch.device) -> float:
     """Seconds for ``calls`` back-to-back calls: CUDA events on a GPU, perf_counter elsewhere."""
     if device.type == "cuda":
@@ -254,11 +250,11 @@ def _run_seconds(fn: Callable[[], object], calls: int, device: torch.device) -> 
         end.record()
         torch.cuda.synchronize(device)
         return start.elapsed_time(end) / 1000
-    _synchronize(device)
+    synchronize(device)
     start_s = time.perf_counter()
     for _ in range(calls):
         fn()
-    _synchronize(device)
+    synchronize(device)
     return time.perf_counter() - start_s
 
 
@@ -295,11 +291,11 @@ def measure_peak_memory(fn: Callable[[], object], device: torch.device) -> tuple
         (bytes or None, how it was measured).
     """
     if device.type == "cuda":
-        _synchronize(device)
+        synchronize(device)
         before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
         out = fn()
-        _synchronize(device)
+        synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - before
         del out
         return int(peak), "torch.cuda.max_memory_allocated"

@@ -26,6 +26,7 @@ from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments.chunked import build_workload, latency_summary, run_workload
 from prefillviz.models import load_model
 from prefillviz.prompts import bench_token_ids
+from prefillviz.instrument.timers import synchronize
 
 INSPECT_RSS_TOKENS = 4096
 COLD_START_RUNS = 5  # fresh processes, one after another (the model's files are in the page cache by then)
@@ -33,16 +34,11 @@ COLD_START_RUNS = 5  # fresh processes, one after another (the model's files are
 NUM_WARMUP = 2
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _time(fn: Callable[[], None], device: torch.device) -> float:
-    _synchronize(device)
+    synchronize(device)
     start = time.perf_counter()
     fn()
-    _synchronize(device)
+    synchronize(device)
     return time.perf_counter() - start
 
 

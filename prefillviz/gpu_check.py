@@ -39,6 +39,7 @@ from prefillviz.config import EngineConfig  # noqa: E402
 from prefillviz.engine.engine import LLMEngine  # noqa: E402
 from prefillviz.engine.request import SamplingParams  # noqa: E402
 from prefillviz.experiments.kernel_bench import run_kernel_benchmark  # noqa: E402
+from prefillviz.instrument.timers import synchronize  # noqa: E402
 
 LLAMA_3_2_1B = dict(  # meta-llama/Llama-3.2-1B's config.json, the shape only (random weights)
     hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
@@ -68,11 +69,6 @@ def _emit(record: dict) -> dict:
     return record
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _engine(model, tokenizer, model_id: str) -> LLMEngine:
     return LLMEngine(model, tokenizer, EngineConfig(token_budget=16384, max_num_running=4), model_id=model_id)
 
@@ -80,10 +76,10 @@ def _engine(model, tokenizer, model_id: str) -> LLMEngine:
 def _prefill_s(engine_factory, token_ids: list[int], device: torch.device, capture_level: str = "none", profile_dir=None):
     engine = engine_factory()
     engine.add_request(token_ids, SamplingParams(max_new_tokens=1))
-    _synchronize(device)
+    synchronize(device)
     start = time.perf_counter()
     trace = engine.run(capture_level=capture_level, profile_dir=profile_dir)
-    _synchronize(device)
+    synchronize(device)
     return time.perf_counter() - start, trace
 
 

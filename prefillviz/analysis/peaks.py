@@ -34,6 +34,8 @@ from typing import Callable
 
 import torch
 
+from prefillviz.instrument.timers import synchronize
+
 MATMUL_SHAPES = ((512, 576, 1536), (2048, 2048, 2048))  # (M, K, N): (M, K) @ (K, N)
 CUDA_EXTRA_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192))
 BANDWIDTH_BYTES = 256 * 2**20  # larger than any CPU cache or GPU L2
@@ -104,11 +106,6 @@ def peaks_cache_path(device: str | torch.device = "cpu", dtype: str | torch.dtyp
     return root / "peaks" / f"{slug}_{device_name}_{_dtype_name(dtype)}_{torch.get_num_threads()}threads.json"
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _elapsed_s(fn: Callable[[], None], repeats: int, device: torch.device) -> float:
     if device.type == "cuda":  # CUDA events time the GPU work, not the launches
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -126,7 +123,7 @@ def _elapsed_s(fn: Callable[[], None], repeats: int, device: torch.device) -> fl
 
 def _median_time_s(fn: Callable[[], None], device: torch.device, runs: int) -> float:
     """Median seconds per call: one warm-up, then ``runs`` timed runs of enough calls."""
-    _synchronize(device)
+    synchronize(device)
     first_s = _elapsed_s(fn, 1, device)  # warm-up; also sizes the repeat count
     repeats = max(1, min(1000, math.ceil(MIN_RUN_TIME_S / max(first_s, 1e-7))))
     return statistics.median(_elapsed_s(fn, repeats, device) / repeats for _ in range(runs))

@@ -13,6 +13,12 @@ import time
 import torch
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work before a clock is read (a no-op on a CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class SpanClock:
     """Collects named spans (start, stop) and resolves them to seconds at ``collect``."""
 

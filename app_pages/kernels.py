@@ -73,7 +73,11 @@ result = get_result("kernels")
 if result is None:
     st.stop()
 
-st.caption(f"Last run: {result.num_tokens:,} prompt tokens · {result.model_id} on **{result.device}**, {result.dtype}.")
+st.caption(
+    f"Last run: {result.num_tokens:,} prompt tokens · {result.model_id} on **{result.device}**, {result.dtype}. "
+    "Every pass on this page runs the model's stock matmuls (`aten::mm`, whose FLOPs the profiler counts); "
+    "elsewhere the engine runs them on a CPU with weights packed once for oneDNN, which is faster."
+)
 
 # ---------------------------------------------------------------- per layer
 st.subheader("Where the time goes, layer by layer")

@@ -31,6 +31,8 @@ class EngineConfig:
             at what max_num_running requests of the model's full context could fill.
         num_blocks: if set, the exact number of KV blocks (overrides the memory budget; tests
             use it for tiny caches that evict).
+        pack_linear_weights: on a CPU, run the linear layers with weights packed once for
+            oneDNN (``engine/packed_weights.py``); off runs the stock ``aten::mm`` matmuls.
     """
 
     block_size: int = 16
@@ -40,6 +42,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     kv_cache_memory_bytes: int = DEFAULT_KV_CACHE_MEMORY_BYTES
     num_blocks: int | None = None
+    pack_linear_weights: bool = True
 
     def __post_init__(self) -> None:
         positive = {

@@ -7,7 +7,8 @@ on GPU, several runs, median):
 
 * ``matmul_gflops``: the best of a few prefill-shaped matmuls, (512 x 576) @ (576 x 1536)
   (a 512-token MLP projection of SmolLM2-135M) and a square 2048^3 (4096^3 and 8192^3
-  added on CUDA, where small shapes can't fill the chip).
+  added on CUDA, where small shapes can't fill the chip). On a CPU each is also timed with
+  the weight pre-packed, as the engine runs its linears (``engine/packed_weights.py``).
 * ``memory_gb_s``: the best of a decode-shaped weight read (one token's row times a
   256 MiB weight matrix, far larger than any cache; ``gemv_gb_s``) and a 256 MiB tensor
   copy (read + write; ``copy_gb_s``). Both are kept: when the gemv kernel itself is slow
@@ -34,12 +35,14 @@ from typing import Callable
 
 import torch
 
+from prefillviz.engine.packed_weights import pack_weight, packed_linear, packing_available
 from prefillviz.instrument.timers import synchronize
 
 MATMUL_SHAPES = ((512, 576, 1536), (2048, 2048, 2048))  # (M, K, N): (M, K) @ (K, N)
 CUDA_EXTRA_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192))
 BANDWIDTH_BYTES = 256 * 2**20  # larger than any CPU cache or GPU L2
 GEMV_ROWS = 8192
+PEAKS_FORMAT = 2  # in the cache file name; 2: packed-weight matmuls count on a CPU
 MIN_RUN_TIME_S = 0.02  # repeat fast ops within one timed run until a run takes this long
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -103,7 +106,7 @@ def peaks_cache_path(device: str | torch.device = "cpu", dtype: str | torch.dtyp
     device = torch.device(device)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", machine_name(device)).strip("-").lower() or "unknown"
     device_name = str(device).replace(":", "")
-    return root / "peaks" / f"{slug}_{device_name}_{_dtype_name(dtype)}_{torch.get_num_threads()}threads.json"
+    return root / "peaks" / f"{slug}_{device_name}_{_dtype_name(dtype)}_{torch.get_num_threads()}threads_v{PEAKS_FORMAT}.json"
 
 
 def _elapsed_s(fn: Callable[[], None], repeats: int, device: torch.device) -> float:
@@ -131,13 +134,21 @@ def _median_time_s(fn: Callable[[], None], device: torch.device, runs: int) -> f
 
 @torch.inference_mode()
 def measure_matmul_gflops(device: torch.device, dtype: torch.dtype, runs: int = 5) -> float:
-    """Best median GFLOP/s over ``MATMUL_SHAPES`` (+ ``CUDA_EXTRA_SHAPES`` on CUDA)."""
+    """Best median GFLOP/s over ``MATMUL_SHAPES`` (+ ``CUDA_EXTRA_SHAPES`` on CUDA).
+
+    Where the engine runs its linears with pre-packed weights (a CPU), each shape is also
+    timed that way, and the faster of the two counts.
+    """
     shapes = MATMUL_SHAPES + (CUDA_EXTRA_SHAPES if device.type == "cuda" else ())
+    packable = packing_available(device, dtype)[0]
     best = 0.0
     for m, k, n in shapes:
         a = torch.randn(m, k, device=device).to(dtype)
         b = torch.randn(k, n, device=device).to(dtype)
         best = max(best, 2 * m * k * n / _median_time_s(lambda: torch.mm(a, b), device, runs) / 1e9)
+        if packable:
+            packed = pack_weight(b.t().contiguous())  # (out, in), as nn.Linear holds it
+            best = max(best, 2 * m * k * n / _median_time_s(lambda: packed_linear(a, packed), device, runs) / 1e9)
     return best
 
 
@@ -148,6 +159,9 @@ def measure_bandwidth_gb_s(device: torch.device, dtype: torch.dtype, runs: int =
     weight = torch.empty(GEMV_ROWS, columns, device=device, dtype=dtype).uniform_(-1, 1)  # (out, in) like nn.Linear
     token = torch.randn(1, columns, device=device).to(dtype)  # (1, in): one decode token
     gemv_s = _median_time_s(lambda: torch.nn.functional.linear(token, weight), device, runs)
+    if packing_available(device, dtype)[0]:  # the engine's decode reads packed weights on a CPU
+        packed = pack_weight(weight)
+        gemv_s = min(gemv_s, _median_time_s(lambda: packed_linear(token, packed), device, runs))
     target = torch.empty_like(weight)
     copy_s = _median_time_s(lambda: target.copy_(weight), device, runs)
     return weight.nbytes / gemv_s / 1e9, 2 * weight.nbytes / copy_s / 1e9

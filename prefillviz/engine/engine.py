@@ -60,7 +60,7 @@ class LLMEngine:
         )
         self.block_pool = BlockPool(num_blocks, enable_caching=self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_pool)
-        self.runner = ModelRunner(model, self.kv_cache, self.config.block_size)
+        self.runner = ModelRunner(model, self.kv_cache, self.config.block_size, self.config.pack_linear_weights)
         self.steps: list[StepRecord] = []
         self.first_token_samples: dict = {}  # request id -> SampleResult of its first token
         self.first_token_logits: dict[str, torch.Tensor] = {}  # request id -> (V,) fp32 logits

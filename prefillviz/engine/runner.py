@@ -7,6 +7,7 @@ Every scheduled token of every request goes into one (1, T) batch:
     position:     32   33   34   35|  17|  9       (each request's own positions)
     slot:         block_table[p // block_size] * block_size + p % block_size
 
+On a CPU the linear layers run with weights packed once (``packed_weights.py``).
 Logits are computed only at the last row of each request that samples (``logits_to_keep``
 as an index tensor), so a prefill never pays for the lm_head over the whole prompt.
 """
@@ -19,6 +20,7 @@ import torch
 
 from prefillviz.engine.attention import AttentionMetadata, engine_attention
 from prefillviz.engine.kv_cache import PagedKVCache
+from prefillviz.engine.packed_weights import packed_linears
 from prefillviz.engine.request import Request
 from prefillviz.engine.sampler import SampleResult, sample
 from prefillviz.engine.scheduler import SchedulerOutput
@@ -31,10 +33,11 @@ class RunnerOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_cache: PagedKVCache, block_size: int) -> None:
+    def __init__(self, model: torch.nn.Module, kv_cache: PagedKVCache, block_size: int, pack_linear_weights: bool = True) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
+        self.pack_linear_weights = pack_linear_weights
         self.device = next(model.parameters()).device
         self.observers: list = []  # attention observers added by instruments
 
@@ -86,7 +89,7 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inputs: dict) -> torch.Tensor:
         """One model call over the packed batch; returns logits (num_kept, V) in fp32 on CPU."""
-        with engine_attention(self.model):
+        with engine_attention(self.model), packed_linears(self.model, self.pack_linear_weights):
             logits = self.model(**inputs).logits[0]
         return logits.float().cpu()
 

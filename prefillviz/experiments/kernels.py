@@ -4,6 +4,9 @@ and in the attention kernel itself.
 One run of ``run_kernel_timings`` makes five kinds of measurement of the same prompt, each
 in its own pass, because each instrument changes what it measures:
 
+Every pass runs the stock ``aten::mm`` matmuls (``pack_linear_weights=False``), whose FLOPs
+the profiler counts, so the passes measure the same work:
+
     warm-up      capture "none": first-call costs out of the way (not shown)
     timing       capture "timing", ``timing_runs`` times: per-layer clocks, median per layer
     profile      capture "profile": torch.profiler op table + Chrome trace (slower: its
@@ -90,7 +93,9 @@ class KernelTimingsResult:
 
 # ------------------------------------------------------------------------------ passes
 def _engine(loaded: LoadedModel) -> LLMEngine:
-    return LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(token_budget=8192), model_id=loaded.model_id)
+    # stock aten::mm matmuls (no pre-packed weights) in every pass: the profiler counts their FLOPs
+    config = EngineConfig(token_budget=8192, pack_linear_weights=False)
+    return LLMEngine(loaded.model, loaded.tokenizer, config, model_id=loaded.model_id)
 
 
 def prefill_pass(loaded: LoadedModel, prompt: str | list[int], capture_level: str, profile_dir: str | None = None) -> Trace:

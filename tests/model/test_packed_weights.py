@@ -1,0 +1,137 @@
+"""Pre-packed linear weights (engine/packed_weights.py): same logits, really packed, per thread.
+
+Which op ran is read with a TorchDispatchMode, which sees every op the dispatcher runs in
+its thread: a packed linear is ``mkldnn._linear_pointwise``, a stock one ``aten.linear``.
+"""
+
+import copy
+import threading
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from prefillviz.config import EngineConfig
+from prefillviz.engine.engine import LLMEngine
+from prefillviz.engine.packed_weights import packed_linears, packing_status
+from tests.conftest import assert_matches_hf
+
+pytestmark = pytest.mark.skipif(not packing_status(torch.nn.Linear(2, 2))[0], reason="this torch build has no oneDNN packed linear")
+
+BF16_TOLERANCE = 0.1  # max |logit| difference between packed and stock bf16 runs (measured: 0)
+
+
+class OpNames(TorchDispatchMode):
+    """Records the name of every op dispatched in this thread while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+    def count(self, *names):
+        return sum(name in names for name in self.names)
+
+    @property
+    def packed(self):
+        return self.count("mkldnn._linear_pointwise")
+
+    @property
+    def stock(self):  # F.linear shows as aten.linear in inference mode, as mm/addmm otherwise
+        return self.count("aten.linear", "aten.mm", "aten.addmm")
+
+
+def linear_ops(model, x):
+    with torch.inference_mode(), OpNames() as ops:
+        model(x)
+    return ops
+
+
+def engine_logits(model, token_ids, pack):
+    engine = LLMEngine(model, tokenizer=None, config=EngineConfig(pack_linear_weights=pack))
+    request = engine.add_request(token_ids)
+    engine.run()
+    return engine.first_token_logits[request.request_id]
+
+
+def test_engine_runs_packed_linears_and_matches_hf_in_fp32(tiny_llama):
+    prompt = list(range(3, 40))
+    with packed_linears(tiny_llama) as packed:
+        ops = linear_ops(tiny_llama, torch.tensor([prompt]))
+    assert packed
+    num_linears = sum(type(m) is torch.nn.Linear for m in tiny_llama.modules())  # 7 per layer + lm_head
+    assert ops.packed == num_linears and ops.stock == 0
+    assert_matches_hf(tiny_llama, prompt, engine_logits(tiny_llama, prompt, pack=True))
+    # outside the block the same modules run the stock matmul again
+    outside = linear_ops(tiny_llama, torch.tensor([prompt]))
+    assert outside.packed == 0 and outside.stock == num_linears
+
+
+def test_bundled_bf16_packed_equals_stock_and_greedy_agrees(bundled):
+    model = copy.deepcopy(bundled.model).to(torch.bfloat16)
+    prompt = bundled.tokenizer("The capital of France is")["input_ids"] * 8
+    packed, stock = engine_logits(model, prompt, pack=True), engine_logits(model, prompt, pack=False)
+    assert (packed - stock).abs().max().item() < BF16_TOLERANCE
+    assert int(packed.argmax()) == int(stock.argmax())
+
+
+def test_only_the_thread_inside_the_block_runs_packed(tiny_llama):
+    x = torch.tensor([list(range(3, 20))])
+    inside, ready, done = {}, threading.Event(), threading.Event()
+
+    def other_thread():
+        ready.wait()
+        inside["other"] = linear_ops(tiny_llama, x)  # runs while the main thread is inside the block
+        done.set()
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    with packed_linears(tiny_llama):
+        ready.set()
+        done.wait(timeout=60)
+        inside["main"] = linear_ops(tiny_llama, x)
+    thread.join()
+    assert inside["main"].packed > 0 and inside["main"].stock == 0
+    assert inside["other"].packed == 0 and inside["other"].stock == inside["main"].packed
+
+
+def test_changed_weights_are_packed_again(tiny_llama):
+    model = copy.deepcopy(tiny_llama)
+    layer = model.model.layers[0].mlp.down_proj
+    x = torch.randn(1, 5, layer.in_features)
+    with torch.inference_mode(), packed_linears(model):
+        before = layer(x)
+    with torch.no_grad():
+        layer.weight.mul_(2.0)  # in place: same storage, new version
+    with torch.inference_mode(), packed_linears(model):
+        after = layer(x)
+    torch.testing.assert_close(after, 2.0 * before, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(after, torch.nn.functional.linear(x, layer.weight), rtol=1e-4, atol=1e-5)
+
+
+def test_a_deep_copy_computes_with_its_own_weights(tiny_llama):
+    with packed_linears(tiny_llama):  # installs the packed forward on every linear
+        pass
+    copied = copy.deepcopy(tiny_llama)
+    with torch.no_grad():
+        copied.lm_head.weight.zero_()
+    x = torch.tensor([[5, 6, 7]])
+    with torch.inference_mode(), packed_linears(copied):
+        assert copied(x).logits.abs().max().item() == 0.0
+    with torch.inference_mode():
+        assert tiny_llama(x).logits.abs().max().item() > 0.0
+
+
+def test_packing_is_skipped_where_it_does_not_apply(tiny_llama):
+    with packed_linears(tiny_llama, enabled=False) as packed:
+        assert not packed
+        ops = linear_ops(tiny_llama, torch.tensor([[5, 6]]))
+        assert ops.packed == 0 and ops.stock > 0
+    half = copy.deepcopy(tiny_llama).to(torch.float16)
+    ok, why = packing_status(half)
+    assert not ok and "float16" in why
+    with packed_linears(half) as packed:
+        assert not packed

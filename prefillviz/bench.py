@@ -11,6 +11,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable
 
@@ -99,7 +100,7 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
     prefix = _prefix_hit_speedup(loaded, 2 * num_tokens, runs)
     chunked = _chunked_ratios(loaded, 2 * num_tokens, runs)
     inspect_rss_mb = _inspect_peak_rss_mb(model_id, device, dtype)
-    cold_starts = [_cold_start_s(model_id, device, dtype) for _ in range(COLD_START_RUNS)]
+    cold_starts, cold_exits = zip(*(_cold_start_s(model_id, device, dtype) for _ in range(COLD_START_RUNS)))
     peer = _engine_over_hf_cb(loaded, num_tokens)  # last: transformers' continuous batching sizes a large cache
 
     ratios = [p / h for p, h in zip(parallel_times, hf_times)]
@@ -136,8 +137,9 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
             "prefix_hit": prefix,
             "chunked": chunked,
             "hf_continuous_batching": peer,
-            "cold_start": "fresh process: import, load the model from the prefillviz cache, first token of a short prompt",
-            "cold_start_s": _spread(cold_starts),
+            "cold_start": "fresh process: import, load the model from the prefillviz cache, first token of a short prompt (until it prints it)",
+            "cold_start_s": _spread(list(cold_starts)),
+            "cold_start_to_exit_s": _spread(list(cold_exits)),
             "engine_timing_capture_s": _spread(timing_times),
             "engine_inspect_capture_s": _spread(inspect_times),
             "prefill_flops": prefill_flops,
@@ -243,14 +245,28 @@ def _engine_over_hf_cb(loaded, num_tokens: int, new_tokens: int = 32) -> dict:
     }
 
 
-def _cold_start_s(model_id: str, device: str, dtype: str) -> float:
-    """A fresh process: import, load from the cached copy, first token (the model is cached by now)."""
-    start = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "prefillviz", "run", "--prompt", "Hello", "--model", model_id, "--device", device, "--dtype", dtype, "--json"],
-        capture_output=True, check=True,
-    )
-    return time.perf_counter() - start
+def _cold_start_s(model_id: str, device: str, dtype: str) -> tuple[float, float]:
+    """A fresh ``python -m prefillviz run`` process (the model is in the prefillviz cache by now).
+
+    Returns:
+        (seconds from spawning it to the line with its first token on its stdout: start,
+        imports, model load, prefill, sampling; seconds until it has exited, which adds the
+        interpreter's teardown, ~1 s of freeing torch's and transformers' modules).
+    """
+    command = [sys.executable, "-m", "prefillviz", "run", "--prompt", "Hello", "--model", model_id, "--device", device, "--dtype", dtype, "--json"]
+    with tempfile.TemporaryFile() as errors:
+        start = time.perf_counter()
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True)
+        line = process.stdout.readline()  # the CLI prints (and flushes) its result once the first token is sampled
+        first_token_s = time.perf_counter() - start
+        process.stdout.read()
+        exit_code = process.wait()
+        exited_s = time.perf_counter() - start
+        if exit_code != 0 or not line.strip():
+            errors.seek(0)
+            raise RuntimeError(f"cold start run failed ({exit_code}): {errors.read().decode(errors='replace')[-2000:]}")
+    json.loads(line)["first_token_id"]  # it really printed the result
+    return first_token_s, exited_s
 
 
 def _inspect_peak_rss_mb(model_id: str, device: str, dtype: str) -> float:

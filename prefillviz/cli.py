@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             result = run_command(args)
             if args.json:
-                print(json.dumps(result))
+                print(json.dumps(result), flush=True)  # at once: the interpreter's teardown takes ~1 s more
             else:
                 for key, value in result.items():
                     print(f"{key}: {value!r}" if key == "first_token" else f"{key}: {value}")

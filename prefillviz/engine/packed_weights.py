@@ -59,6 +59,11 @@ def packing_status(model: torch.nn.Module) -> tuple[bool, str]:
     return packing_available(parameter.device, parameter.dtype)
 
 
+def linear_weights_label(model: torch.nn.Module) -> str:
+    """How the engine runs this model's linear layers, for captions next to its timings."""
+    return "linear weights pre-packed for oneDNN" if packing_status(model)[0] else "stock linear layers"
+
+
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     """A (out, in) weight reordered once into oneDNN's blocked layout (an opaque tensor)."""
     with torch.no_grad():

@@ -21,6 +21,7 @@ import streamlit as st
 import torch
 from streamlit.errors import StreamlitAPIException
 
+from prefillviz.engine.packed_weights import linear_weights_label
 from prefillviz.errors import OutOfMemory, PrefillVizError, is_out_of_memory
 from prefillviz.hosted import hosted_policy
 from prefillviz.run_queue import RUN_QUEUE
@@ -109,7 +110,8 @@ def model_card(loaded: LoadedModel) -> None:
         f"{info.architecture} · {info.num_parameters / 1e6:,.0f} M parameters  \n"
         f"{info.num_layers} layers · {info.num_heads} heads · {info.num_kv_heads} KV heads · head dim {info.head_dim}  \n"
         f"KV cache: **{info.kv_bytes_per_token:,} B per token**  \n"
-        f"{loaded.device} · {str(loaded.dtype).removeprefix('torch.')} · from {loaded.source} in {loaded.load_time_s:.1f} s"
+        f"{loaded.device} · {str(loaded.dtype).removeprefix('torch.')} · from {loaded.source} in {loaded.load_time_s:.1f} s  \n"
+        f"engine: {linear_weights_label(loaded.model)}"
     )
 
 
@@ -121,7 +123,8 @@ def run_label(loaded: LoadedModel, capture: str) -> str:
         "inspect": "inspection pass (KV log, q/k captured; slower)",
         "profile": "under torch.profiler (slowest)",
     }
-    return f"{passes.get(capture, capture)} · {loaded.model_id} on {loaded.device}, {str(loaded.dtype).removeprefix('torch.')}"
+    where = f"{loaded.model_id} on {loaded.device}, {str(loaded.dtype).removeprefix('torch.')}"
+    return f"{passes.get(capture, capture)} · {where} · {linear_weights_label(loaded.model)}"
 
 
 @contextmanager

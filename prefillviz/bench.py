@@ -23,6 +23,7 @@ from prefillviz.analysis.memory import peak_rss_bytes
 from prefillviz.analysis.peaks import machine_peaks, measure_matmul_gflops
 from prefillviz.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
+from prefillviz.engine.packed_weights import packed_linears, packing_status
 from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments.chunked import build_workload, latency_summary, run_workload
 from prefillviz.models import load_model
@@ -98,6 +99,7 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
             sequential_times.append(_time(sequential, device_))
             hf_sequential_times.append(_time(hf_token_by_token, device_))
     prefix = _prefix_hit_speedup(loaded, 2 * num_tokens, runs)
+    packing = _packed_over_stock(loaded, num_tokens, runs)
     chunked = _chunked_ratios(loaded, 2 * num_tokens, runs)
     inspect_rss_mb = _inspect_peak_rss_mb(model_id, device, dtype)
     cold_starts, cold_exits = zip(*(_cold_start_s(model_id, device, dtype) for _ in range(COLD_START_RUNS)))
@@ -135,6 +137,7 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
             "overhead_vs_hf_ratios": _spread(ratios),
             "hf_token_by_token_s": _spread(hf_sequential_times),
             "prefix_hit": prefix,
+            "packed_weights": packing,
             "chunked": chunked,
             "hf_continuous_batching": peer,
             "cold_start": "fresh process: import, load the model from the prefillviz cache, first token of a short prompt (until it prints it)",
@@ -178,6 +181,39 @@ def _prefix_hit_speedup(loaded, prefix_tokens: int, runs: int, new_tokens: int =
         "ttft_miss_s": _spread(misses),
         "speedup": statistics.median(misses) / statistics.median(hits),
     }
+
+
+def _packed_over_stock(loaded, num_tokens: int, runs: int) -> dict:
+    """One forward of 1, 32 and N tokens with the linears packed (the engine's CPU path) over stock, interleaved pairs."""
+    model = loaded.model
+    applies, why = packing_status(model)
+    if not applies:
+        return {"applies": False, "why": why}
+    token_ids = bench_token_ids(loaded.tokenizer, num_tokens)
+    rows = {}
+    for length in sorted({1, min(32, num_tokens), num_tokens}):
+        input_ids = torch.tensor([token_ids[:length]], device=loaded.device)
+
+        @torch.inference_mode()
+        def stock() -> None:
+            model(input_ids=input_ids, logits_to_keep=1)
+
+        @torch.inference_mode()
+        def packed() -> None:
+            with packed_linears(model):
+                model(input_ids=input_ids, logits_to_keep=1)
+
+        stock(), packed()  # warm-up (and the packing itself)
+        stock_s, packed_s = [], []
+        for _ in range(runs):
+            stock_s.append(_time(stock, loaded.device))
+            packed_s.append(_time(packed, loaded.device))
+        rows[f"{length}_tokens"] = {
+            "packed_over_stock": statistics.median(p / s for p, s in zip(packed_s, stock_s)),
+            "stock_s": _spread(stock_s),
+            "packed_s": _spread(packed_s),
+        }
+    return {"applies": True, **rows}
 
 
 def _chunked_ratios(loaded, long_tokens: int, runs: int) -> dict:

@@ -67,3 +67,6 @@ def test_bench_json_has_the_documented_keys(bundled):
     assert data["details"]["hf_continuous_batching"]["outputs_equal"] == 8
     assert data["sequential_over_parallel"] > 1  # 24 steps cost more than one
     assert data["details"]["hf_forward_s"]["runs"] == 2
+    packing = data["details"]["packed_weights"]  # the engine's CPU linears, against stock, at 1, 32 and N tokens
+    assert packing["applies"] and set(packing) == {"applies", "1_tokens", "24_tokens"}
+    assert data["details"]["cold_start_to_exit_s"]["median"] >= data["details"]["cold_start_s"]["median"]

@@ -1,15 +1,16 @@
-"""Linear layers with their weights packed once, on a CPU (what serving runtimes do with frozen weights).
+"""Linear layers with their weights packed once, on a CPU (as torch.compile does with frozen weights).
 
-A stock ``nn.Linear`` on a CPU hands oneDNN its (out, in) weight at every call. Serving
-runtimes for CPUs instead reorder each weight once into the blocked layout the matmul kernel
-reads (torch.compile's freezing pass and intel-extension-for-pytorch both do this, through
-``torch.ops.mkldnn._reorder_linear_weight``) and then call the packed matmul directly
-(``torch.ops.mkldnn._linear_pointwise``). Measured on the bundled model, 2 cores, same-run
-interleaved pairs (README, "Pre-packed weights"):
+A stock ``nn.Linear`` on a CPU passes its plain (out, in) weight to the matmul library at
+every call. With frozen weights one can instead reorder each weight once into oneDNN's
+blocked layout (``torch.ops.mkldnn._reorder_linear_weight``) and call the packed matmul
+(``torch.ops.mkldnn._linear_pointwise``): the ops torch.compile's CPU freezing pass
+(``torch/_inductor/fx_passes/mkldnn_fusion.py``) puts in a graph for bf16 weights.
+``python -m prefillviz bench`` times it (``details.packed_weights``: one forward of the
+bundled model, interleaved pairs; README "What changed since the runs that missed"):
 
-    tokens in the step      1       32      512
-    bf16, packed / stock    0.68    0.81    0.955     logits bit-identical
-    fp32, packed / stock    0.76    0.82    0.91      logits within 1e-4
+    tokens in the forward   1       32      512
+    bf16, packed / stock    0.75    0.82    0.96      logits bit-identical
+    fp32, packed / stock    0.76    0.82    0.91      logits within 1e-4 (one run, by hand)
 
 so decode steps and short chunks (a prefix-cache hit, chunked prefill) gain most.
 
@@ -18,7 +19,7 @@ computes with its packed copy; in every other thread, and outside the block, the
 computes exactly as before (``F.linear``). The model is shared by the app's sessions, so the
 switch is per thread, and the module keeps its own weight: the plain Hugging Face forward,
 the oracle of every test, never sees the packed copies. They cost one more copy of the
-linear weights (~270 MB for the bundled model in bf16), made on first use (~0.1 s) and
+linear weights (+262 MB for the bundled model in bf16), made on first use (~0.1 s) and
 remade when a weight changes (a new dtype, device or values).
 """
 

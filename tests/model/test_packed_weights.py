@@ -135,3 +135,19 @@ def test_packing_is_skipped_where_it_does_not_apply(tiny_llama):
     assert not ok and "float16" in why
     with packed_linears(half) as packed:
         assert not packed
+
+
+def test_a_new_dtype_is_packed_again(tiny_llama):
+    model = copy.deepcopy(tiny_llama)
+    x = torch.tensor([[5, 6, 7, 8]])
+    with torch.inference_mode():
+        with packed_linears(model):
+            model(x)  # packs the fp32 weights
+        model.to(torch.bfloat16)
+        with torch.no_grad():
+            model.lm_head.weight.mul_(-1.0)
+        model.to(torch.float32)  # fresh fp32 storage, version 0, possibly where the first one was freed
+        with packed_linears(model):
+            packed = model(x).logits
+        stock = model(x).logits
+    torch.testing.assert_close(packed, stock, rtol=1e-3, atol=1e-3)

@@ -8,9 +8,9 @@ blocked layout (``torch.ops.mkldnn._reorder_linear_weight``) and call the packed
 ``python -m prefillviz bench`` times it (``details.packed_weights``: one forward of the
 bundled model, interleaved pairs; README "What changed since the runs that missed"):
 
-    tokens in the forward   1       32      512
-    bf16, packed / stock    0.75    0.82    0.96      logits bit-identical
-    fp32, packed / stock    0.76    0.82    0.91      logits within 1e-4 (one run, by hand)
+    tokens in the forward   1           32          512
+    bf16, packed / stock    0.71-0.77   0.78-0.82   0.96-0.97   logits bit-identical (3 bench runs)
+    fp32, packed / stock    0.76        0.82        0.91        logits within 1e-4 (one run, by hand)
 
 so decode steps and short chunks (a prefix-cache hit, chunked prefill) gain most.
 

@@ -37,8 +37,8 @@ import torch.nn.functional as F
 PACKABLE_DTYPES = (torch.bfloat16, torch.float32)
 
 _active = threading.local()  # .packs: {Linear: packed weight} while packed_linears runs in this thread
-_packs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Linear -> (weight key, its storage, packed weight)
-_models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (its Linears, their weight keys, packs)
+# model -> ({Linear: (weight key, the storage it was packed from, packed weight)}, {Linear: packed weight})
+_models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -80,33 +80,30 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 def _weight_key(weight: torch.Tensor) -> tuple[int, int]:
     """Changes when the weight does: new storage (a new dtype or device) or an in-place write.
 
-    The storage a pack was made from is kept alive with it (``_packed``), so no later tensor
+    The storage a pack was made from is kept alive with it (``_model_packs``), so no later tensor
     can reuse its address. Not seen: a write through ``.data``, which torch does not count.
     """
     return weight.data_ptr(), weight._version
 
 
-def _packed(module: torch.nn.Linear) -> torch.Tensor:
-    """The module's packed weight, made (again) if the weight changed since it was packed."""
-    key = _weight_key(module.weight)
-    entry = _packs.get(module)
-    if entry is None or entry[0] != key:
-        entry = _packs[module] = (key, module.weight.untyped_storage(), pack_weight(module.weight))
-    return entry[2]
-
-
 def _model_packs(model: torch.nn.Module) -> dict:
-    """{Linear: packed weight} for the model, checked against its weights in one pass (~0.1 ms)."""
+    """{Linear: packed weight} for the model, (re)packing the weights that changed (~0.2 ms when none did)."""
     with _lock:  # sessions share the model: pack and install once
-        linears, keys, packs = _models.get(model, (None, None, None))
-        if linears is None:
+        entries, packs = _models.get(model, (None, None))
+        if entries is None:
             linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
             for module in linears:
                 _install(module)
-        now = [_weight_key(m.weight) for m in linears]
-        if now != keys:  # first use, or some weight changed: (re)pack what changed
-            packs = {m: _packed(m) for m in linears if m.weight.dtype in PACKABLE_DTYPES}
-            _models[model] = (linears, now, packs)
+            entries = dict.fromkeys(m for m in linears if m.weight.dtype in PACKABLE_DTYPES)
+        changed = packs is None
+        for module, entry in entries.items():
+            key = _weight_key(module.weight)
+            if entry is None or entry[0] != key:
+                entries[module] = (key, module.weight.untyped_storage(), pack_weight(module.weight))
+                changed = True
+        if changed:
+            packs = {module: entry[2] for module, entry in entries.items()}
+            _models[model] = (entries, packs)
         return packs
 
 

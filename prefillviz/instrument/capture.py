@@ -217,19 +217,14 @@ class Capture:
             trace.profile = self._profile_record()
 
     def _profile_record(self) -> ProfileRecord:
-        if self.profile_dir:  # the caller wants the file
-            os.makedirs(self.profile_dir, exist_ok=True)
-            path = os.path.join(self.profile_dir, "chrome_trace.json")
-            self.profiler.export_chrome_trace(path)
-            with open(path, "rb") as handle:
+        with ExitStack() as stack:  # without a profile_dir the export's file goes with a temporary folder
+            directory = self.profile_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="prefillviz-profile-"))
+            os.makedirs(directory, exist_ok=True)
+            export = os.path.join(directory, "chrome_trace.json")
+            self.profiler.export_chrome_trace(export)
+            with open(export, "rb") as handle:
                 chrome_trace = handle.read()
-        else:  # kept in memory only: the export needs a file, which goes with its folder
-            path = ""
-            with tempfile.TemporaryDirectory(prefix="prefillviz-profile-") as directory:
-                export = os.path.join(directory, "chrome_trace.json")
-                self.profiler.export_chrome_trace(export)
-                with open(export, "rb") as handle:
-                    chrome_trace = handle.read()
+        path = export if self.profile_dir else ""  # a file only where the caller asked for one
         rows = []
         for event in self.profiler.key_averages():
             rows.append(

@@ -28,7 +28,7 @@ st.session_state.setdefault("prefill_prompt", PRESETS[st.session_state["prefill_
 prompt = st.text_area("Prompt", height=150, key="prefill_prompt", persist_state="session")  # kept across pages
 
 if loaded is not None and st.button("Run prefill", type="primary", key="prefill_run"):
-    with run_guarded("The prefill"), st.spinner("Running a timing pass, then an inspection pass…"):
+    with run_guarded("The prefill"), st.spinner("Running a few timing passes, then an inspection pass…"):
         save_result("prefill", run_prefill(loaded, prompt))
 
 with st.expander("Load a saved run (no model needed)"):
@@ -46,7 +46,7 @@ record = timing.requests[request_id]
 shown_prompt = result.prompt if len(result.prompt) <= 80 else result.prompt[:77] + "…"
 st.caption(
     f"Last run: “{shown_prompt}” ({result.num_tokens:,} tokens) on {result.model_id} ({timing.device}, {timing.dtype}). "
-    "Times come from a timing pass (per-layer clocks); KV writes from a separate inspection pass."
+    "Times come from timing passes (per-layer clocks); KV writes from a separate inspection pass."
 )
 
 st.subheader(f"{result.num_tokens:,} tokens")
@@ -56,9 +56,10 @@ chart(figures.one_pass_diagram(timing, inspection, request_id, record.first_toke
 st.caption("Writes and bytes: inspection pass (KV write log). Forward time: timing pass.")
 
 columns = st.columns(3)
-columns[0].metric("Time to first token", f"{record.ttft_breakdown_s['total_s'] * 1000:,.1f} ms")
-columns[1].metric("Prefill throughput", f"{result.num_tokens / timing.steps[0].forward_time_s:,.0f} tokens/s")
+columns[0].metric("Time to first token", f"{result.ttft_s * 1000:,.1f} ms", help="The median timing pass; its spread is below")
+columns[1].metric("Prefill throughput", f"{result.num_tokens / timing.steps[0].forward_time_s:,.0f} tokens/s", help="Prompt tokens over the median pass's forward time")
 columns[2].metric("First token", repr(record.first_token_text))
+st.caption(f"TTFT: {result.ttft_label()}.", help="Each press runs the timing pass a few times on an already warm model; a busy machine explains a slow figure.")
 ttft = figures.ttft_breakdown_figure(record.ttft_breakdown_s)
 chart(ttft, key="prefill_ttft")
 downloads("ttft_breakdown", "prefill_ttft_dl", figure=ttft, table=[{"part": k, "seconds": v} for k, v in record.ttft_breakdown_s.items()])

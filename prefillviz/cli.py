@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from prefillviz.errors import ConfigError, PrefillVizError
@@ -88,10 +89,13 @@ def _run_prompt(args: argparse.Namespace, capture_level: str = "none", profile_d
 
 
 def run_command(args: argparse.Namespace) -> dict:
+    from prefillviz.devices import dtype_speed
+    from prefillviz.engine.packed_weights import linear_weights_label
+
     loaded, trace, request_id = _run_prompt(args)
     record = trace.requests[request_id]
     first_token_id = record.output_token_ids[0]
-    return {
+    result = {
         "model": loaded.model_id,
         "device": str(loaded.device),
         "dtype": trace.dtype,
@@ -101,7 +105,12 @@ def run_command(args: argparse.Namespace) -> dict:
         "first_token_id": first_token_id,
         "time_to_first_token_s": record.time_to_first_token_s,
         "num_steps": trace.num_steps,
+        "linear_layers": linear_weights_label(loaded.model, with_reason=True),
+        "dtype_note": "",
     }
+    if args.dtype not in ("auto", "float32") and loaded.device.type == "cpu":  # asked for a 16-bit dtype: is it slow here?
+        result["dtype_note"] = dtype_speed(loaded.device, loaded.dtype).note()  # measured after the first token, not in its time
+    return result
 
 
 def trace_command(args: argparse.Namespace) -> dict:
@@ -156,4 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     except PrefillVizError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except Exception as error:  # a bug or a fault no check foresaw: one line for people, the traceback on request
+        if os.environ.get("PREFILLVIZ_DEBUG"):
+            raise
+        print(f"error: unexpected {type(error).__name__}: {error} (set PREFILLVIZ_DEBUG=1 for the traceback; please report it)", file=sys.stderr)
+        return 1
     return 0

@@ -21,7 +21,6 @@ failure is raised as ``ModelLoadError`` with a message for people.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
 import os
@@ -39,6 +38,7 @@ from urllib.parse import urlparse
 
 import torch
 
+from prefillviz.devices import DTYPES, cpu_has_fast_bf16, dtype_name, require_dtype, resolve_device, resolve_dtype  # noqa: F401 (re-exported)
 from prefillviz.errors import ModelLoadError
 
 BUNDLED_MODEL_ID = "bundled:SmolLM2-135M-Instruct"
@@ -53,7 +53,6 @@ _CACHE_FORMAT = 1
 _MANIFEST = "prefillviz-cache.json"
 _WEIGHTS = "model.safetensors"
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
 
 Progress = Callable[[str], None]
@@ -117,92 +116,7 @@ class LoadedModel:
     source: str  # "bundled gguf", "prefillviz cache", "local folder", "hub cache" or "hub download"
     load_time_s: float
     info: ModelInfo
-
-
-def resolve_device(name: str | torch.device = "auto") -> torch.device:
-    """Picks the torch device to run on.
-
-    Args:
-        name: ``"auto"`` (CUDA, then MPS, then CPU) or a device such as ``"cpu"``,
-            ``"cuda"``, ``"cuda:1"``, ``"mps"``.
-
-    Returns:
-        The device.
-
-    Raises:
-        ModelLoadError: The name is not a device, or that device is not available here.
-    """
-    if name is None or name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError) as exc:
-        raise ModelLoadError(f"{name!r} is not a device; use auto, cpu, cuda, cuda:N or mps.") from exc
-    if device.type == "cpu":
-        return device
-    backend = torch.backends.mps if device.type == "mps" else getattr(torch, device.type, None)
-    available = backend is not None and hasattr(backend, "is_available") and backend.is_available()
-    if available and device.index is not None and hasattr(backend, "device_count"):
-        available = device.index < backend.device_count()
-    if not available:
-        raise ModelLoadError(f"Device {str(device)!r} is not available on this machine; try device 'auto' or 'cpu'.")
-    return device
-
-
-@functools.cache
-def cpu_has_fast_bf16() -> bool:
-    """Tells whether this CPU computes bfloat16 natively (AMX or AVX512-BF16).
-
-    Reads the CPU flags in ``/proc/cpuinfo``; returns False where there is none (macOS,
-    Windows). The answer is cached for the life of the process.
-
-    Returns:
-        True when the CPU advertises ``amx_bf16`` or ``avx512_bf16``.
-    """
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return False
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.partition(":")[2].split())
-            return bool(flags & {"amx_bf16", "avx512_bf16"})
-    return False
-
-
-def resolve_dtype(name: str | torch.dtype = "auto", device: str | torch.device | None = None) -> torch.dtype:
-    """Picks the dtype to run the model in.
-
-    Args:
-        name: ``"auto"``, ``"float32"``, ``"bfloat16"`` or ``"float16"`` (or a ``torch.dtype``).
-            ``"auto"`` is bfloat16 on CUDA, float32 on MPS, and on CPU bfloat16 when
-            ``cpu_has_fast_bf16()`` else float32.
-        device: The device the model will run on; None means ``resolve_device("auto")``.
-
-    Returns:
-        The dtype.
-
-    Raises:
-        ModelLoadError: The name is not one of the dtypes above.
-    """
-    if isinstance(name, torch.dtype):
-        if name not in _DTYPES.values():
-            raise ModelLoadError(f"dtype {name} is not supported; use one of auto, {', '.join(_DTYPES)}.")
-        return name
-    if name in _DTYPES:
-        return _DTYPES[name]
-    if name != "auto":
-        raise ModelLoadError(f"Unknown dtype {name!r}; use one of auto, {', '.join(_DTYPES)}.")
-    device_type = resolve_device(device if device is not None else "auto").type
-    if device_type == "cuda":
-        return torch.bfloat16
-    if device_type == "cpu" and cpu_has_fast_bf16():
-        return torch.bfloat16
-    return torch.float32
+    warm_up_s: float | None = None  # set by the app's warm-up through the engine (``experiments.warm_up``)
 
 
 def model_info(model: Any) -> ModelInfo:
@@ -270,7 +184,8 @@ def load_model(
 
     Raises:
         ModelLoadError: Hosted mode does not allow this id, the id is unknown, the model is not cached and there is no network,
-            it is not a causal LM, its attention can't be instrumented, or loading failed.
+            it is not a causal LM, its attention can't be instrumented, the dtype's ops fail on this device
+            (``devices.check_dtype``), or loading failed.
     """
     from prefillviz.hosted import hosted_policy
 
@@ -281,6 +196,7 @@ def load_model(
     start = time.perf_counter()
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
+    require_dtype(torch_device, torch_dtype)  # before the load: a dtype this CPU can't run is refused now, not mid-run
     try:
         if model_id == BUNDLED_MODEL_ID and not bundled_package_installed():
             # e.g. a hosted Space where only requirements.txt was installed: the same model from the hub
@@ -294,7 +210,7 @@ def load_model(
             model, tokenizer, source = _load_pretrained(model_id, torch_device, torch_dtype, report)
         on_device = model.device.type == torch_device.type and torch_device.index in (None, model.device.index)
         if not on_device or model.dtype != torch_dtype:
-            report(f"moving the model to {torch_device} ({str(torch_dtype).removeprefix('torch.')})")
+            report(f"moving the model to {torch_device} ({dtype_name(torch_dtype)})")
             model = model.to(device=torch_device, dtype=torch_dtype)
         model.eval()
     except ModelLoadError:

@@ -50,6 +50,31 @@ def packing_available(device: torch.device | str, dtype: torch.dtype) -> tuple[b
         return False, f"no pre-packed matmul for {str(dtype).removeprefix('torch.')} here"
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return False, "this torch build has no oneDNN packed linear"
+    return cpu_runs_packed_linear(dtype)
+
+
+@functools.cache
+def cpu_runs_packed_linear(dtype: torch.dtype) -> tuple[bool, str]:
+    """Whether this CPU can run the packed op in ``dtype``: tried once per process on a tiny matmul.
+
+    oneDNN's packed bf16 path needs vector units that many CPUs lack (AVX-512 BW/VL/DQ or
+    AVX-NE-CONVERT; an AVX2-only CPU raises ``mkldnn_reorder_linear_weight: bf16 path needs
+    the cpu support ...``). No CPU flag is assumed: the op is run, and compared with
+    ``F.linear``. Where it fails, the engine runs the stock linears and says why.
+    """
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(16, 32, generator=generator).to(dtype)  # (out, in)
+    x = torch.randn(3, 32, generator=generator).to(dtype)
+    try:
+        with torch.inference_mode():
+            packed = packed_linear(x, pack_weight(weight))
+            expected = F.linear(x, weight)
+    except RuntimeError as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return False, f"this CPU can't run oneDNN's packed {str(dtype).removeprefix('torch.')} matmul ({reason}); stock linear layers run instead"
+    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
+    if packed.shape != expected.shape or not torch.allclose(packed.float(), expected.float(), rtol=tolerance, atol=tolerance):
+        return False, f"oneDNN's packed {str(dtype).removeprefix('torch.')} matmul gave wrong results on this CPU; stock linear layers run instead"
     return True, ""
 
 
@@ -61,9 +86,17 @@ def packing_status(model: torch.nn.Module) -> tuple[bool, str]:
     return packing_available(parameter.device, parameter.dtype)
 
 
-def linear_weights_label(model: torch.nn.Module) -> str:
-    """How the engine runs this model's linear layers, for captions next to its timings."""
-    return "linear weights pre-packed for oneDNN" if packing_status(model)[0] else "stock linear layers"
+def linear_weights_label(model: torch.nn.Module, with_reason: bool = False) -> str:
+    """How the engine runs this model's linear layers, for captions next to its timings.
+
+    Args:
+        model: the loaded model.
+        with_reason: add why the weights are not packed, when they are not (the sidebar's card).
+    """
+    packed, why = packing_status(model)
+    if packed:
+        return "linear weights pre-packed for oneDNN"
+    return f"stock linear layers ({why})" if with_reason and why else "stock linear layers"
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,11 @@
-"""One prefill of one prompt, twice: a timing pass and an inspection pass.
+"""One prefill of one prompt: a few timing passes and an inspection pass.
 
-The timing pass gives the times (TTFT and its parts, per-layer clocks); the inspection pass
-records the KV writes, queries and keys that the KV-cache and attention views draw. They
-are separate because capturing tensors costs time: a number shown always says which pass
-it came from.
+The timing passes give the times (TTFT and its parts, per-layer clocks); the headline TTFT
+is their median, shown with its spread, and the trace kept is the median run's. The
+inspection pass records the KV writes, queries and keys that the KV-cache and attention
+views draw. They are separate because capturing tensors costs time: a number shown always
+says which pass it came from. How busy the machine was during the timing passes
+(``instrument.machine_load``) is kept beside them.
 """
 
 from __future__ import annotations
@@ -16,8 +18,12 @@ from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.errors import PrefillVizError
 from prefillviz.instrument.bundle import bundle_bytes, read_bundle
+from prefillviz.instrument.machine_load import LoadReading, MachineLoad
 from prefillviz.instrument.trace import Trace
 from prefillviz.models import LoadedModel
+
+TIMING_RUNS = 3  # timing passes per prefill; the headline is their median
+TIMING_BUDGET_S = 4.0  # ...fewer when they would take longer than this (a long prompt on a CPU)
 
 
 @dataclass
@@ -27,13 +33,27 @@ class PrefillResult:
     token_ids: list[int]
     token_texts: list[str]
     request_id: str
-    timing: Trace  # capture level "timing"
+    timing: Trace  # capture level "timing": the run with the median TTFT
     inspection: Trace | None  # capture level "inspect" (None if not asked)
     params: SamplingParams
+    ttft_runs_s: list[float] = dataclasses.field(default_factory=list)  # every timing pass's TTFT, in run order
+    machine_load: LoadReading | None = None  # other processes' CPU use during the timing passes
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def ttft_s(self) -> float:
+        """The headline TTFT: the median timing pass's (tokenize + engine + detokenize)."""
+        return self.timing.requests[self.request_id].ttft_breakdown_s["total_s"]
+
+    def ttft_label(self) -> str:
+        """What the headline TTFT is: how many timing passes, their spread, how busy the machine was."""
+        runs = self.ttft_runs_s or [self.ttft_s]
+        spread = f", spread {min(runs) * 1000:,.1f}-{max(runs) * 1000:,.1f} ms" if len(runs) > 1 else ""
+        load = f"; {self.machine_load.label()}" if self.machine_load is not None else ""
+        return f"median of {len(runs)} timing pass{'es' if len(runs) > 1 else ''}{spread} ({self.timing.device}){load}"
 
 
 def run_prefill(
@@ -42,18 +62,37 @@ def run_prefill(
     params: SamplingParams | None = None,
     inspect: bool = True,
     config: EngineConfig | None = None,
+    timing_runs: int = TIMING_RUNS,
 ) -> PrefillResult:
-    """Prefill ``prompt`` in one step (a timing pass, then optionally an inspection pass).
+    """Prefill ``prompt`` in one step: ``timing_runs`` timing passes, then optionally an inspection pass.
+
+    Args:
+        loaded: the model.
+        prompt: the prompt text.
+        params: sampling settings of the first token.
+        inspect: also run the inspection pass (KV write log, q/k for attention maps).
+        config: the engine settings (default: one step for up to 8,192 tokens).
+        timing_runs: timing passes; fewer when they would take over ``TIMING_BUDGET_S`` (at least one).
 
     Raises:
         RequestError: empty prompt, or too long for the model or the KV memory budget.
     """
     params = params or SamplingParams()
-    traces = []
-    for level in ["timing", "inspect"] if inspect else ["timing"]:
-        engine = LLMEngine(loaded.model, loaded.tokenizer, config or EngineConfig(token_budget=8192), model_id=loaded.model_id)
+    config = config or EngineConfig(token_budget=8192)
+
+    def one_pass(level: str):
+        engine = LLMEngine(loaded.model, loaded.tokenizer, config, model_id=loaded.model_id)
         request = engine.add_request(prompt, params)
-        traces.append(engine.run(capture_level=level))
+        return request, engine.run(capture_level=level)
+
+    timings = []
+    with MachineLoad() as load:
+        while len(timings) < max(1, timing_runs) and (not timings or load.elapsed_s < TIMING_BUDGET_S):
+            request, trace = one_pass("timing")
+            timings.append(trace)
+    ttfts = [t.requests[request.request_id].ttft_breakdown_s["total_s"] for t in timings]
+    median_run = sorted(range(len(timings)), key=ttfts.__getitem__)[(len(timings) - 1) // 2]
+    inspection = one_pass("inspect")[1] if inspect else None
     token_ids = request.prompt_token_ids
     return PrefillResult(
         model_id=loaded.model_id,
@@ -61,9 +100,11 @@ def run_prefill(
         token_ids=token_ids,
         token_texts=[loaded.tokenizer.decode([t]) for t in token_ids],
         request_id=request.request_id,
-        timing=traces[0],
-        inspection=traces[1] if inspect else None,
+        timing=timings[median_run],
+        inspection=inspection,
         params=params,
+        ttft_runs_s=ttfts,
+        machine_load=load.reading,
     )
 
 
@@ -80,6 +121,8 @@ def prefill_bundle(result: PrefillResult) -> bytes:
         "token_texts": result.token_texts,
         "request_id": result.request_id,
         "params": dataclasses.asdict(result.params),
+        "ttft_runs_s": result.ttft_runs_s,
+        "machine_load": dataclasses.asdict(result.machine_load) if result.machine_load is not None else None,
     }
     return bundle_bytes(traces, meta)
 
@@ -104,4 +147,6 @@ def load_prefill_bundle(data: bytes) -> PrefillResult:
         timing=traces["timing"],
         inspection=traces.get("inspection"),
         params=SamplingParams(**params),
+        ttft_runs_s=list(meta.get("ttft_runs_s", [])),  # bundles saved before these were kept have neither
+        machine_load=LoadReading(**meta["machine_load"]) if meta.get("machine_load") else None,
     )

@@ -21,11 +21,14 @@ import streamlit as st
 import torch
 from streamlit.errors import StreamlitAPIException
 
+from prefillviz import devices
+from prefillviz.devices import DtypeSpeed, dtype_name, dtype_speed
 from prefillviz.engine.packed_weights import linear_weights_label
 from prefillviz.errors import OutOfMemory, PrefillVizError, is_out_of_memory
 from prefillviz.hosted import hosted_policy
-from prefillviz.run_queue import RUN_QUEUE
+from prefillviz.experiments.warm_up import warm_up
 from prefillviz.models import BUNDLED_MODEL_ID, RECOMMENDED_MODELS, LoadedModel, load_model
+from prefillviz.run_queue import RUN_QUEUE
 
 logger = logging.getLogger(__name__)
 DEVICES = ["auto", "cpu", "cuda", "mps"]
@@ -35,9 +38,13 @@ DTYPES = ["auto", "float32", "bfloat16", "float16"]
 @st.cache_resource(show_spinner=False, max_entries=2)
 def _cached_model(model_id: str, device: str, dtype: str) -> LoadedModel:
     loaded = load_model(model_id, device=device, dtype=dtype)
-    with torch.inference_mode():  # warm-up: first-touch page faults and kernel setup stay out of the first measured run
-        loaded.model(input_ids=torch.ones((1, 8), dtype=torch.long, device=loaded.device), logits_to_keep=1)
+    loaded.warm_up_s = warm_up(loaded)  # through the engine: packing, primitives and hooks stay out of the first measured run
     return loaded
+
+
+@st.cache_resource(show_spinner=False)
+def _dtype_speed(device: str, dtype: str) -> DtypeSpeed:
+    return dtype_speed(device, devices.DTYPES[dtype])
 
 
 def model_choice() -> tuple[str, str, str]:
@@ -57,7 +64,7 @@ def model_choice() -> tuple[str, str, str]:
         with st.expander("Model settings", expanded=not presenter_mode()):
             custom = "" if policy.enabled else st.text_input("…or another Hugging Face id or local folder", key="sidebar_custom_model").strip()
             device = st.selectbox("Device", DEVICES, key="sidebar_device")
-            dtype = st.selectbox("dtype", DTYPES, key="sidebar_dtype", help="auto: bf16 on GPU and on CPUs with fast bf16, else fp32")
+            dtype = st.selectbox("dtype", DTYPES, key="sidebar_dtype", help="auto: bf16 on GPU and on CPUs with fast bf16, else fp32. A dtype this CPU can't run is refused with a message; a slow one is flagged with its measured factor.")
         st.radio("Chart image format (each chart's camera button)", ["png", "svg"], key="export_format", horizontal=True)
     if presenter_mode():
         st.markdown(PRESENTER_CSS, unsafe_allow_html=True)
@@ -93,25 +100,30 @@ def current_model() -> LoadedModel | None:
     model_id, device, dtype = model_choice()
     with st.sidebar:
         try:
-            with st.spinner(f"Loading {model_id} (the bundled model's very first load dequantizes its GGUF: ~20 s)…"):
+            with st.spinner(f"Loading {model_id} and warming it up (the bundled model's very first load dequantizes its GGUF: ~20 s)…"):
                 loaded = _cached_model(model_id, device, dtype)
         except PrefillVizError as error:
             st.error(str(error))
             return None
         model_card(loaded)
+        if loaded.device.type == "cpu" and loaded.dtype != torch.float32:
+            note = _dtype_speed(str(loaded.device), dtype_name(loaded.dtype)).note()
+            if note:
+                st.warning(note, icon=":material/speed:")
     return loaded
 
 
 def model_card(loaded: LoadedModel) -> None:
     info = loaded.info
+    warm = f" · warmed up in {loaded.warm_up_s:.1f} s" if loaded.warm_up_s is not None else ""
     st.subheader("Loaded")
     st.markdown(
         f"**{loaded.model_id}**  \n"
         f"{info.architecture} · {info.num_parameters / 1e6:,.0f} M parameters  \n"
         f"{info.num_layers} layers · {info.num_heads} heads · {info.num_kv_heads} KV heads · head dim {info.head_dim}  \n"
         f"KV cache: **{info.kv_bytes_per_token:,} B per token**  \n"
-        f"{loaded.device} · {str(loaded.dtype).removeprefix('torch.')} · from {loaded.source} in {loaded.load_time_s:.1f} s  \n"
-        f"engine: {linear_weights_label(loaded.model)}"
+        f"{loaded.device} · {dtype_name(loaded.dtype)} · from {loaded.source} in {loaded.load_time_s:.1f} s{warm}  \n"
+        f"engine: {linear_weights_label(loaded.model, with_reason=True)}"
     )
 
 
@@ -123,7 +135,7 @@ def run_label(loaded: LoadedModel, capture: str) -> str:
         "inspect": "inspection pass (KV log, q/k captured; slower)",
         "profile": "under torch.profiler (slowest)",
     }
-    where = f"{loaded.model_id} on {loaded.device}, {str(loaded.dtype).removeprefix('torch.')}"
+    where = f"{loaded.model_id} on {loaded.device}, {dtype_name(loaded.dtype)}"
     return f"{passes.get(capture, capture)} · {where} · {linear_weights_label(loaded.model)}"
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 RUN_KEYS = [
     "model", "device", "dtype", "num_prompt_tokens", "prompt_token_ids",
-    "first_token", "first_token_id", "time_to_first_token_s", "num_steps",
+    "first_token", "first_token_id", "time_to_first_token_s", "num_steps", "linear_layers", "dtype_note",
 ]
 
 

@@ -13,10 +13,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from prefillviz.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
-from prefillviz.engine.packed_weights import packed_linears, packing_status
+from prefillviz.engine.packed_weights import cpu_runs_packed_linear, packed_linears, packing_status
 from tests.conftest import assert_matches_hf
 
-pytestmark = pytest.mark.skipif(not packing_status(torch.nn.Linear(2, 2))[0], reason="this torch build has no oneDNN packed linear")
+pytestmark = pytest.mark.skipif(not packing_status(torch.nn.Linear(2, 2))[0], reason=f"no packed fp32 linear here: {packing_status(torch.nn.Linear(2, 2))[1]}")
 
 BF16_TOLERANCE = 0.1  # max |logit| difference between packed and stock bf16 runs (measured: 0)
 
@@ -70,6 +70,7 @@ def test_engine_runs_packed_linears_and_matches_hf_in_fp32(tiny_llama):
     assert outside.packed == 0 and outside.stock == num_linears
 
 
+@pytest.mark.skipif(not cpu_runs_packed_linear(torch.bfloat16)[0], reason=f"this CPU can't pack bf16: {cpu_runs_packed_linear(torch.bfloat16)[1]}")
 def test_bundled_bf16_packed_equals_stock_and_greedy_agrees(bundled):
     model = copy.deepcopy(bundled.model).to(torch.bfloat16)
     prompt = bundled.tokenizer("The capital of France is")["input_ids"] * 8

@@ -1,0 +1,248 @@
+"""Which device and dtype a model runs in here, and whether that dtype really runs on this CPU.
+
+``resolve_device`` and ``resolve_dtype`` turn the names the sidebar and the command line
+offer (``auto``, ``cpu``, ``cuda``, ``bfloat16``, ...) into torch objects. No CPU feature is
+assumed: ``check_dtype`` runs the ops a forward needs on tiny tensors in that dtype, once per
+process, and a dtype this CPU can't run is refused up front with a message instead of a
+traceback mid-run. ``dtype_speed`` measures how much slower (or faster) a 16-bit dtype is than
+float32 here, with the engine's own linear path, so the UI can say "runs, but 3x slower" with a
+measured factor instead of a guess from the CPU's name.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from prefillviz.errors import ModelLoadError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SLOW_FACTOR = 1.25  # a dtype this much slower than float32 here is called slow
+_SPEED_WINDOW_S = 0.005  # each timed run repeats the ops until it lasts this long
+_SPEED_RUNS = 3
+
+
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"`` (names as the sidebar and the command line spell them)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def resolve_device(name: str | torch.device = "auto") -> torch.device:
+    """Picks the torch device to run on.
+
+    Args:
+        name: ``"auto"`` (CUDA, then MPS, then CPU) or a device such as ``"cpu"``,
+            ``"cuda"``, ``"cuda:1"``, ``"mps"``.
+
+    Returns:
+        The device.
+
+    Raises:
+        ModelLoadError: The name is not a device, or that device is not available here.
+    """
+    if name is None or name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError) as exc:
+        raise ModelLoadError(f"{name!r} is not a device; use auto, cpu, cuda, cuda:N or mps.") from exc
+    if device.type == "cpu":
+        return device
+    backend = torch.backends.mps if device.type == "mps" else getattr(torch, device.type, None)
+    available = backend is not None and hasattr(backend, "is_available") and backend.is_available()
+    if available and device.index is not None and hasattr(backend, "device_count"):
+        available = device.index < backend.device_count()
+    if not available:
+        raise ModelLoadError(f"Device {str(device)!r} is not available on this machine; try device 'auto' or 'cpu'.")
+    return device
+
+
+@functools.cache
+def cpu_has_fast_bf16() -> bool:
+    """Tells whether this CPU computes bfloat16 natively (AMX or AVX512-BF16).
+
+    Reads the CPU flags in ``/proc/cpuinfo``; returns False where there is none (macOS,
+    Windows). The answer is cached for the life of the process.
+
+    Returns:
+        True when the CPU advertises ``amx_bf16`` or ``avx512_bf16``.
+    """
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.partition(":")[2].split())
+            return bool(flags & {"amx_bf16", "avx512_bf16"})
+    return False
+
+
+def resolve_dtype(name: str | torch.dtype = "auto", device: str | torch.device | None = None) -> torch.dtype:
+    """Picks the dtype to run the model in.
+
+    Args:
+        name: ``"auto"``, ``"float32"``, ``"bfloat16"`` or ``"float16"`` (or a ``torch.dtype``).
+            ``"auto"`` is bfloat16 on CUDA, float32 on MPS, and on CPU bfloat16 when
+            ``cpu_has_fast_bf16()`` else float32.
+        device: The device the model will run on; None means ``resolve_device("auto")``.
+
+    Returns:
+        The dtype.
+
+    Raises:
+        ModelLoadError: The name is not one of the dtypes above.
+    """
+    if isinstance(name, torch.dtype):
+        if name not in DTYPES.values():
+            raise ModelLoadError(f"dtype {name} is not supported; use one of auto, {', '.join(DTYPES)}.")
+        return name
+    if name in DTYPES:
+        return DTYPES[name]
+    if name != "auto":
+        raise ModelLoadError(f"Unknown dtype {name!r}; use one of auto, {', '.join(DTYPES)}.")
+    device_type = resolve_device(device if device is not None else "auto").type
+    if device_type == "cuda":
+        return torch.bfloat16
+    if device_type == "cpu" and cpu_has_fast_bf16():
+        return torch.bfloat16
+    return torch.float32
+
+
+def _forward_ops(device: torch.device, dtype: torch.dtype) -> None:
+    """The op kinds a decoder forward runs, on tiny tensors: embedding, RMSNorm, linear, RoPE,
+    SiLU, SDPA with a causal mask, the paged KV write (index_copy_), softmax and top-k."""
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(1, 5, 32, generator=generator).to(device=device, dtype=dtype)  # (B, T, D)
+    table = torch.randn(10, 32, generator=generator).to(device=device, dtype=dtype)
+    weight = torch.randn(32, 32, generator=generator).to(device=device, dtype=dtype)
+    tokens = torch.tensor([[1, 2, 3, 4, 5]], device=device)
+    with torch.inference_mode():
+        x = F.embedding(tokens, table) + hidden
+        x = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(dtype)
+        x = F.silu(F.linear(x, weight)) * F.linear(x, weight)
+        q = x.view(1, 5, 4, 8).transpose(1, 2)  # (B, H, T, d)
+        q = torch.cat((-q[..., 4:], q[..., :4]), dim=-1) * q.cos() + q * q.sin()
+        cache = torch.zeros(8, 4, 8, device=device, dtype=dtype)  # (slots, KVH, d)
+        cache.index_copy_(0, torch.arange(5, device=device), q[0].transpose(0, 1))
+        keys = cache[:5].transpose(0, 1).unsqueeze(0)
+        out = F.scaled_dot_product_attention(q, keys, keys, is_causal=True)
+        logits = F.linear(out.transpose(1, 2).reshape(1, 5, 32), table)
+        torch.softmax(logits[:, -1].float(), dim=-1).topk(3)
+        if not bool(torch.isfinite(logits).all()):
+            raise RuntimeError("non-finite results")
+
+
+@functools.cache
+def check_dtype(device: torch.device | str, dtype: torch.dtype) -> tuple[bool, str]:
+    """(whether a forward's ops run in ``dtype`` on ``device``, why not), tried once per process."""
+    device = torch.device(device)
+    try:
+        _forward_ops(device, dtype)
+    except (RuntimeError, NotImplementedError, TypeError) as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        return False, f"{dtype_name(dtype)} can't run on this {device.type} ({reason})"
+    return True, ""
+
+
+def require_dtype(device: torch.device, dtype: torch.dtype) -> None:
+    """Refuses up front a dtype whose ops fail on this device.
+
+    Raises:
+        ModelLoadError: with what failed and what to pick instead.
+    """
+    runs, why = check_dtype(device, dtype)
+    if not runs:
+        raise ModelLoadError(f"{why}. Pick float32 (or dtype auto, which picks what runs here).")
+
+
+@dataclass(frozen=True)
+class DtypeSpeed:
+    """How fast a dtype runs here next to float32, measured on a prefill-shaped layer slice.
+
+    Attributes:
+        device, dtype: what was measured.
+        slowdown_vs_float32: seconds in ``dtype`` over seconds in float32 (1.0 for float32;
+            below 1 means faster). Measured: a 128-token linear of the bundled model's MLP
+            width through the engine's linear path (packed where it packs) plus causal SDPA.
+        what: what was timed, for the caption.
+    """
+
+    device: str
+    dtype: str
+    slowdown_vs_float32: float
+    what: str
+
+    @property
+    def slow(self) -> bool:
+        return self.slowdown_vs_float32 > SLOW_FACTOR
+
+    def note(self) -> str:
+        """A sentence for the sidebar and the command line ('' when the dtype is not slow here)."""
+        if not self.slow:
+            return ""
+        return (
+            f"{self.dtype} runs {self.slowdown_vs_float32:.1f}x slower than float32 on this {self.device} "
+            f"(measured: {self.what}); this CPU has no fast path for it. float32 is faster here."
+        )
+
+
+def _median_s(fn, runs: int = _SPEED_RUNS) -> float:
+    fn()  # warm-up
+    start = time.perf_counter()
+    fn()
+    repeats = max(1, min(200, math.ceil(_SPEED_WINDOW_S / max(time.perf_counter() - start, 1e-7))))
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        times.append((time.perf_counter() - start) / repeats)
+    return statistics.median(times)
+
+
+@functools.cache
+def _layer_slice_s(device: torch.device, dtype: torch.dtype) -> float:
+    from prefillviz.engine.packed_weights import pack_weight, packed_linear, packing_available
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(128, 576, generator=generator).to(device=device, dtype=dtype)  # (T, D)
+    weight = torch.randn(1536, 576, generator=generator).to(device=device, dtype=dtype)  # (out, in)
+    q = torch.randn(1, 9, 128, 64, generator=generator).to(device=device, dtype=dtype)  # (B, H, T, d)
+    if packing_available(device, dtype)[0]:
+        packed = pack_weight(weight)
+        linear = lambda: packed_linear(x, packed)  # noqa: E731
+    else:
+        linear = lambda: F.linear(x, weight)  # noqa: E731
+
+    def layer_slice() -> None:
+        with torch.inference_mode():
+            linear()
+            F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    return _median_s(layer_slice)
+
+
+@functools.cache
+def dtype_speed(device: torch.device | str, dtype: torch.dtype) -> DtypeSpeed:
+    """Measures ``dtype`` against float32 here (a few tenths of a second; once per process and dtype).
+
+    Call it only for a dtype that ``check_dtype`` says runs.
+    """
+    device = torch.device(device)
+    what = "a 128-token 576x1536 linear plus causal attention, median of 3 timed runs each"
+    if dtype == torch.float32:
+        return DtypeSpeed(str(device), "float32", 1.0, what)
+    slowdown = _layer_slice_s(device, dtype) / _layer_slice_s(device, torch.float32)
+    return DtypeSpeed(str(device), dtype_name(dtype), slowdown, what)

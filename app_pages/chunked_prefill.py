@@ -12,6 +12,7 @@ from prefillviz.experiments.chunked import (
     threads_label,
 )
 from prefillviz.figures import chunked as figures
+from prefillviz.instrument.machine_load import MachineLoad
 from prefillviz.ui.shell import downloads, get_result, loaded_model, progress_callback, run_guarded, run_label, save_result
 
 st.title("Chunked prefill: a long prompt without stalling everyone else")
@@ -50,8 +51,9 @@ if loaded is not None and st.button("Run with chunking off, then on", type="prim
         work = workload(budget)
         total = work.estimated_num_steps(False) + work.estimated_num_steps(True)
         progress = progress_callback(total, "Chunking off, then on")
-        comparison = compare_chunking(loaded.model, work, progress, loaded.model_id)
-        save_result("chunked", {"comparison": comparison, "label": f"{run_label(loaded, 'none')} · {threads_label()}"})
+        with MachineLoad() as load:
+            comparison = compare_chunking(loaded.model, work, progress, loaded.model_id)
+        save_result("chunked", {"comparison": comparison, "label": f"{run_label(loaded, 'none')} · {threads_label()} · {load.reading.label()}"})
 
 result = get_result("chunked")
 if result is None:

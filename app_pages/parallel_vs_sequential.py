@@ -81,7 +81,9 @@ if comparison is not None:
     st.caption(
         f"Last run: {n:,} prompt tokens" + (f" (the first {n:,} of {cut:,})" if cut > n else "") + ". "
         f"Times: {source(comparison, 'none')}, after a warm-up; parallel is the median of "
-        f"{len(parallel.timing_runs_s)} runs, token-by-token one run of {sequential.num_steps} steps."
+        f"{len(parallel.timing_runs_s)} runs (spread {min(parallel.timing_runs_s) * 1e3:,.1f}-{max(parallel.timing_runs_s) * 1e3:,.1f} ms), "
+        f"token-by-token one run of {sequential.num_steps} steps (per-step median below)"
+        + (f"; {comparison.machine_load.label()}." if comparison.machine_load is not None else ".")
     )
     columns = st.columns(4)
     columns[0].metric(f"Parallel ({parallel.num_steps} step): time to first token", f"{parallel.time_to_first_token_s * 1e3:,.1f} ms")

@@ -32,6 +32,7 @@ from prefillviz.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.errors import ConfigError, RequestError
+from prefillviz.instrument.machine_load import LoadReading, MachineLoad
 from prefillviz.instrument.trace import Trace
 from prefillviz.models import model_info
 from prefillviz.prompts import bench_token_ids
@@ -275,6 +276,7 @@ class ParallelComparison:
     token_by_token: WayRun
     equality: EqualityCheck
     roofline_points: list[RooflinePoint] = field(default_factory=list)  # this prompt, both ways
+    machine_load: LoadReading | None = None  # other processes' CPU use during the timing passes
 
     @property
     def num_tokens(self) -> int:
@@ -436,12 +438,13 @@ def run_both_ways(
     report("warm-up done")
 
     parallel_traces = []
-    for run in range(runs):
-        parallel_traces.append(_run_once(model, tokenizer, token_ids, token_budget=n))
-        report(f"timing pass: parallel run {run + 1} of {runs}")
+    with MachineLoad() as load:
+        for run in range(runs):
+            parallel_traces.append(_run_once(model, tokenizer, token_ids, token_budget=n))
+            report(f"timing pass: parallel run {run + 1} of {runs}")
+        sequential_timing = _run_once(model, tokenizer, token_ids, 1, "none", step_progress("timing pass", done))
     parallel_times = [t.requests[REQUEST_ID].time_to_first_token_s for t in parallel_traces]
     median_index = sorted(range(runs), key=parallel_times.__getitem__)[(runs - 1) // 2]
-    sequential_timing = _run_once(model, tokenizer, token_ids, 1, "none", step_progress("timing pass", done))
     done += n
 
     parallel_inspection = _run_once(model, tokenizer, token_ids, n, "inspect")
@@ -478,6 +481,7 @@ def run_both_ways(
         token_by_token=token_by_token,
         equality=compare_inspections(parallel_inspection, sequential_inspection),
         roofline_points=_prompt_roofline_points(model, parallel, token_by_token, n),
+        machine_load=load.reading,
     )
 
 

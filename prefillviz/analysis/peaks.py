@@ -14,9 +14,24 @@ on GPU, several runs, median):
   copy (read + write; ``copy_gb_s``). Both are kept: when the gemv kernel itself is slow
   (bf16 on many CPUs) decode runs well under the copy bandwidth.
 
-Results are cached as JSON per machine, device, dtype and thread count under
-``$PREFILLVIZ_CACHE/peaks/`` (default ``~/.cache/prefillviz``); ``machine_peaks`` reads the
-cache or measures (~3-5 s on a 2-core CPU).
+Each measurement runs inside ``MachineLoad`` (``instrument/machine_load.py``), which records
+how much of the CPU other processes used meanwhile. Load only ever lowers a peak, so one
+figure taken while a browser or a build was running would make the roofline predict every op
+too slow; the cache therefore keeps a history and the roofline uses the best of it.
+
+The cache is one JSON file per machine, device, dtype and thread count under
+``$PREFILLVIZ_CACHE/peaks/`` (default ``~/.cache/prefillviz``), holding the last
+``MAX_MEASUREMENTS`` measurements, each with its time and its other processes' CPU share::
+
+    {"format": 3, "measurements": [{"matmul_gflops": ..., "memory_gb_s": ...,
+                                    "measured_at": ..., "other_cpu_percent": ..., ...}, ...]}
+
+``machine_peaks`` returns the best of them (``best_of``: the highest matmul figure and the
+highest memory figure, each from whichever measurement had it) with the history's size and
+spread. It measures (a few seconds) when there is no cache, and once per process when the
+cached figures are stale (``is_stale``: the newest measurement is older than ``MAX_AGE``, or
+the best figures were taken on a busy machine); ``refresh=True`` adds a measurement always.
+A file of an older format is ignored (its name carries ``PEAKS_FORMAT``, and so does its content).
 """
 
 from __future__ import annotations
@@ -31,36 +46,50 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from prefillviz.engine.packed_weights import pack_weight, packed_linear, packing_available
+from prefillviz.instrument.machine_load import BUSY_PERCENT, MachineLoad
 from prefillviz.instrument.timers import synchronize
 
 MATMUL_SHAPES = ((512, 576, 1536), (2048, 2048, 2048))  # (M, K, N): (M, K) @ (K, N)
 CUDA_EXTRA_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192))
 BANDWIDTH_BYTES = 256 * 2**20  # larger than any CPU cache or GPU L2
 GEMV_ROWS = 8192
-PEAKS_FORMAT = 2  # in the cache file name; 2: packed-weight matmuls count on a CPU
+PEAKS_FORMAT = 3  # in the cache file name and content; 2: packed-weight matmuls count on a CPU; 3: a history of measurements
+MAX_MEASUREMENTS = 8  # the cache keeps this many recent measurements
+MAX_AGE = datetime.timedelta(days=7)  # a newest measurement older than this is measured again
 MIN_RUN_TIME_S = 0.02  # repeat fast ops within one timed run until a run takes this long
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
 class MachinePeaks:
-    """Measured peaks of one device in one dtype.
+    """Measured peaks of one device in one dtype: one measurement, or the best of a history.
 
     Attributes:
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         matmul_gflops: best median matmul throughput, GFLOP/s.
         memory_gb_s: best median memory bandwidth (max of gemv and copy), GB/s (1e9 bytes).
-        measured_at: ISO 8601 time of the measurement.
+        measured_at: ISO 8601 time of the measurement (of a history: of its best matmul figure).
         machine: CPU model name or GPU name.
         num_threads: torch intra-op threads used (CPU parallelism).
         gemv_gb_s: bandwidth of the decode-shaped weight read alone.
         copy_gb_s: bandwidth of the tensor copy alone (bytes read + written).
+        other_cpu_percent: other processes' share of all cores during the measurement (of a
+            history: the larger of the two measurements the best figures come from); None
+            when it was not recorded.
+        num_measurements: how many measurements the figures are the best of.
+        matmul_gflops_min: the lowest matmul figure among them.
+        memory_gb_s_min: the lowest memory figure among them.
+        oldest_measured_at: ISO 8601 time of the first of them.
+        newest_measured_at: ISO 8601 time of the last of them.
+
+    The history fields default to a history of one, so peaks built from a single
+    measurement (older data, tests) read the same as a one-entry cache.
     """
 
     device: str
@@ -72,11 +101,70 @@ class MachinePeaks:
     num_threads: int
     gemv_gb_s: float = 0.0
     copy_gb_s: float = 0.0
+    other_cpu_percent: float | None = None
+    num_measurements: int = 1
+    matmul_gflops_min: float | None = None
+    memory_gb_s_min: float | None = None
+    oldest_measured_at: str | None = None
+    newest_measured_at: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.matmul_gflops_min is None:
+            self.matmul_gflops_min = self.matmul_gflops
+        if self.memory_gb_s_min is None:
+            self.memory_gb_s_min = self.memory_gb_s
+        if self.oldest_measured_at is None:
+            self.oldest_measured_at = self.measured_at
+        if self.newest_measured_at is None:
+            self.newest_measured_at = self.measured_at
 
     @property
     def ridge_intensity(self) -> float:
         """FLOPs per byte where the roofline turns from memory- to compute-bound."""
         return self.matmul_gflops / self.memory_gb_s
+
+    @property
+    def busy(self) -> bool:
+        """Whether other processes used more than ``BUSY_PERCENT`` of the cores meanwhile."""
+        return self.other_cpu_percent is not None and self.other_cpu_percent > BUSY_PERCENT
+
+    def history_label(self) -> str:
+        """One line for a caption: how many measurements, when, their spread, and the load."""
+        if self.num_measurements == 1:
+            history = f"Peaks: 1 measurement, {_short_time(self.measured_at)}."
+        else:
+            history = (
+                f"Peaks: the best of {self.num_measurements} measurements ({_short_time(self.oldest_measured_at)} to "
+                f"{_short_time(self.newest_measured_at)}; matmul {self.matmul_gflops_min:,.0f}–{self.matmul_gflops:,.0f} GFLOP/s, "
+                f"memory {self.memory_gb_s_min:,.1f}–{self.memory_gb_s:,.1f} GB/s). "
+                f"The best matmul figure is from {_short_time(self.measured_at)}."
+            )
+        if self.other_cpu_percent is None:
+            return f"{history} The machine's load was not recorded."
+        load = f"other processes used {self.other_cpu_percent:.0f}% of the cores while the best figures were measured"
+        if self.busy:
+            return f"{history} Busy: {load}, so this machine can likely do more; measure again when it is quiet."
+        return f"{history} Quiet: {load}."
+
+
+HISTORY_FIELDS = ("num_measurements", "matmul_gflops_min", "memory_gb_s_min", "oldest_measured_at", "newest_measured_at")
+"""Fields of a history summary: not stored with each measurement in the cache."""
+
+
+def _short_time(iso_time: str | None) -> str:
+    """``2025-01-08T14:03:11+00:00`` -> ``2025-01-08 14:03 UTC`` (anything else unchanged)."""
+    parsed = _parse_time(iso_time)
+    if parsed is None:
+        return str(iso_time)
+    return parsed.astimezone(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _parse_time(iso_time: str | None) -> datetime.datetime | None:
+    try:
+        parsed = datetime.datetime.fromisoformat(str(iso_time))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.timezone.utc)
 
 
 def machine_name(device: str | torch.device = "cpu") -> str:
@@ -181,45 +269,132 @@ def measure_peaks(device: str | torch.device = "cpu", dtype: str | torch.dtype =
     torch_device = torch.device(device)
     dtype_name = _dtype_name(dtype)
     torch_dtype = _DTYPES[dtype_name]
-    matmul_gflops = measure_matmul_gflops(torch_device, torch_dtype, runs)
-    gemv_gb_s, copy_gb_s = measure_bandwidth_gb_s(torch_device, torch_dtype, runs)
+    measured_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    with MachineLoad() as load:
+        matmul_gflops = measure_matmul_gflops(torch_device, torch_dtype, runs)
+        gemv_gb_s, copy_gb_s = measure_bandwidth_gb_s(torch_device, torch_dtype, runs)
     return MachinePeaks(
         device=str(torch_device),
         dtype=dtype_name,
         matmul_gflops=matmul_gflops,
         memory_gb_s=max(gemv_gb_s, copy_gb_s),
-        measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        measured_at=measured_at,
         machine=machine_name(torch_device),
         num_threads=torch.get_num_threads(),
         gemv_gb_s=gemv_gb_s,
         copy_gb_s=copy_gb_s,
+        other_cpu_percent=load.reading.other_cpu_percent,
     )
 
 
+# ------------------------------------------------------------------------------ the history
+def best_of(measurements: Sequence[MachinePeaks]) -> MachinePeaks:
+    """The best figures of several measurements, with their count and spread.
+
+    Load only lowers a peak, so the highest matmul figure and the highest memory figure
+    count, each from whichever measurement had it (gemv and copy likewise).
+
+    Args:
+        measurements: oldest first, all of one machine, device, dtype and thread count.
+
+    Returns:
+        The ``MachinePeaks`` of the history: ``measured_at`` is the best matmul figure's,
+        ``other_cpu_percent`` the larger of those of the best matmul and memory figures.
+    """
+    if not measurements:
+        raise ValueError("best_of needs at least one measurement.")
+    fastest = max(measurements, key=lambda p: p.matmul_gflops)
+    widest = max(measurements, key=lambda p: p.memory_gb_s)
+    newest = measurements[-1]
+    loads = [p.other_cpu_percent for p in (fastest, widest) if p.other_cpu_percent is not None]
+    return MachinePeaks(
+        device=newest.device,
+        dtype=newest.dtype,
+        matmul_gflops=fastest.matmul_gflops,
+        memory_gb_s=widest.memory_gb_s,
+        measured_at=fastest.measured_at,
+        machine=newest.machine,
+        num_threads=newest.num_threads,
+        gemv_gb_s=max(p.gemv_gb_s for p in measurements),
+        copy_gb_s=max(p.copy_gb_s for p in measurements),
+        other_cpu_percent=max(loads) if loads else None,
+        num_measurements=len(measurements),
+        matmul_gflops_min=min(p.matmul_gflops for p in measurements),
+        memory_gb_s_min=min(p.memory_gb_s for p in measurements),
+        oldest_measured_at=measurements[0].measured_at,
+        newest_measured_at=newest.measured_at,
+    )
+
+
+def is_stale(measurements: Sequence[MachinePeaks], now: datetime.datetime | None = None) -> bool:
+    """Whether the cached figures deserve one more measurement.
+
+    True when there is none, when the newest is older than ``MAX_AGE`` (or its time can't
+    be read), or when the best figures were taken on a busy machine (which is also the
+    case when every measurement was).
+    """
+    if not measurements:
+        return True
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    newest_time = _parse_time(measurements[-1].measured_at)
+    if newest_time is None or now - newest_time > MAX_AGE:
+        return True
+    return best_of(measurements).busy
+
+
+def read_measurements(path: Path) -> list[MachinePeaks]:
+    """The measurements cached at ``path``, oldest first; [] when missing, unreadable or of another format."""
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != PEAKS_FORMAT:
+            return []
+        measurements = [MachinePeaks(**record) for record in data["measurements"]]
+        if not all(p.matmul_gflops > 0 and p.memory_gb_s > 0 for p in measurements):
+            return []  # a figure the roofline would divide by (or NaN): not a measurement
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return []
+    return measurements
+
+
+def write_measurements(path: Path, measurements: Sequence[MachinePeaks]) -> None:
+    """Caches the measurements (oldest first) at ``path``, atomically.
+
+    Raises:
+        OSError: the file can't be written.
+    """
+    records = [{k: v for k, v in asdict(p).items() if k not in HISTORY_FIELDS} for p in measurements]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"format": PEAKS_FORMAT, "measurements": records}, indent=2))
+    tmp.replace(path)  # atomic: a reader never sees half a file
+
+
+_checked_this_process: set[Path] = set()  # cache files already checked for staleness since start-up
+
+
 def machine_peaks(device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32", refresh: bool = False) -> MachinePeaks:
-    """The peaks of this machine: from the cache, or measured and cached.
+    """The peaks of this machine: the best of the cached measurements, measured once more when stale.
+
+    The first call in a process measures when there is no usable cache or ``is_stale``
+    says so; later calls read the cache, so a busy machine costs one measurement per
+    start-up, not one per call. Each new measurement is added to the cache's history.
 
     Args:
         device: the torch device.
         dtype: the dtype the model runs in.
-        refresh: measure again even when a cached result exists.
+        refresh: add a new measurement even when the cache is fresh.
 
     Returns:
-        The ``MachinePeaks``. A cache that can't be read is measured over; one that can't
-        be written only costs a measurement next time.
+        The ``MachinePeaks`` of the history (``best_of``). A cache that can't be read is
+        measured over; one that can't be written only costs a measurement next time.
     """
     path = peaks_cache_path(device, dtype)
-    if not refresh and path.is_file():
+    measurements = read_measurements(path)
+    if refresh or not measurements or (path not in _checked_this_process and is_stale(measurements)):
+        measurements = [*measurements, measure_peaks(device, dtype)][-MAX_MEASUREMENTS:]
         try:
-            return MachinePeaks(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            pass  # unreadable or from an older format: measure again
-    peaks = measure_peaks(device, dtype)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(asdict(peaks), indent=2))
-        tmp.replace(path)  # atomic: a reader never sees half a file
-    except OSError:
-        pass
-    return peaks
+            write_measurements(path, measurements)
+        except OSError:
+            pass
+    _checked_this_process.add(path)
+    return best_of(measurements)

@@ -1,12 +1,19 @@
 """The Kernel timings page on the bundled model (fp32): a real run draws every figure from
 measured data and offers the Chrome trace; an empty prompt gives an inline error and keeps
-the earlier result."""
+the earlier result; "Measure peaks again" adds a measurement and the prediction follows the
+new best peaks."""
 
+import datetime
 import json
+import re
 from pathlib import Path
 
 import pytest
+import torch
 from streamlit.testing.v1 import AppTest
+
+from prefillviz.analysis import peaks as peaks_module
+from prefillviz.analysis.peaks import MachinePeaks
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 PAGE = "app_pages/kernels.py"
@@ -24,12 +31,20 @@ def kernels_page():
 
 
 @pytest.fixture(scope="module")
-def measured(bundled):
-    """The page after one real run (shared: a run takes ~20 s on a busy 2-core machine)."""
-    app = kernels_page()
-    assert not app.get("plotly_chart")  # nothing before a run
-    app.button(key="kernels_run").click().run()
-    return app
+def measured(bundled, tmp_path_factory):
+    """The page after one real run (shared: a run takes ~20 s on a busy 2-core machine).
+
+    The machine's peaks are measured into a cache file of the module's own, so the count of
+    measurements starts at one and the tests add to it, not to the user's cache.
+    """
+    peaks_dir = tmp_path_factory.mktemp("peaks")
+    cache_path = peaks_module.peaks_cache_path
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(peaks_module, "peaks_cache_path", lambda device="cpu", dtype="float32": peaks_dir / cache_path(device, dtype).name)
+        app = kernels_page()
+        assert not app.get("plotly_chart")  # nothing before a run
+        app.button(key="kernels_run").click().run()
+        yield app
 
 
 def charts(app) -> dict[str, dict]:
@@ -70,3 +85,37 @@ def test_empty_prompt_shows_an_inline_error_and_keeps_the_last_result(measured):
     assert not app.exception
     assert "empty" in app.error[0].value
     assert layer_chart(app)["data"][1]["y"] == before  # the earlier run is still shown
+
+
+def num_peak_measurements(app) -> int:
+    label = next(caption.value for caption in app.caption if caption.value.startswith("Peaks: "))
+    return int(re.match(r"Peaks: (?:the best of )?(\d+) measurements?", label).group(1))
+
+
+def metric_value(app, label: str) -> str:
+    return next(metric.value for metric in app.metric if metric.label == label)
+
+
+def test_measure_peaks_again_adds_a_measurement_and_the_prediction_uses_the_new_best(measured, monkeypatch):
+    app = measured
+    assert num_peak_measurements(app) == 1  # the run measured into the module's own cache
+    before = {"peaks": metric_value(app, "Machine peaks"), "mlp": metric_value(app, "MLP: measured / predicted")}
+    measurements = []
+
+    def far_faster(device, dtype):  # roofs no CPU has: certainly the new best
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        machine = peaks_module.machine_name(device)
+        measurements.append(MachinePeaks(str(device), dtype, 1e6, 1e5, now, machine, torch.get_num_threads(), 1e5, 1e5, other_cpu_percent=0.0))
+        return measurements[-1]
+
+    monkeypatch.setattr(peaks_module, "measure_peaks", far_faster)
+    app.button(key="kernels_measure_peaks").click().run()
+    assert not app.exception and not app.error
+    assert len(measurements) == 1
+    assert num_peak_measurements(app) == 2
+    assert metric_value(app, "Machine peaks") == "1,000,000 GFLOP/s" != before["peaks"]
+    assert metric_value(app, "MLP: measured / predicted") != before["mlp"]  # predicted from the new roofs
+
+    monkeypatch.setattr(peaks_module, "measure_peaks", lambda device, dtype: pytest.fail("measured without a click"))
+    app.run()  # a rerun without a click keeps the new peaks and measures nothing
+    assert num_peak_measurements(app) == 2 and metric_value(app, "Machine peaks") == "1,000,000 GFLOP/s"

@@ -74,8 +74,11 @@ def test_machine_peaks_measure_then_read_the_cache(tmp_path, monkeypatch):
 
     monkeypatch.setattr(peaks_module, "measure_peaks", no_measuring)
     assert machine_peaks("cpu", "float32") == measured
+    assert measured.num_measurements == 1 and measured.other_cpu_percent is not None  # MachineLoad ran around it
     monkeypatch.setattr(peaks_module, "measure_peaks", lambda device, dtype: MachinePeaks("cpu", "float32", 1.0, 1.0, "now", "x", 1))
-    assert machine_peaks("cpu", "float32", refresh=True).matmul_gflops == 1.0
+    refreshed = machine_peaks("cpu", "float32", refresh=True)  # a slower measurement joins the history
+    assert (refreshed.num_measurements, refreshed.matmul_gflops_min, refreshed.memory_gb_s_min) == (2, 1.0, 1.0)
+    assert (refreshed.matmul_gflops, refreshed.memory_gb_s) == (measured.matmul_gflops, measured.memory_gb_s)  # the best stays
 
 
 def test_roofline_points_from_timed_engine_steps(tiny_llama):

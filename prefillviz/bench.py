@@ -3,6 +3,10 @@
 Timing discipline (gpt-fast / nanoGPT ``bench.py``): warm up first, synchronize the device
 before reading the clock, interleave the runs being compared so drift hits both, report
 medians with their spread. Every figure is measured in this run; nothing is remembered.
+
+``--quick`` (``QUICK_SIZES``) runs every part on the smallest work that still fills
+every key, for the test of the JSON's keys and shape; its figures say nothing and the JSON
+says ``"quick": true``. The figures are ``make bench``'s (``FULL_SIZES``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -30,10 +35,29 @@ from prefillviz.models import load_model
 from prefillviz.prompts import bench_token_ids
 from prefillviz.instrument.timers import synchronize
 
-INSPECT_RSS_TOKENS = 4096
-COLD_START_RUNS = 5  # fresh processes, one after another (the model's files are in the page cache by then)
 
-NUM_WARMUP = 2
+@dataclass(frozen=True)
+class BenchSizes:
+    """How much work each part of the bench does, beyond N and the timed runs."""
+
+    warmup_runs: int = 2
+    min_runs: int = 3  # floor of the rounds for the N-step token-by-token runs and the chunked workload
+    cold_start_runs: int = 5  # fresh processes, one after another (the model's files are in the page cache by then)
+    inspect_rss_tokens: int = 4096
+    peer_prompt_lengths: tuple[int, ...] = (64, 128, 256, 384, 512, 640, 768, 1024)  # at N=512, scaled by N/512
+    peer_new_tokens: int = 32
+    peer_rounds: int = 2
+    peer_cache_blocks: int | None = None  # transformers' paged cache; None: it sizes one from the free memory (seconds)
+    chunked_short_requests: int = 4
+    chunked_short_prompt_tokens: int = 32
+    chunked_short_new_tokens: int = 24
+
+
+FULL_SIZES = BenchSizes()  # make bench
+QUICK_SIZES = BenchSizes(  # bench --quick: the test of the JSON's keys and shape
+    warmup_runs=1, min_runs=1, cold_start_runs=1, inspect_rss_tokens=64, peer_prompt_lengths=(64, 256),
+    peer_new_tokens=4, peer_rounds=1, peer_cache_blocks=8, chunked_short_requests=2, chunked_short_prompt_tokens=8, chunked_short_new_tokens=4,
+)
 
 
 def _time(fn: Callable[[], None], device: torch.device) -> float:
@@ -48,8 +72,13 @@ def _spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": len(values)}
 
 
-def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, runs: int = 7) -> dict:
-    """Measure and return the benchmark figures (see the README for each key)."""
+def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, runs: int = 7, quick: bool = False) -> dict:
+    """Measure and return the benchmark figures (see the README for each key).
+
+    Args:
+        quick: every part on ``QUICK_SIZES``: the same keys, no figures to read.
+    """
+    sizes = QUICK_SIZES if quick else FULL_SIZES
     loaded = load_model(model_id, device=device, dtype=dtype)
     model, device_ = loaded.model, loaded.device
     token_ids = bench_token_ids(loaded.tokenizer, num_tokens)
@@ -81,7 +110,7 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
     inspected = engine_prefill(budget, "inspect")
     sequential = engine_prefill(token_budget=1)
 
-    for _ in range(NUM_WARMUP):
+    for _ in range(sizes.warmup_runs):
         for fn in (hf_forward, parallel, timed, inspected):
             fn()
     sequential()
@@ -95,21 +124,22 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
         parallel_times.append(_time(parallel, device_))
         timing_times.append(_time(timed, device_))
         inspect_times.append(_time(inspected, device_))
-        if i < max(3, runs // 2):  # N steps each: fewer runs
+        if i < max(sizes.min_runs, runs // 2):  # N steps each: fewer runs
             sequential_times.append(_time(sequential, device_))
             hf_sequential_times.append(_time(hf_token_by_token, device_))
     prefix = _prefix_hit_speedup(loaded, 2 * num_tokens, runs)
     packing = _packed_over_stock(loaded, num_tokens, runs)
-    chunked = _chunked_ratios(loaded, 2 * num_tokens, runs)
-    inspect_rss_mb = _inspect_peak_rss_mb(model_id, device, dtype)
-    cold_starts, cold_exits = zip(*(_cold_start_s(model_id, device, dtype) for _ in range(COLD_START_RUNS)))
-    peer = _engine_over_hf_cb(loaded, num_tokens)  # last: transformers' continuous batching sizes a large cache
+    chunked = _chunked_ratios(loaded, 2 * num_tokens, runs, sizes)
+    inspect_rss_mb = _inspect_peak_rss_mb(model_id, device, dtype, sizes.inspect_rss_tokens)
+    cold_starts, cold_exits = zip(*(_cold_start_s(model_id, device, dtype) for _ in range(sizes.cold_start_runs)))
+    peer = _engine_over_hf_cb(loaded, num_tokens, sizes)  # last: transformers' continuous batching sizes a large cache
 
     ratios = [p / h for p, h in zip(parallel_times, hf_times)]
     parallel_median = statistics.median(parallel_times)
     prefill_flops = model_costs(loaded.info, num_tokens, num_tokens).total_flops
     peaks = machine_peaks(device_, loaded.dtype)
     return {
+        "quick": quick,  # True: QUICK_SIZES, a check of the keys, not figures
         "model": loaded.model_id,
         "device": str(device_),
         "dtype": str(loaded.dtype).removeprefix("torch."),
@@ -151,8 +181,8 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
                 "matmul_gflops": peaks.matmul_gflops, "memory_gb_s": peaks.memory_gb_s, "measured_at": peaks.measured_at,
                 "machine": peaks.machine,
             },
-            "inspect_rss": f"fresh process: load the model, inspect-capture a {INSPECT_RSS_TOKENS}-token prefill, peak RSS",
-            "warmup_runs": NUM_WARMUP,
+            "inspect_rss": f"fresh process: load the model, inspect-capture a {sizes.inspect_rss_tokens}-token prefill, peak RSS",
+            "warmup_runs": sizes.warmup_runs,
         },
     }
 
@@ -216,21 +246,22 @@ def _packed_over_stock(loaded, num_tokens: int, runs: int) -> dict:
     return {"applies": True, **rows}
 
 
-def _chunked_ratios(loaded, long_tokens: int, runs: int) -> dict:
-    """4 requests decoding when a long prompt arrives; token budget 128, chunking on over off."""
+def _chunked_ratios(loaded, long_tokens: int, runs: int, sizes: BenchSizes) -> dict:
+    """Short requests decoding when a long prompt arrives; token budget 128, chunking on over off."""
+    num_short, short_tokens, short_new = sizes.chunked_short_requests, sizes.chunked_short_prompt_tokens, sizes.chunked_short_new_tokens
     workload = build_workload(
-        loaded.tokenizer, num_short_requests=4, short_prompt_tokens=32, short_max_new_tokens=24,
+        loaded.tokenizer, num_short_requests=num_short, short_prompt_tokens=short_tokens, short_max_new_tokens=short_new,
         long_prompt_tokens=long_tokens, long_max_new_tokens=4, arrival_step=2, token_budget=128,
     )
     run_workload(loaded.model, workload, True)  # warm-up
     max_itl, total = [], []
-    for _ in range(max(3, runs // 2)):
+    for _ in range(max(sizes.min_runs, runs // 2)):
         off = latency_summary(run_workload(loaded.model, workload, False))
         on = latency_summary(run_workload(loaded.model, workload, True))
         max_itl.append(on.itl_max_ms / off.itl_max_ms)
         total.append(on.total_ms / off.total_ms)
     return {
-        "workload": f"4 requests decoding (32-token prompts, 24 new tokens) when a {long_tokens}-token prompt arrives; budget 128 vs no chunking",
+        "workload": f"{num_short} requests decoding ({short_tokens}-token prompts, {short_new} new tokens) when a {long_tokens}-token prompt arrives; budget 128 vs no chunking",
         "max_itl_ratio": statistics.median(max_itl),
         "total_time_ratio": statistics.median(total),
         "max_itl_ratios": _spread(max_itl),
@@ -238,33 +269,38 @@ def _chunked_ratios(loaded, long_tokens: int, runs: int) -> dict:
     }
 
 
-def _engine_over_hf_cb(loaded, num_tokens: int, new_tokens: int = 32) -> dict:
+def _engine_over_hf_cb(loaded, num_tokens: int, sizes: BenchSizes) -> dict:
     """Our engine vs transformers' own continuous batching (``generate_batch``) on one mixed workload.
 
-    8 requests with prompts of 64 ... 1,024 tokens (scaled by N / 512), 32 new tokens each,
-    token budget 512, greedy. Both do the same tokens, so the speed-up is a ratio of wall times.
+    ``sizes.peer_prompt_lengths`` (8 requests, 64 ... 1,024 tokens in full) scaled by N / 512,
+    ``sizes.peer_new_tokens`` new tokens each (32), token budget 512, greedy. Both do the same
+    tokens, so the speed-up is a ratio of wall times. ``sizes.peer_cache_blocks`` caps HF's
+    paged cache (quick); by default it sizes one from the free memory, which takes seconds.
     """
-    from transformers import GenerationConfig
+    from transformers import ContinuousBatchingConfig, GenerationConfig
 
+    new_tokens, token_budget = sizes.peer_new_tokens, 512
     scale = num_tokens / 512
-    lengths = [max(8, int(n * scale)) for n in (64, 128, 256, 384, 512, 640, 768, 1024)]
+    lengths = [max(8, int(n * scale)) for n in sizes.peer_prompt_lengths]
     prompts = [bench_token_ids(loaded.tokenizer, n + 7 * i)[7 * i :] for i, n in enumerate(lengths)]
 
     def ours() -> list[list[int]]:
-        engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(token_budget=512, enable_prefix_caching=False))
+        engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(token_budget=token_budget, enable_prefix_caching=False))
         ids = [engine.add_request(p, SamplingParams(max_new_tokens=new_tokens)).request_id for p in prompts]
         trace = engine.run()
         return [trace.requests[i].output_token_ids for i in ids]
 
+    cache_config = None if sizes.peer_cache_blocks is None else ContinuousBatchingConfig(num_blocks=sizes.peer_cache_blocks, max_batch_tokens=token_budget)
+
     def theirs() -> list[list[int]]:
         config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
-        outputs = loaded.model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+        outputs = loaded.model.generate_batch(inputs=prompts, generation_config=config, continuous_batching_config=cache_config, progress_bar=False)
         by_prompt = {tuple(o.prompt_ids): list(o.generated_tokens)[:new_tokens] for o in outputs.values()}
         return [by_prompt[tuple(p)] for p in prompts]
 
     ours_out, theirs_out = ours(), theirs()  # warm-up, and the outputs compared
     ours_s, theirs_s = [], []
-    for _ in range(2):
+    for _ in range(sizes.peer_rounds):
         ours_s.append(_time(ours, loaded.device))
         theirs_s.append(_time(theirs, loaded.device))
     num_tokens_done = sum(lengths) + len(prompts) * new_tokens
@@ -305,21 +341,21 @@ def _cold_start_s(model_id: str, device: str, dtype: str) -> tuple[float, float]
     return first_token_s, exited_s
 
 
-def _inspect_peak_rss_mb(model_id: str, device: str, dtype: str) -> float:
-    """Peak RSS of a fresh process that inspects a 4,096-token prefill (model load included)."""
-    command = [sys.executable, "-m", "prefillviz.bench", "inspect-rss", model_id, device, dtype]
+def _inspect_peak_rss_mb(model_id: str, device: str, dtype: str, num_tokens: int) -> float:
+    """Peak RSS of a fresh process that inspects a ``num_tokens`` prefill (model load included)."""
+    command = [sys.executable, "-m", "prefillviz.bench", "inspect-rss", model_id, device, dtype, str(num_tokens)]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])["peak_rss_mb"]
 
 
-def _inspect_rss_child(model_id: str, device: str, dtype: str) -> None:
+def _inspect_rss_child(model_id: str, device: str, dtype: str, num_tokens: int) -> None:
     loaded = load_model(model_id, device=device, dtype=dtype)
-    engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(token_budget=INSPECT_RSS_TOKENS))
-    engine.add_request(bench_token_ids(loaded.tokenizer, INSPECT_RSS_TOKENS))
+    engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(token_budget=num_tokens))
+    engine.add_request(bench_token_ids(loaded.tokenizer, num_tokens))
     trace = engine.run(capture_level="inspect")
     assert trace.captured_qk  # the captured arrays are alive while the peak is read
     print(json.dumps({"peak_rss_mb": peak_rss_bytes() / 2**20}))
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["inspect-rss"]:
-    _inspect_rss_child(*sys.argv[2:5])
+    _inspect_rss_child(*sys.argv[2:5], int(sys.argv[5]))

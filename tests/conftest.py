@@ -1,4 +1,11 @@
-"""Shared fixtures: a tiny random Llama (fast) and the bundled real model (loaded once)."""
+"""Shared fixtures: a tiny random Llama (fast) and the bundled real model (loaded once).
+
+Every test gets its tier's marker from its folder (tests/unit -> ``unit``, ...), and
+``bundled`` when it uses the bundled model, so ``-m "model and not bundled"`` is the model
+tier's quick part. The markers are registered in pytest.ini.
+"""
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -7,6 +14,22 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from prefillviz.oracle import hf_last_logits
 
 FP32_TOLERANCE = 1e-3  # max abs logit difference allowed against the plain HF forward
+
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "model", "app", "browser", "peer")  # folder name = marker name
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers
+def pytest_collection_modifyitems(items):
+    for item in items:
+        path = item.path.resolve()
+        folder = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else None
+        if folder in TIERS:
+            item.add_marker(folder)
+        params = item.callspec.params.values() if hasattr(item, "callspec") else ()
+        by_param = any(isinstance(value, str) and value == "bundled" for value in params)  # request.getfixturevalue
+        if "bundled" in item.fixturenames or by_param:  # by name, or through another fixture
+            item.add_marker("bundled")
 
 
 @pytest.fixture(scope="session")

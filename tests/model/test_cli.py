@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from prefillviz.engine.packed_weights import packing_status
+
 ROOT = Path(__file__).resolve().parents[2]
 RUN_KEYS = [
     "model", "device", "dtype", "num_prompt_tokens", "prompt_token_ids",
@@ -50,10 +54,13 @@ def test_trace_command_writes_a_trace_that_reloads(bundled, tmp_path):
     assert trace.capture_level == "inspect" and trace.captured_qk["req-0"].queries[0].shape == (9, 5, 64)
 
 
+@pytest.mark.bench
 def test_bench_json_has_the_documented_keys(bundled):
-    result = prefillviz("bench", "--json", "--num-tokens", "24", "--runs", "2", "--dtype", "float32")
+    """The whole bench on its quick sizes: the keys and the JSON's shape (the figures are make bench's)."""
+    result = prefillviz("bench", "--json", "--quick", "--num-tokens", "24", "--runs", "2", "--dtype", "float32")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
+    assert data["quick"] is True  # nobody reads these as figures
     for key in [
         "overhead_vs_hf", "sequential_over_parallel", "prefill_tok_s", "device", "dtype",
         "timing_overhead", "inspect_overhead", "inspect_4096_peak_rss_mb", "gemm_peak_gflops", "prefill_achieved_gflops",
@@ -61,12 +68,17 @@ def test_bench_json_has_the_documented_keys(bundled):
         "chunked_max_itl_ratio", "chunked_total_time_ratio", "engine_over_hf_cb",
     ]:
         assert key in data
-    assert 300 < data["inspect_4096_peak_rss_mb"] < 3 * 1024  # the bound the issue sets, on the real model
+    assert 300 < data["inspect_4096_peak_rss_mb"] < 3 * 1024  # a fresh process with the model loaded (quick: a short inspect)
     assert data["prefill_achieved_gflops"] > 0 and data["gemm_peak_gflops"] > 0
-    assert data["details"]["hf_continuous_batching"]["outputs_compared"] == 8  # fp32: the same greedy tokens as HF's own
-    assert data["details"]["hf_continuous_batching"]["outputs_equal"] == 8
+    peer = data["details"]["hf_continuous_batching"]
+    assert peer["outputs_compared"] == len(peer["prompt_lengths"]) >= 2
+    assert peer["outputs_equal"] == peer["outputs_compared"]  # fp32: the same greedy tokens as HF's own
     assert data["sequential_over_parallel"] > 1  # 24 steps cost more than one
     assert data["details"]["hf_forward_s"]["runs"] == 2
     packing = data["details"]["packed_weights"]  # the engine's CPU linears, against stock, at 1, 32 and N tokens
-    assert packing["applies"] and set(packing) == {"applies", "1_tokens", "24_tokens"}
+    applies, why = packing_status(bundled.model)  # fp32 packs on every x86 CPU we know of, but the probe decides
+    if applies:
+        assert packing["applies"] and set(packing) == {"applies", "1_tokens", "24_tokens"}
+    else:
+        assert packing == {"applies": False, "why": why}
     assert data["details"]["cold_start_to_exit_s"]["median"] >= data["details"]["cold_start_s"]["median"]

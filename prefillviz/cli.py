@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--top-k", type=int, default=0)
         command.add_argument("--top-p", type=float, default=1.0)
         command.add_argument("--seed", type=int, default=None)
+        command.add_argument(
+            "--pack-weights", default="auto", choices=["auto", "on", "off"],
+            help="pre-pack the linear weights on a CPU; auto: only when decoding (--max-new-tokens > 1), since for one forward packing costs more than it saves",
+        )
     run.add_argument("--json", action="store_true", help="print one JSON object")
     trace.add_argument("--level", default="inspect", choices=["none", "timing", "inspect", "profile"])
     trace.add_argument("--out", required=True, help="folder for trace.json, arrays.npz (and chrome_trace.json)")
@@ -53,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--num-tokens", type=int, default=512)
     bench.add_argument("--runs", type=int, default=7, help="timed runs per figure, after warm-up")
     bench.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
+    bench.add_argument("--quick", action="store_true", help="the least work that fills every key, to check the JSON (its figures mean nothing)")
 
     kernels = commands.add_parser("kernels", help="time and peak memory vs N of every attention kernel")
     kernels.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES), help="whose attention heads")
@@ -78,6 +83,7 @@ def _run_prompt(args: argparse.Namespace, capture_level: str = "none", profile_d
         token_budget=args.token_budget,
         enable_prefix_caching=not args.no_prefix_cache,
         enable_chunked_prefill=not args.no_chunking,
+        pack_linear_weights=packs_weights(args),
     )
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
     engine = LLMEngine(loaded.model, loaded.tokenizer, config, model_id=loaded.model_id)
@@ -86,6 +92,11 @@ def _run_prompt(args: argparse.Namespace, capture_level: str = "none", profile_d
     )
     request = engine.add_request(args.prompt, params)
     return loaded, engine.run(capture_level=capture_level, profile_dir=profile_dir), request.request_id
+
+
+def packs_weights(args: argparse.Namespace) -> bool:
+    """Whether ``run``/``trace`` pre-pack the linears: packing (a copy of every weight) pays off over many steps, not one."""
+    return args.pack_weights == "on" or (args.pack_weights == "auto" and args.max_new_tokens > 1)
 
 
 def run_command(args: argparse.Namespace) -> dict:
@@ -105,7 +116,7 @@ def run_command(args: argparse.Namespace) -> dict:
         "first_token_id": first_token_id,
         "time_to_first_token_s": record.time_to_first_token_s,
         "num_steps": trace.num_steps,
-        "linear_layers": linear_weights_label(loaded.model, with_reason=True),
+        "linear_layers": linear_weights_label(loaded.model, with_reason=True) if packs_weights(args) else "stock linear layers (--pack-weights off, or auto with one forward)",
         "dtype_note": "",
     }
     if args.dtype not in ("auto", "float32") and loaded.device.type == "cpu":  # asked for a 16-bit dtype: is it slow here?
@@ -161,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from prefillviz.bench import run_bench
 
-            print(json.dumps(run_bench(args.model, args.device, args.dtype, args.num_tokens, args.runs), indent=2))
+            print(json.dumps(run_bench(args.model, args.device, args.dtype, args.num_tokens, args.runs, args.quick), indent=2))
     except PrefillVizError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -1,9 +1,11 @@
 """One real-browser run: Debian's chromium driven by playwright against `streamlit run`.
 
-Starts the app on 127.0.0.1, runs a prefill, waits for the plotly charts to render, visits
-every page and saves a screenshot of each to out/screenshots/ (git-ignored).
+Starts the app on 127.0.0.1, runs a prefill twice (the first press of a fresh app must show a
+TTFT within 1.5x of the second's: no user sees a cold run), waits for the plotly charts to
+render, visits every page and saves a screenshot of each to out/screenshots/ (git-ignored).
 """
 
+import json
 import os
 import shutil
 import socket
@@ -64,6 +66,15 @@ def app_url(bundled):
     server.wait(timeout=20)
 
 
+def ttft_ms(page) -> float:
+    value = page.locator('[data-testid="stMetric"]').filter(has_text="Time to first token").locator('[data-testid="stMetricValue"]')
+    return float(value.inner_text().removesuffix(" ms").replace(",", ""))
+
+
+def ttft_caption(page) -> str:
+    return page.get_by_text("TTFT: median of").first.inner_text().strip()
+
+
 def test_prefill_then_every_page_in_a_real_browser(app_url):
     if not Path(CHROMIUM).exists():
         if os.environ.get("CI"):
@@ -80,6 +91,18 @@ def test_prefill_then_every_page_in_a_real_browser(app_url):
         page.wait_for_selector(".js-plotly-plot .main-svg", timeout=180_000)
         expect(page.locator(".js-plotly-plot")).to_have_count(3, timeout=60_000)
         expect(page.get_by_text("Time to first token").first).to_be_visible()
+        first_ttft_ms, first_caption = ttft_ms(page), ttft_caption(page)
+        page.wait_for_timeout(2000)  # as a person would: the charts finish drawing before the next press
+        page.get_by_role("button", name="Run prefill").click()
+        expect(page.get_by_text(first_caption, exact=True)).to_have_count(0, timeout=120_000)  # the second press's result
+        expect(page.get_by_text("TTFT: median of").first).to_be_visible(timeout=120_000)
+        second_ttft_ms = ttft_ms(page)
+        (SCREENSHOTS.parent / "two_presses_ttft.json").write_text(json.dumps({"first_ms": first_ttft_ms, "second_ms": second_ttft_ms, "captions": [first_caption, ttft_caption(page)]}))
+        # the app warmed the model up through the engine, and a headline is a median of timing passes:
+        # the first press of a fresh app is no colder than the second. (Only that direction is
+        # asserted: a second press that is slower because the browser is busy on 2 cores is noise,
+        # not a cold run; both figures are in out/two_presses_ttft.json.)
+        assert first_ttft_ms < 1.5 * second_ttft_ms, (first_ttft_ms, second_ttft_ms)
         page.screenshot(path=str(SCREENSHOTS / "1_prefill.png"), full_page=True)
         for index, (link, title) in enumerate(PAGES[1:], start=2):
             page.locator('[data-testid="stSidebarNav"]').get_by_text(link, exact=True).click()

@@ -115,9 +115,9 @@ def test_warm_up_packs_the_weights_and_the_headline_ttft_is_a_median(bundled):
         assert model in packed_weights._models
     result = run_prefill(bundled, "The capital of France is")
     runs = result.ttft_runs_s
-    assert len(runs) == 3 and sorted(runs)[1] == result.ttft_s  # the kept trace is the median run's
+    assert len(runs) == 5 and sorted(runs)[2] == result.ttft_s  # the kept trace is the median run's
     assert result.machine_load is not None and 0 <= result.machine_load.other_cpu_percent <= 100
     label = result.ttft_label()
-    assert label.startswith("median of 3 timing passes, spread ") and "cores meanwhile" in label
+    assert label.startswith("median of 5 timing passes, spread ") and "cores meanwhile" in label
     again = load_prefill_bundle(prefill_bundle(result))
     assert again.ttft_runs_s == runs and again.machine_load == result.machine_load

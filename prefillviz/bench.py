@@ -33,6 +33,7 @@ from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments.chunked import build_workload, latency_summary, run_workload
 from prefillviz.models import load_model
 from prefillviz.prompts import bench_token_ids
+from prefillviz.instrument.machine_load import MachineLoad
 from prefillviz.instrument.timers import synchronize
 
 
@@ -116,23 +117,25 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
     sequential()
     hf_token_by_token()
 
-    hf_times, parallel_times, timing_times, inspect_times, sequential_times, hf_sequential_times = [], [], [], [], [], []
-    gemm_gflops = []  # the peak the prefill is held against, measured between its runs
-    for i in range(runs):  # interleaved, so drift hits every variant alike
-        gemm_gflops.append(measure_matmul_gflops(device_, loaded.dtype, runs=1))
-        hf_times.append(_time(hf_forward, device_))
-        parallel_times.append(_time(parallel, device_))
-        timing_times.append(_time(timed, device_))
-        inspect_times.append(_time(inspected, device_))
-        if i < max(sizes.min_runs, runs // 2):  # N steps each: fewer runs
-            sequential_times.append(_time(sequential, device_))
-            hf_sequential_times.append(_time(hf_token_by_token, device_))
-    prefix = _prefix_hit_speedup(loaded, 2 * num_tokens, runs)
-    packing = _packed_over_stock(loaded, num_tokens, runs)
-    chunked = _chunked_ratios(loaded, 2 * num_tokens, runs, sizes)
-    inspect_rss_mb = _inspect_peak_rss_mb(model_id, device, dtype, sizes.inspect_rss_tokens)
-    cold_starts, cold_exits = zip(*(_cold_start_s(model_id, device, dtype) for _ in range(sizes.cold_start_runs)))
-    peer = _engine_over_hf_cb(loaded, num_tokens, sizes)  # last: transformers' continuous batching sizes a large cache
+    machine = MachineLoad()  # how busy the machine was while the figures were measured
+    with machine:
+        hf_times, parallel_times, timing_times, inspect_times, sequential_times, hf_sequential_times = [], [], [], [], [], []
+        gemm_gflops = []  # the peak the prefill is held against, measured between its runs
+        for i in range(runs):  # interleaved, so drift hits every variant alike
+            gemm_gflops.append(measure_matmul_gflops(device_, loaded.dtype, runs=1))
+            hf_times.append(_time(hf_forward, device_))
+            parallel_times.append(_time(parallel, device_))
+            timing_times.append(_time(timed, device_))
+            inspect_times.append(_time(inspected, device_))
+            if i < max(sizes.min_runs, runs // 2):  # N steps each: fewer runs
+                sequential_times.append(_time(sequential, device_))
+                hf_sequential_times.append(_time(hf_token_by_token, device_))
+        prefix = _prefix_hit_speedup(loaded, 2 * num_tokens, runs)
+        packing = _packed_over_stock(loaded, num_tokens, runs)
+        chunked = _chunked_ratios(loaded, 2 * num_tokens, runs, sizes)
+        inspect_rss_mb = _inspect_peak_rss_mb(model_id, device, dtype, sizes.inspect_rss_tokens)
+        cold_starts, cold_exits = zip(*(_cold_start_s(model_id, device, dtype) for _ in range(sizes.cold_start_runs)))
+        peer = _engine_over_hf_cb(loaded, num_tokens, sizes)  # last: transformers' continuous batching sizes a large cache
 
     ratios = [p / h for p, h in zip(parallel_times, hf_times)]
     parallel_median = statistics.median(parallel_times)
@@ -183,6 +186,7 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
             },
             "inspect_rss": f"fresh process: load the model, inspect-capture a {sizes.inspect_rss_tokens}-token prefill, peak RSS",
             "warmup_runs": sizes.warmup_runs,
+            "machine_load": machine.reading.as_dict(),  # other processes' share of the cores during the timed parts
         },
     }
 

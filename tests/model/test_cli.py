@@ -34,6 +34,16 @@ def test_run_json_prints_exactly_the_documented_keys(bundled):
     assert data["time_to_first_token_s"] > 0
 
 
+def test_run_imports_nothing_it_does_not_need(bundled):
+    """A cold ``run`` pays for every import (cold_start_s): not the app's, the figures' or pandas'."""
+    command = [sys.executable, "-X", "importtime", "-m", "prefillviz", "run", "--prompt", "Hi", "--dtype", "float32", "--json"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    imported = {line.rpartition("|")[2].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    unneeded = {"streamlit", "plotly", "pandas", "prefillviz.ui", "prefillviz.figures", "prefillviz.lessons", "prefillviz.bench"}
+    assert imported and not imported & unneeded, sorted(imported & unneeded)
+
+
 def test_run_errors_are_one_line_for_people():
     result = prefillviz("run", "--prompt", "  ", "--dtype", "float32")
     assert result.returncode == 2

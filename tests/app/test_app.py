@@ -108,3 +108,22 @@ def test_an_out_of_memory_run_shows_a_message_frees_and_the_next_run_works(bundl
     app.button(key="prefill_run").click().run()
     assert not app.exception and not app.error
     assert app.metric[2].value == "' Paris'"
+
+
+def test_sidebar_says_why_the_linears_are_stock_and_flags_a_slow_dtype(bundled, monkeypatch):
+    from prefillviz.devices import DtypeSpeed
+    from prefillviz.engine import packed_weights
+    from prefillviz.ui import shell
+
+    reason = "this CPU can't run oneDNN's packed bfloat16 matmul (forced by the test)"
+    monkeypatch.setattr(packed_weights, "cpu_runs_packed_linear", lambda dtype: (False, reason))
+    monkeypatch.setattr(shell, "_dtype_speed", lambda device, dtype: DtypeSpeed(device, dtype, 3.21, "a test matmul"))
+    app = AppTest.from_file(APP, default_timeout=240)
+    app.run()
+    app.selectbox(key="sidebar_dtype").set_value("bfloat16").run()
+    assert not app.exception
+    card = " ".join(m.value for m in app.sidebar.markdown)
+    assert f"engine: stock linear layers ({reason})" in card and "warmed up in" in card
+    assert any("bfloat16 runs 3.2x slower than float32" in w.value for w in app.sidebar.warning)
+    app.button(key="prefill_run").click().run()  # and it still runs
+    assert not app.exception and app.metric[2].value

@@ -6,21 +6,20 @@ blocked layout (``torch.ops.mkldnn._reorder_linear_weight``) and call the packed
 (``torch.ops.mkldnn._linear_pointwise``): the ops torch.compile's CPU freezing pass
 (``torch/_inductor/fx_passes/mkldnn_fusion.py``) puts in a graph for bf16 weights.
 ``python -m prefillviz bench`` times it (``details.packed_weights``: one forward of the
-bundled model, interleaved pairs; README "What changed since the runs that missed"):
+bundled model at 1, 32 and N tokens, packed over stock, interleaved pairs; the README has the
+figures): decode steps and short chunks (a prefix-cache hit, chunked prefill) gain most.
 
-    tokens in the forward   1           32          512
-    bf16, packed / stock    0.71-0.77   0.78-0.82   0.96-0.97   logits bit-identical (3 bench runs)
-    fp32, packed / stock    0.76        0.82        0.91        logits within 1e-4 (one run, by hand)
-
-so decode steps and short chunks (a prefix-cache hit, chunked prefill) gain most.
+Not every CPU can run the packed op (oneDNN's bf16 path needs AVX-512 BW/VL/DQ or
+AVX-NE-CONVERT), so ``cpu_runs_packed_linear`` tries it once per dtype on a tiny matrix and
+the engine falls back to the stock linears, saying why, where it fails.
 
 While ``packed_linears(model)`` is active in a thread, every plain ``nn.Linear`` of the model
 computes with its packed copy; in every other thread, and outside the block, the same module
 computes exactly as before (``F.linear``). The model is shared by the app's sessions, so the
 switch is per thread, and the module keeps its own weight: the plain Hugging Face forward,
 the oracle of every test, never sees the packed copies. They cost one more copy of the
-linear weights (+262 MB for the bundled model in bf16), made on first use (~0.1 s) and
-remade when a weight changes (a new dtype, device or values).
+linear weights, made on first use (the app's warm-up pays it) and remade when a weight changes
+(a new dtype, device or values).
 """
 
 from __future__ import annotations

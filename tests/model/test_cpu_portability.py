@@ -67,7 +67,7 @@ def test_unsupported_packing_runs_stock_linears_and_still_matches_hf(tiny_llama,
 
 
 def test_cli_bfloat16_runs_with_stock_linears_where_packing_is_unsupported(bundled, packing_unsupported, capsys):
-    code = cli.main(["run", "--prompt", "The capital of France is", "--dtype", "bfloat16", "--json"])
+    code = cli.main(["run", "--prompt", "The capital of France is", "--dtype", "bfloat16", "--pack-weights", "on", "--json"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     result = json.loads(captured.out)

@@ -7,6 +7,7 @@ from dataclasses import asdict
 import pandas as pd
 import streamlit as st
 
+from prefillviz.devices import dtype_name
 from prefillviz.hosted import hosted_policy
 
 from prefillviz.experiments import parallel as experiments
@@ -147,7 +148,7 @@ sequential_sizes = columns[1].multiselect(
 )
 parallel_runs = columns[2].number_input("Parallel runs per N (median)", 1, 9, 3, key="parallel_sweep_runs")
 estimate = f"Token-by-token will run {sum(sequential_sizes):,} steps; parallel {len(parallel_sizes) * (int(parallel_runs) + 1)} steps (one warm-up per N)."
-if comparison is not None and loaded is not None and (comparison.model_id, comparison.dtype) == (loaded.model_id, str(loaded.dtype).removeprefix("torch.")):
+if comparison is not None and loaded is not None and (comparison.model_id, comparison.dtype) == (loaded.model_id, dtype_name(loaded.dtype)):
     step_s = statistics.median(comparison.token_by_token.step_wall_times_s)
     estimate += f" At the {step_s * 1e3:,.0f} ms per one-token step measured above, the token-by-token part takes about {sum(sequential_sizes) * step_s:,.0f} s."
 st.caption(estimate)

@@ -27,6 +27,7 @@ from prefillviz.analysis.flops import model_costs
 from prefillviz.analysis.memory import peak_rss_bytes
 from prefillviz.analysis.peaks import machine_peaks, measure_matmul_gflops
 from prefillviz.config import EngineConfig
+from prefillviz.devices import dtype_name
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.packed_weights import packed_linears, packing_status
 from prefillviz.engine.request import SamplingParams
@@ -145,7 +146,7 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
         "quick": quick,  # True: QUICK_SIZES, a check of the keys, not figures
         "model": loaded.model_id,
         "device": str(device_),
-        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "dtype": dtype_name(loaded.dtype),
         "torch_threads": torch.get_num_threads(),
         "num_tokens": num_tokens,
         "overhead_vs_hf": statistics.median(ratios),

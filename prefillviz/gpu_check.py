@@ -36,6 +36,7 @@ from kernels import paged_attention as paged  # noqa: E402
 from prefillviz.analysis.flops import model_costs  # noqa: E402
 from prefillviz.analysis.peaks import machine_name, measure_matmul_gflops  # noqa: E402
 from prefillviz.config import EngineConfig  # noqa: E402
+from prefillviz.devices import dtype_name  # noqa: E402
 from prefillviz.engine.engine import LLMEngine  # noqa: E402
 from prefillviz.engine.request import SamplingParams  # noqa: E402
 from prefillviz.experiments.kernel_bench import run_kernel_benchmark  # noqa: E402
@@ -161,7 +162,7 @@ def _bundled(device: torch.device, dtype: torch.dtype):
     from prefillviz.models import BUNDLED_MODEL_ID, load_model
 
     try:
-        return load_model(BUNDLED_MODEL_ID, device=str(device), dtype=str(dtype).removeprefix("torch."))
+        return load_model(BUNDLED_MODEL_ID, device=str(device), dtype=dtype_name(dtype))
     except Exception as error:  # noqa: BLE001: no bundled copy on this machine is a skip, said why
         _emit({"check": "prefill", "model": BUNDLED_MODEL_ID, "skipped": f"{type(error).__name__}: {error}"[:300], "ok": True})
         return None
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     peak = measure_matmul_gflops(device, dtype, runs=3)
     records = [_emit({
-        "check": "machine", "name": machine_name(device), "device": str(device), "dtype": str(dtype).removeprefix("torch."),
+        "check": "machine", "name": machine_name(device), "device": str(device), "dtype": dtype_name(dtype),
         "torch": torch.__version__, "cuda": torch.version.cuda, "matmul_peak_gflops": peak, "ok": peak > 0,
     })]
     bundled = _bundled(device, dtype)

@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 import torch
 
+from prefillviz.devices import dtype_name
 from prefillviz.models import ModelInfo
 
 try:
@@ -82,7 +83,7 @@ def _dtype_of(dtype: str | torch.dtype | None, default: torch.dtype | None) -> t
         if default is None:
             raise ValueError("Give a dtype: a ModelInfo alone only knows its dtype's size.")
         return default
-    return dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype).removeprefix("torch."))
+    return dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype_name(dtype))
 
 
 def kv_memory_report(engine_or_info: Any, dtype: str | torch.dtype | None = None, num_tokens: int = 1) -> KVMemoryReport:
@@ -102,15 +103,15 @@ def kv_memory_report(engine_or_info: Any, dtype: str | torch.dtype | None = None
     info: ModelInfo = engine_or_info if engine is None else engine.info
     if engine is None and dtype is None:
         dtype_bytes = info.dtype_bytes
-        dtype_name = {4: "float32", 2: "16-bit", 1: "8-bit"}.get(dtype_bytes, f"{dtype_bytes}-byte")
+        kv_dtype = {4: "float32", 2: "16-bit", 1: "8-bit"}.get(dtype_bytes, f"{dtype_bytes}-byte")
     else:
         torch_dtype = _dtype_of(dtype, engine.dtype if engine is not None else None)
         dtype_bytes = torch.empty((), dtype=torch_dtype).element_size()
-        dtype_name = str(torch_dtype).removeprefix("torch.")
+        kv_dtype = dtype_name(torch_dtype)
     per_token = 2 * info.num_layers * info.num_kv_heads * info.head_dim * dtype_bytes
     mha_per_token = 2 * info.num_layers * info.num_heads * info.head_dim * dtype_bytes
     report = KVMemoryReport(
-        dtype=dtype_name,
+        dtype=kv_dtype,
         dtype_bytes=dtype_bytes,
         num_layers=info.num_layers,
         num_heads=info.num_heads,

@@ -50,6 +50,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from prefillviz.devices import DTYPES, dtype_name
 from prefillviz.engine.packed_weights import pack_weight, packed_linear, packing_available
 from prefillviz.instrument.machine_load import BUSY_PERCENT, MachineLoad
 from prefillviz.instrument.timers import synchronize
@@ -62,7 +63,6 @@ PEAKS_FORMAT = 3  # in the cache file name and content; 2: packed-weight matmuls
 MAX_MEASUREMENTS = 8  # the cache keeps this many recent measurements
 MAX_AGE = datetime.timedelta(days=7)  # a newest measurement older than this is measured again
 MIN_RUN_TIME_S = 0.02  # repeat fast ops within one timed run until a run takes this long
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -182,9 +182,9 @@ def machine_name(device: str | torch.device = "cpu") -> str:
 
 
 def _dtype_name(dtype: str | torch.dtype) -> str:
-    name = str(dtype).removeprefix("torch.")
-    if name not in _DTYPES:
-        raise ValueError(f"Unsupported dtype {dtype!r}; use one of {', '.join(_DTYPES)}.")
+    name = dtype_name(dtype)
+    if name not in DTYPES:
+        raise ValueError(f"Unsupported dtype {dtype!r}; use one of {', '.join(DTYPES)}.")
     return name
 
 
@@ -267,15 +267,15 @@ def measure_peaks(device: str | torch.device = "cpu", dtype: str | torch.dtype =
         The ``MachinePeaks``.
     """
     torch_device = torch.device(device)
-    dtype_name = _dtype_name(dtype)
-    torch_dtype = _DTYPES[dtype_name]
+    name = _dtype_name(dtype)
+    torch_dtype = DTYPES[name]
     measured_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     with MachineLoad() as load:
         matmul_gflops = measure_matmul_gflops(torch_device, torch_dtype, runs)
         gemv_gb_s, copy_gb_s = measure_bandwidth_gb_s(torch_device, torch_dtype, runs)
     return MachinePeaks(
         device=str(torch_device),
-        dtype=dtype_name,
+        dtype=name,
         matmul_gflops=matmul_gflops,
         memory_gb_s=max(gemv_gb_s, copy_gb_s),
         measured_at=measured_at,

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from prefillviz.config import EngineConfig
+from prefillviz.devices import dtype_name
 from prefillviz.engine.block_pool import BlockPool
 from prefillviz.engine.kv_cache import PagedKVCache, kv_bytes_per_token
 from prefillviz.engine.request import Request, RequestStatus, SamplingParams
@@ -311,7 +312,7 @@ class LLMEngine:
         return Trace(
             model_id=self.model_id,
             device=str(self.device),
-            dtype=str(self.dtype).removeprefix("torch."),
+            dtype=dtype_name(self.dtype),
             engine_config=self.config.as_dict(),
             num_blocks=self.num_blocks,
             kv_cache_bytes=self.kv_cache.num_bytes,

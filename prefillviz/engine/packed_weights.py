@@ -33,6 +33,8 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
+from prefillviz.devices import dtype_name
+
 PACKABLE_DTYPES = (torch.bfloat16, torch.float32)
 
 _active = threading.local()  # .packs: {Linear: packed weight} while packed_linears runs in this thread
@@ -46,7 +48,7 @@ def packing_available(device: torch.device | str, dtype: torch.dtype) -> tuple[b
     if torch.device(device).type != "cpu":
         return False, "pre-packed weights are a CPU path (oneDNN); on a GPU the matmuls run as they are"
     if dtype not in PACKABLE_DTYPES:
-        return False, f"no pre-packed matmul for {str(dtype).removeprefix('torch.')} here"
+        return False, f"no pre-packed matmul for {dtype_name(dtype)} here"
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return False, "this torch build has no oneDNN packed linear"
     return cpu_runs_packed_linear(dtype)
@@ -70,10 +72,10 @@ def cpu_runs_packed_linear(dtype: torch.dtype) -> tuple[bool, str]:
             expected = F.linear(x, weight)
     except RuntimeError as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return False, f"this CPU can't run oneDNN's packed {str(dtype).removeprefix('torch.')} matmul ({reason}); stock linear layers run instead"
+        return False, f"this CPU can't run oneDNN's packed {dtype_name(dtype)} matmul ({reason}); stock linear layers run instead"
     tolerance = 1e-4 if dtype == torch.float32 else 5e-2
     if packed.shape != expected.shape or not torch.allclose(packed.float(), expected.float(), rtol=tolerance, atol=tolerance):
-        return False, f"oneDNN's packed {str(dtype).removeprefix('torch.')} matmul gave wrong results on this CPU; stock linear layers run instead"
+        return False, f"oneDNN's packed {dtype_name(dtype)} matmul gave wrong results on this CPU; stock linear layers run instead"
     return True, ""
 
 

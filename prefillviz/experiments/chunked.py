@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from prefillviz.config import EngineConfig
+from prefillviz.devices import dtype_name
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.errors import RequestError
@@ -285,7 +286,7 @@ def compare_chunking(model, workload: ChunkedWorkload, progress: Progress | None
     off = run_workload(model, workload, False, progress, model_id)
     on = run_workload(model, workload, True, _counting(progress, off.num_steps), model_id)
     parameter = next(model.parameters())
-    return ChunkedComparison(workload, model_id, str(parameter.device), str(parameter.dtype).removeprefix("torch."), off, on)
+    return ChunkedComparison(workload, model_id, str(parameter.device), dtype_name(parameter.dtype), off, on)
 
 
 @dataclass
@@ -324,7 +325,7 @@ def budget_sweep(
         same = all(check.identical for check in compare_outputs(off, trace))
         points.append(SweepPoint(chunked.token_budget, True, latency_summary(trace), same))
     parameter = next(model.parameters())
-    return BudgetSweep(workload, model_id, str(parameter.device), str(parameter.dtype).removeprefix("torch."), points)
+    return BudgetSweep(workload, model_id, str(parameter.device), dtype_name(parameter.dtype), points)
 
 
 def estimated_sweep_steps(workload: ChunkedWorkload, budgets: list[int]) -> int:

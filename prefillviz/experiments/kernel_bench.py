@@ -29,6 +29,7 @@ from kernels import attention as dense
 from kernels import paged_attention as paged
 from kernels.attention import KernelCheckError, KernelResult
 from prefillviz.analysis.peaks import machine_name
+from prefillviz.devices import dtype_name
 
 BENCH_SIZES = (128, 256, 512, 1024, 2048, 4096, 8192)
 SHAPES = {  # name: (query heads, KV heads, head dim) of a model's attention
@@ -149,7 +150,7 @@ def run_kernel_benchmark(
     """
     device = str(torch.device(device))
     report = progress or (lambda fraction, text: None)
-    bench = KernelBenchmark(num_heads, num_kv_heads, head_dim, device, str(dtype).removeprefix("torch."), list(sizes))
+    bench = KernelBenchmark(num_heads, num_kv_heads, head_dim, device, dtype_name(dtype), list(sizes))
     generator = torch.Generator().manual_seed(seed)
     scale = head_dim**-0.5
     paged_kernels = [paged.LOOP, paged.PACKED, paged.LOOP_FP32_DECODES]

@@ -35,6 +35,7 @@ from kernels.attention import KERNELS, AttentionKernel, KernelResult, check_and_
 from prefillviz.analysis.peaks import MachinePeaks, machine_peaks
 from prefillviz.analysis.roofline import predict_layer_times
 from prefillviz.config import EngineConfig
+from prefillviz.devices import dtype_name
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments.kernel_bench import KernelBenchmark, kernel_rows, run_kernel_benchmark
@@ -339,8 +340,8 @@ def run_kernel_timings(
     timeline = timeline_events(profile.profile.chrome_trace_json())
 
     report(0.35, "machine peaks (cached; measured again when old or taken on a busy machine)")
-    dtype_name = str(loaded.dtype).removeprefix("torch.")
-    peaks = machine_peaks(loaded.device, dtype_name)
+    loaded_dtype_name = dtype_name(loaded.dtype)
+    peaks = machine_peaks(loaded.device, loaded_dtype_name)
     predicted = predicted_vs_measured(info, num_tokens, layer_times, peaks)
 
     report(0.4, f"inspection pass: q/k/v of layer {kernel_layer}")
@@ -364,7 +365,7 @@ def run_kernel_timings(
     return KernelTimingsResult(
         model_id=loaded.model_id,
         device=str(loaded.device),
-        dtype=dtype_name,
+        dtype=loaded_dtype_name,
         prompt=prompt,
         num_tokens=num_tokens,
         timing_traces=timing_traces,

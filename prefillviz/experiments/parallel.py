@@ -29,6 +29,7 @@ from prefillviz.analysis.flops import model_costs
 from prefillviz.analysis.peaks import MachinePeaks, machine_peaks
 from prefillviz.analysis.roofline import RooflinePoint, measure_roofline_points
 from prefillviz.config import EngineConfig
+from prefillviz.devices import dtype_name
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.errors import ConfigError, RequestError
@@ -69,7 +70,7 @@ def _model_and_tokenizer(loaded_or_pair: Any) -> tuple[Any, Any, str]:
 
 def _device_and_dtype(model: Any) -> tuple[str, str]:
     parameter = next(model.parameters())
-    return str(parameter.device), str(parameter.dtype).removeprefix("torch.")
+    return str(parameter.device), dtype_name(parameter.dtype)
 
 
 def _engine(model: Any, tokenizer: Any, token_budget: int, num_tokens: int) -> LLMEngine:
@@ -101,7 +102,7 @@ def _warm_up(model: Any, tokenizer: Any, token_ids: list[int]) -> None:
 
 def tolerance_for(dtype: str) -> float:
     """The max-abs difference allowed between the two ways in this dtype (see ``TOLERANCES``)."""
-    return TOLERANCES.get(str(dtype).removeprefix("torch."), TOLERANCES["bfloat16"])
+    return TOLERANCES.get(dtype_name(dtype), TOLERANCES["bfloat16"])
 
 
 def sweep_token_ids(tokenizer: Any, vocab_size: int, num_tokens: int) -> list[int]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from prefillviz.config import EngineConfig
+from prefillviz.devices import dtype_name
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.errors import RequestError
@@ -324,4 +325,4 @@ def run_prefix_experiment(
             done += runner.serve(request_id, prompt, None if progress is None else lambda n, record: progress(offset + n, record))
     runs = [runner.result() for runner in runners] + [None] * (3 - len(runners))
     parameter = next(model.parameters())
-    return PrefixExperiment(stream, model_id, str(parameter.device), str(parameter.dtype).removeprefix("torch."), *runs)
+    return PrefixExperiment(stream, model_id, str(parameter.device), dtype_name(parameter.dtype), *runs)

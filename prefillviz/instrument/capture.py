@@ -27,6 +27,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from prefillviz.devices import dtype_name
 from prefillviz.errors import ConfigError
 from prefillviz.instrument.timers import SpanClock
 from prefillviz.instrument.trace import CAPTURE_LEVELS, CapturedQK, KVWriteRecord, LayerTimes, ProfileRecord, StepRecord, Trace
@@ -206,7 +207,7 @@ class Capture:
         for request_id, store in self._qk.items():
             layers = sorted(store["q"])
             trace.captured_qk[request_id] = CapturedQK(
-                dtype=str(self.engine.dtype).removeprefix("torch."),
+                dtype=dtype_name(self.engine.dtype),
                 positions=torch.cat(store["positions"]).numpy(),
                 scaling=[store["scaling"][layer] for layer in layers],
                 queries=[_to_numpy(torch.cat(store["q"][layer], dim=1)) for layer in layers],

@@ -9,6 +9,7 @@ import statistics
 
 from prefillviz.analysis.memory import kv_memory_report
 from prefillviz.config import EngineConfig
+from prefillviz.devices import dtype_name
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments import chunked, inspect_run, parallel, prefix
@@ -27,7 +28,7 @@ def _outcome(kind: str, loaded, parameters: dict, measured: dict, facts: list, r
         raw=raw,
         model_id=loaded.model_id,
         device=str(loaded.device),
-        dtype=str(loaded.dtype).removeprefix("torch."),
+        dtype=dtype_name(loaded.dtype),
         **extra,
     )
 

@@ -140,7 +140,7 @@ def trace_command(args: argparse.Namespace) -> dict:
 
 def kernels_command(args: argparse.Namespace) -> dict:
     from prefillviz.experiments.kernel_bench import benchmark_json, run_kernel_benchmark
-    from prefillviz.models import resolve_device, resolve_dtype
+    from prefillviz.devices import require_dtype, resolve_device, resolve_dtype
 
     try:
         sizes = [int(n) for n in args.sizes.split(",") if n.strip()]
@@ -151,6 +151,7 @@ def kernels_command(args: argparse.Namespace) -> dict:
         raise ConfigError("Need --sizes of positive N and --families among dense, paged.")
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
+    require_dtype(device, dtype)
     bench = run_kernel_benchmark(*SHAPES[args.shape], sizes, device, dtype, families, not args.no_flex, args.runs)
     return {"shape_name": args.shape, **benchmark_json(bench)}
 

@@ -125,7 +125,7 @@ same_model = loaded is not None and loaded.model_id == comparison.model_id
 shown = (lambda ids: repr(loaded.tokenizer.decode(ids))) if same_model else str  # token ids when another model is loaded now
 st.dataframe(
     [
-        {"request": c.request_id, "new tokens": len(c.tokens_on), "chunking off": shown(c.tokens_off), "chunking on": shown(c.tokens_on),
+        {"request": c.request_id, "new tokens": len(c.tokens), "chunking off": shown(c.tokens_reference), "chunking on": shown(c.tokens),
          "identical": "pass" if c.identical else "FAIL"}
         for c in checks
     ],

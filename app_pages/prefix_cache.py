@@ -10,10 +10,10 @@ from prefillviz.experiments.prefix import (
     QUESTIONS,
     SHARED_PREFIXES,
     build_stream,
-    compare_outputs,
     estimated_num_steps,
     run_prefix_experiment,
 )
+from prefillviz.experiments.outputs import compare_outputs
 from prefillviz.figures import prefix as figures
 from prefillviz.ui.shell import downloads, get_result, loaded_model, progress_callback, run_guarded, run_label, save_result
 
@@ -142,7 +142,7 @@ if small is not None:
     )
 
 st.subheader("Same tokens with and without the cache")
-checks = [(run.label, check) for run in experiment.runs if run is not off for check in compare_outputs(off, run)]
+checks = [(run.label, check) for run in experiment.runs if run is not off for check in compare_outputs(off.trace, run.trace)]
 shown = (lambda ids: repr(loaded.tokenizer.decode(ids))) if same_model else str  # token ids when another model is loaded now
 st.dataframe(
     [

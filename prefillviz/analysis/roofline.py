@@ -203,18 +203,3 @@ def measure_roofline_points(
         times_s = [step.forward_time_s for step in steps[2:]]
         points.append(_point(f"decode ctx={context}", "decode", model, 1, context, times_s))
     return points
-
-
-def format_roofline_table(points: Sequence[RooflinePoint], peaks: MachinePeaks | None = None) -> str:
-    """A plain-text table of the points (and the roof at each, when peaks are given)."""
-    header = f"{'point':<18}{'GFLOP':>10}{'MB':>10}{'FLOP/B':>9}{'time ms':>10}{'GFLOP/s':>10}"
-    header += f"{'roof':>9}{'% roof':>8}" if peaks else ""
-    lines = [header]
-    for p in points:
-        line = f"{p.label:<18}{p.flops / 1e9:>10.3f}{p.bytes / 1e6:>10.1f}{p.intensity:>9.1f}"
-        line += f"{p.measured_time_s * 1e3:>10.2f}{p.achieved_gflops:>10.1f}"
-        if peaks:
-            attainable = roof(peaks, [p.intensity])[0]
-            line += f"{attainable:>9.1f}{100 * p.achieved_gflops / attainable:>7.0f}%"
-        lines.append(line)
-    return "\n".join(lines)

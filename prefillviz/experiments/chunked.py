@@ -30,6 +30,7 @@ from prefillviz.devices import dtype_name
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.errors import RequestError
+from prefillviz.experiments.outputs import OutputCheck, compare_outputs
 from prefillviz.instrument.trace import StepRecord, Trace
 from prefillviz.prompts import PRESETS
 
@@ -237,22 +238,6 @@ def latency_summary(trace: Trace) -> LatencySummary:
         total_ms=(last.start_time_s + last.wall_time_s) * 1000,
         num_paused_decode_steps=len(paused_decode_steps(trace)),
     )
-
-
-@dataclass
-class OutputCheck:
-    request_id: str
-    tokens_off: list[int]
-    tokens_on: list[int]
-
-    @property
-    def identical(self) -> bool:
-        return self.tokens_off == self.tokens_on
-
-
-def compare_outputs(off: Trace, on: Trace) -> list[OutputCheck]:
-    """Each request's greedy output with chunking off vs on (they must be identical)."""
-    return [OutputCheck(rid, off.requests[rid].output_token_ids, on.requests[rid].output_token_ids) for rid in off.requests]
 
 
 @dataclass

@@ -228,43 +228,6 @@ class StreamRunner:
         return StreamRun(self.label, self.enable_prefix_caching, self.engine.num_blocks, self.engine.trace(), self.counters, self.request_steps)
 
 
-def run_stream(
-    model,
-    stream: PrefixStream,
-    enable_prefix_caching: bool = True,
-    num_blocks: int | None = None,
-    label: str = "",
-    model_id: str = "",
-) -> StreamRun:
-    """Run the stream's requests one after another on one engine; each finishes before the next arrives.
-
-    Raises:
-        RequestError: a request that does not fit a cache of ``num_blocks`` blocks.
-    """
-    runner = StreamRunner(model, stream, enable_prefix_caching, num_blocks, label, model_id)
-    for request_id, prompt in stream.prompts:
-        runner.serve(request_id, prompt)
-    return runner.result()
-
-
-@dataclass
-class OutputCheck:
-    request_id: str
-    tokens_reference: list[int]  # cache off
-    tokens: list[int]
-
-    @property
-    def identical(self) -> bool:
-        return self.tokens == self.tokens_reference
-
-
-def compare_outputs(reference: StreamRun, run: StreamRun) -> list[OutputCheck]:
-    return [
-        OutputCheck(rid, reference.trace.requests[rid].output_token_ids, run.trace.requests[rid].output_token_ids)
-        for rid in reference.trace.requests
-    ]
-
-
 @dataclass
 class PrefixExperiment:
     stream: PrefixStream

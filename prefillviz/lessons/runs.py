@@ -13,6 +13,7 @@ from prefillviz.devices import dtype_name
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments import chunked, inspect_run, parallel, prefix
+from prefillviz.experiments.outputs import compare_outputs
 from prefillviz.experiments.prefill import run_prefill
 from prefillviz.lessons.actions import ActionOutcome, Progress
 from prefillviz.lessons.spec import LessonError
@@ -271,7 +272,7 @@ def _run_prefix(loaded, parameters: dict, report: Progress, scale: float | None 
     ttft_on = statistics.mean(on[rid].time_to_first_token_s for rid in later)
     ttft_off = statistics.mean(off[rid].time_to_first_token_s for rid in later)
     queries, hits = experiment.cache_on.counters[-1]
-    checks = prefix.compare_outputs(experiment.cache_off, experiment.cache_on)
+    checks = compare_outputs(experiment.cache_off.trace, experiment.cache_on.trace)
     measured = {
         "num_shared_prefix_tokens": stream.num_shared_prefix_tokens,
         "later_cached_percent": statistics.mean(100 * on[rid].num_cached_tokens / on[rid].num_prompt_tokens for rid in later),

@@ -9,6 +9,7 @@ import pytest
 
 from prefillviz.errors import ConfigError, RequestError
 from prefillviz.experiments import chunked, prefix
+from prefillviz.experiments.outputs import compare_outputs
 from prefillviz.figures import chunked as chunked_figures
 from prefillviz.figures import prefix as prefix_figures
 
@@ -222,7 +223,7 @@ def check_prefix(experiment):
         assert blocks.statuses[-1] == ("partial" if blocks.num_prompt_tokens % stream.block_size else "computed")
     # caching never changes what is generated
     for run in experiment.runs:
-        assert all(check.identical for check in prefix.compare_outputs(off, run))
+        assert all(check.identical for check in compare_outputs(off.trace, run.trace))
         assert all(len(r.output_token_ids) == stream.max_new_tokens for r in run.trace.requests.values())
 
 

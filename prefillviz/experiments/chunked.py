@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import numpy as np
 import torch
@@ -32,10 +31,10 @@ from prefillviz.engine.request import SamplingParams
 from prefillviz.errors import RequestError
 from prefillviz.experiments.outputs import OutputCheck, compare_outputs
 from prefillviz.instrument.trace import StepRecord, Trace
+from prefillviz.progress import StepProgress
 from prefillviz.prompts import PRESETS
 
 LONG_REQUEST_ID = "long"
-Progress = Callable[[int, StepRecord], None]
 
 
 def short_request_id(index: int) -> str:
@@ -142,7 +141,7 @@ def build_workload(
     )
 
 
-def _counting(progress: Progress | None, offset: int) -> Progress | None:
+def _counting(progress: StepProgress | None, offset: int) -> StepProgress | None:
     if progress is None:
         return None
     return lambda steps_done, record: progress(offset + steps_done, record)
@@ -152,7 +151,7 @@ def run_workload(
     model,
     workload: ChunkedWorkload,
     enable_chunked_prefill: bool,
-    progress: Progress | None = None,
+    progress: StepProgress | None = None,
     model_id: str = "",
 ) -> Trace:
     """Run the workload once (greedy, capture "none"); the long prompt is added after ``arrival_step`` steps.
@@ -262,7 +261,7 @@ class ChunkedComparison:
         return compare_outputs(self.off, self.on)
 
 
-def compare_chunking(model, workload: ChunkedWorkload, progress: Progress | None = None, model_id: str = "") -> ChunkedComparison:
+def compare_chunking(model, workload: ChunkedWorkload, progress: StepProgress | None = None, model_id: str = "") -> ChunkedComparison:
     """Warm up, then run the workload with chunking off and on (same tokens, greedy).
 
     ``progress`` counts steps across both runs.
@@ -294,7 +293,7 @@ class BudgetSweep:
 
 
 def budget_sweep(
-    model, workload: ChunkedWorkload, budgets: list[int], progress: Progress | None = None, model_id: str = ""
+    model, workload: ChunkedWorkload, budgets: list[int], progress: StepProgress | None = None, model_id: str = ""
 ) -> BudgetSweep:
     """The workload with chunking off once, then chunked at each budget: (TTFT, max ITL) per run.
 

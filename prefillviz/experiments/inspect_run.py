@@ -32,11 +32,11 @@ from prefillviz.errors import RequestError
 from prefillviz.experiments.prefill import PrefillResult
 from prefillviz.instrument.trace import StepRecord, Trace
 from prefillviz.models import LoadedModel, ModelInfo
+from prefillviz.progress import StepProgress
 
 ONE_STEP_BUDGET = 1 << 20  # more tokens than any prompt: the whole prompt runs in one step
 KV_QUANTITIES = {"key_norm": "key norm", "value_norm": "value norm", "bytes": "bytes written"}
 
-StepProgress = Callable[[int, StepRecord], None]
 
 
 @dataclass

@@ -21,7 +21,6 @@ draws the same rows.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -30,6 +29,7 @@ from kernels import paged_attention as paged
 from kernels.attention import KernelCheckError, KernelResult
 from prefillviz.analysis.peaks import machine_name
 from prefillviz.devices import dtype_name
+from prefillviz.progress import FractionProgress
 
 BENCH_SIZES = (128, 256, 512, 1024, 2048, 4096, 8192)
 SHAPES = {  # name: (query heads, KV heads, head dim) of a model's attention
@@ -40,7 +40,6 @@ MIXED_CHUNK, MIXED_DECODES = 128, 4
 NAIVE_MAX_SCORE_BYTES = {"cpu": 3 * 2**30, "cuda": 24 * 2**30}
 """v1 is timed with its whole (H, N, N) fp32-sized score matrix only up to this size."""
 
-Progress = Callable[[float, str], None]
 
 
 @dataclass
@@ -141,7 +140,7 @@ def run_kernel_benchmark(
     include_flex: bool = True,
     runs: int = 3,
     seed: int = 0,
-    progress: Progress | None = None,
+    progress: FractionProgress | None = None,
 ) -> KernelBenchmark:
     """Check, time and measure every kernel of ``families`` at each N of ``sizes``.
 

@@ -27,7 +27,6 @@ import math
 import re
 import statistics
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import torch
 
@@ -42,6 +41,7 @@ from prefillviz.experiments.kernel_bench import KernelBenchmark, kernel_rows, ru
 from prefillviz.errors import RequestError
 from prefillviz.instrument.trace import LayerTimes, Trace
 from prefillviz.models import LoadedModel, ModelInfo
+from prefillviz.progress import FractionProgress
 
 CPU_SWEEP_SIZES = (128, 256, 512, 1024)
 CUDA_SWEEP_SIZES = (512, 1024, 2048, 4096, 8192)
@@ -52,7 +52,6 @@ ATTENTION_OPS = ("q_proj", "k_proj", "v_proj", "attn_scores", "attn_values", "o_
 MLP_OPS = ("mlp_gate", "mlp_up", "mlp_down", "mlp_fc", "mlp_proj")
 SCOPE_PATTERN = re.compile(r"^(embedding|final_norm|lm_head|layers\.(\d+)(?:\.(\w+))?)$")
 
-Progress = Callable[[float, str], None]
 
 
 def max_kernel_tokens(info: ModelInfo, device: str | torch.device) -> int:
@@ -298,7 +297,7 @@ def run_kernel_timings(
     timing_runs: int = 3,
     kernel_runs: int = 5,
     profile_dir: str | None = None,
-    progress: Progress | None = None,
+    progress: FractionProgress | None = None,
     include_flex: bool = False,
 ) -> KernelTimingsResult:
     """All passes of the Kernel timings page for one prompt.

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from prefillviz.errors import ConfigError, RequestError
 from prefillviz.instrument.machine_load import LoadReading, MachineLoad
 from prefillviz.instrument.trace import Trace
 from prefillviz.models import model_info
+from prefillviz.progress import FractionProgress
 from prefillviz.prompts import bench_token_ids
 
 PARALLEL = "parallel"
@@ -56,7 +57,6 @@ DEFAULT_SEQUENTIAL_SIZES = (4, 8, 16, 24, 32)
 DEFAULT_ROOFLINE_PREFILL_SIZES = (16, 64, 256)
 DEFAULT_ROOFLINE_DECODE_CONTEXTS = (64, 256)
 
-Progress = Callable[[float, str], None]  # (fraction done 0..1, what is running)
 
 
 # ---------------------------------------------------------------- shared helpers
@@ -394,7 +394,7 @@ def run_both_ways(
     prompt: str | list[int],
     max_tokens: int | None = None,
     parallel_timing_runs: int = 3,
-    progress: Progress | None = None,
+    progress: FractionProgress | None = None,
 ) -> ParallelComparison:
     """Prefill one prompt in one step and token by token: timing passes, then inspection passes.
 
@@ -596,7 +596,7 @@ def run_sweep(
     sequential_sizes: Sequence[int] = DEFAULT_SEQUENTIAL_SIZES,
     parallel_runs: int = 3,
     sequential_runs: int = 1,
-    progress: Progress | None = None,
+    progress: FractionProgress | None = None,
 ) -> SweepResult:
     """Time to first token for N prompt tokens, parallel (1 step) and token by token (N steps).
 

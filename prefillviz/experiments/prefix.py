@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 from prefillviz.config import EngineConfig
 from prefillviz.devices import dtype_name
@@ -35,10 +34,10 @@ from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.errors import RequestError
 from prefillviz.experiments.chunked import warm_up
-from prefillviz.instrument.trace import StepRecord, Trace
+from prefillviz.instrument.trace import Trace
+from prefillviz.progress import StepProgress
 from prefillviz.prompts import PRESETS
 
-Progress = Callable[[int, StepRecord], None]
 
 _CHAT = PRESETS["Chat with a system prompt"]
 CHAT_SYSTEM_PROMPT = (
@@ -211,7 +210,7 @@ class StreamRunner:
         self.counters: list[tuple[int, int]] = []
         self.request_steps: dict[str, list[int]] = {}
 
-    def serve(self, request_id: str, prompt: tuple[int, ...], progress: Progress | None = None) -> int:
+    def serve(self, request_id: str, prompt: tuple[int, ...], progress: StepProgress | None = None) -> int:
         """Add one request and step until it is done; returns the steps it took.
 
         Raises:
@@ -255,7 +254,7 @@ def estimated_num_steps(stream: PrefixStream, small_cache: bool) -> int:
 
 
 def run_prefix_experiment(
-    model, stream: PrefixStream, small_num_blocks: int | None = None, progress: Progress | None = None, model_id: str = ""
+    model, stream: PrefixStream, small_num_blocks: int | None = None, progress: StepProgress | None = None, model_id: str = ""
 ) -> PrefixExperiment:
     """Warm up, then run the stream with the cache on, off, and (if ``small_num_blocks``) in a small cache.
 

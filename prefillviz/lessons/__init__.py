@@ -39,7 +39,7 @@ The modules, in import order:
 
 from __future__ import annotations
 
-from prefillviz.lessons.actions import TYPE_WORDS, ActionKind, ActionOutcome, Progress, check_parameters
+from prefillviz.lessons.actions import TYPE_WORDS, ActionKind, ActionOutcome, check_parameters
 from prefillviz.lessons.loading import load_lesson, load_lessons, parse_markdown, parse_question, parse_step
 from prefillviz.lessons.registry import ACTION_KINDS, PROMPT_PARAMETERS, resolve_parameters, run_action
 from prefillviz.lessons.reveal import Reveal, choice_for, format_reveal, format_value
@@ -57,6 +57,7 @@ from prefillviz.lessons.spec import (
     Step,
 )
 from prefillviz.lessons.views import page_results, page_state, step_figure
+from prefillviz.progress import FractionProgress
 
 __all__ = [
     "ACTION_KINDS",
@@ -69,7 +70,7 @@ __all__ = [
     "LessonError",
     "MAX_MINUTES",
     "PROMPT_PARAMETERS",
-    "Progress",
+    "FractionProgress",
     "Question",
     "ROOT",
     "Reveal",

@@ -13,7 +13,6 @@ from prefillviz.experiments import prefix
 from prefillviz.lessons.spec import _require
 from prefillviz.prompts import PRESETS
 
-Progress = Callable[[float, str], None]  # (fraction done 0..1, what is running)
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from prefillviz.lessons.actions import ActionKind, ActionOutcome, Progress, check_parameters
+from prefillviz.lessons.actions import ActionKind, ActionOutcome, check_parameters
 from prefillviz.lessons.runs import (
     _run_chunked,
     _run_kv_memory,
@@ -28,6 +28,7 @@ from prefillviz.lessons.step_figures import (
     _ttft_bars_figure,
     _ttft_breakdown_figure,
 )
+from prefillviz.progress import FractionProgress
 
 PROMPT_PARAMETERS = {"preset": (str, "Chat with a system prompt"), "prompt": (str, None)}  # a spec's "prompt" wins
 
@@ -144,7 +145,7 @@ def resolve_parameters(action: dict, scale: float | None = None) -> tuple[Action
     return kind, parameters
 
 
-def run_action(loaded, action: dict, scale: float | None = None, progress: Progress | None = None) -> ActionOutcome:
+def run_action(loaded, action: dict, scale: float | None = None, progress: FractionProgress | None = None) -> ActionOutcome:
     """Run one step's action on the real model and return what it measured.
 
     Args:

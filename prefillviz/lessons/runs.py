@@ -15,8 +15,9 @@ from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments import chunked, inspect_run, parallel, prefix
 from prefillviz.experiments.outputs import compare_outputs
 from prefillviz.experiments.prefill import run_prefill
-from prefillviz.lessons.actions import ActionOutcome, Progress
+from prefillviz.lessons.actions import ActionOutcome
 from prefillviz.lessons.spec import LessonError
+from prefillviz.progress import FractionProgress
 from prefillviz.prompts import PRESETS, bench_token_ids
 
 
@@ -42,7 +43,7 @@ def _prompt_of(parameters: dict) -> tuple[str, str | None]:
 
 
 # --- prefill: the whole prompt in one step (a timing pass, then an inspection pass)
-def _run_prefill(loaded, parameters: dict, report: Progress, scale: float | None = None) -> ActionOutcome:
+def _run_prefill(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:
     prompt, preset = _prompt_of(parameters)
     report(0.0, "prefill: a timing pass, then an inspection pass")
     result = run_prefill(loaded, prompt)
@@ -67,7 +68,7 @@ def _run_prefill(loaded, parameters: dict, report: Progress, scale: float | None
 
 
 # --- kv_memory: the same prefill, read as KV-cache memory (write log, blocks, GQA)
-def _run_kv_memory(loaded, parameters: dict, report: Progress, scale: float | None = None) -> ActionOutcome:
+def _run_kv_memory(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:
     outcome = _run_prefill(loaded, parameters, report)
     run = inspect_run.from_prefill_result(outcome.raw["prefill"])
     growth = inspect_run.memory_growth(run.trace, run.request_id)
@@ -105,7 +106,7 @@ def _ttft_s(loaded, token_ids: list[int]) -> float:
     return engine.run().requests[request.request_id].time_to_first_token_s
 
 
-def _run_ttft_ratio(loaded, parameters: dict, report: Progress, scale: float | None = None) -> ActionOutcome:
+def _run_ttft_ratio(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:
     short_n, long_n, runs = parameters["short_tokens"], parameters["long_tokens"], parameters["runs"]
     if long_n <= short_n:
         raise LessonError(f"ttft_ratio: long_tokens ({long_n}) must be larger than short_tokens ({short_n}).")
@@ -138,7 +139,7 @@ def _run_ttft_ratio(loaded, parameters: dict, report: Progress, scale: float | N
 
 
 # --- parallel_vs_sequential: the same prompt in one step and in N one-token steps
-def _run_parallel(loaded, parameters: dict, report: Progress, scale: float | None = None) -> ActionOutcome:
+def _run_parallel(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:
     prompt, _ = _prompt_of(parameters)
     comparison = parallel.run_both_ways(
         loaded, prompt, max_tokens=parameters["num_tokens"], parallel_timing_runs=parameters["parallel_timing_runs"], progress=report
@@ -167,7 +168,7 @@ def _run_parallel(loaded, parameters: dict, report: Progress, scale: float | Non
 
 
 # --- roofline: measured prefill and decode steps under this machine's measured roofs
-def _run_roofline(loaded, parameters: dict, report: Progress, scale: float | None = None) -> ActionOutcome:
+def _run_roofline(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:
     report(0.0, "reading (or measuring) this machine's peaks, then timing prefill and decode steps")
     result = parallel.run_roofline(loaded, parameters["prefill_sizes"], parameters["decode_contexts"], parameters["runs"])
     prefill_points = [p for p in result.points if p.phase == "prefill"]
@@ -207,7 +208,7 @@ def _side_of_ridge(intensity: float, ridge: float) -> str:
 
 
 # --- chunked: a long prompt arrives while short requests decode; chunking off vs on
-def _run_chunked(loaded, parameters: dict, report: Progress, scale: float | None = None) -> ActionOutcome:
+def _run_chunked(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:
     workload = chunked.build_workload(
         loaded.tokenizer,
         num_short_requests=parameters["num_short_requests"],
@@ -247,7 +248,7 @@ def _run_chunked(loaded, parameters: dict, report: Progress, scale: float | None
 
 
 # --- prefix: questions sharing a prefix, one after another on one engine, prefix cache on vs off
-def _run_prefix(loaded, parameters: dict, report: Progress, scale: float | None = None) -> ActionOutcome:
+def _run_prefix(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:
     from prefillviz.lessons.registry import ACTION_KINDS  # the registry imports this module
 
     prefix_text, template = prefix.SHARED_PREFIXES[parameters["shared_prefix"]]

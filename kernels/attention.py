@@ -42,8 +42,6 @@ Memory, said honestly (two numbers, never mixed):
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -51,13 +49,12 @@ import torch
 import torch.nn.functional as F
 
 from prefillviz.errors import PrefillVizError
-from prefillviz.instrument.timers import synchronize
+from prefillviz.instrument.timers import synchronize, time_call
 
 BLOCK_SIZE = 64  # v3's query and key block (tile) size
 DEFAULT_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 """Allowed max |kernel - oracle|, per unit of max |v| (the output is a weighted mean of V rows)."""
 ORACLE_ROW_BLOCK = 256  # the check's oracle holds at most (H, 256, N) scores at a time
-MIN_RUN_TIME_S = 0.02  # a timed run repeats a fast kernel until it takes this long (shorter windows are scheduler noise)
 
 
 class KernelCheckError(PrefillVizError):
@@ -239,49 +236,6 @@ def compare_to_oracle(
     return difference, allowed
 
 
-# ------------------------------------------------------------------------------ time
-def _run_seconds(fn: Callable[[], object], calls: int, device: torch.device) -> float:
-    """Seconds for ``calls`` back-to-back calls: CUDA events on a GPU, perf_counter elsewhere."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        torch.cuda.synchronize(device)
-        return start.elapsed_time(end) / 1000
-    synchronize(device)
-    start_s = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    synchronize(device)
-    return time.perf_counter() - start_s
-
-
-@dataclass
-class KernelTiming:
-    median_s: float  # per call
-    min_s: float
-    max_s: float
-    num_runs: int
-    calls_per_run: int
-    clock: str
-
-
-@torch.inference_mode()
-def time_kernel(fn: Callable[[], object], device: torch.device, runs: int = 5, warmup: int = 2) -> KernelTiming:
-    """Warm up, then the median over ``runs`` timed runs of seconds per call.
-
-    A run repeats a fast call until it lasts ``MIN_RUN_TIME_S`` (sized from the warm-up),
-    so the clock's resolution does not dominate.
-    """
-    warm_s = min(_run_seconds(fn, 1, device) for _ in range(max(1, warmup)))
-    calls = max(1, min(1000, math.ceil(MIN_RUN_TIME_S / max(warm_s, 1e-7))))
-    per_call = [_run_seconds(fn, calls, device) / calls for _ in range(max(1, runs))]
-    clock = "cuda events" if device.type == "cuda" else "perf_counter"
-    return KernelTiming(statistics.median(per_call), min(per_call), max(per_call), len(per_call), calls, clock)
-
-
 # ------------------------------------------------------------------------------ memory
 @torch.inference_mode()
 def measure_peak_memory(fn: Callable[[], object], device: torch.device) -> tuple[int | None, str]:
@@ -390,7 +344,7 @@ def time_checked(
 ) -> KernelResult:
     """Time ``call`` (a kernel that already passed its check, ``check`` = (difference, allowed))
     and measure its memory; the result carries q's shape, dtype and device, and ``extra`` fields."""
-    timing = time_kernel(call, q.device, runs, warmup)
+    timing = time_call(call, q.device, runs, warmup)
     peak, method = measure_peak_memory(call, q.device) if measure_memory else (None, "not measured")
     num_heads, num_tokens, head_dim = q.shape
     return KernelResult(

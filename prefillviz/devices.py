@@ -12,9 +12,6 @@ measured factor instead of a guess from the CPU's name.
 from __future__ import annotations
 
 import functools
-import math
-import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from prefillviz.errors import ModelLoadError
+from prefillviz.instrument.timers import time_call
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SLOW_FACTOR = 1.25  # a dtype this much slower than float32 here is called slow
@@ -198,20 +196,6 @@ class DtypeSpeed:
         )
 
 
-def _median_s(fn, runs: int = _SPEED_RUNS) -> float:
-    fn()  # warm-up
-    start = time.perf_counter()
-    fn()
-    repeats = max(1, min(200, math.ceil(_SPEED_WINDOW_S / max(time.perf_counter() - start, 1e-7))))
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        for _ in range(repeats):
-            fn()
-        times.append((time.perf_counter() - start) / repeats)
-    return statistics.median(times)
-
-
 @functools.cache
 def _layer_slice_s(device: torch.device, dtype: torch.dtype) -> float:
     from prefillviz.engine.packed_weights import pack_weight, packed_linear, packing_available
@@ -231,7 +215,7 @@ def _layer_slice_s(device: torch.device, dtype: torch.dtype) -> float:
             linear()
             F.scaled_dot_product_attention(q, q, q, is_causal=True)
 
-    return _median_s(layer_slice)
+    return time_call(layer_slice, device, runs=_SPEED_RUNS, warmup=1, min_run_time_s=_SPEED_WINDOW_S).median_s
 
 
 @functools.cache

@@ -38,12 +38,9 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 import platform
 import re
-import statistics
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -53,7 +50,7 @@ import torch
 from prefillviz.devices import DTYPES, dtype_name
 from prefillviz.engine.packed_weights import pack_weight, packed_linear, packing_available
 from prefillviz.instrument.machine_load import BUSY_PERCENT, MachineLoad
-from prefillviz.instrument.timers import synchronize
+from prefillviz.instrument.timers import time_call
 
 MATMUL_SHAPES = ((512, 576, 1536), (2048, 2048, 2048))  # (M, K, N): (M, K) @ (K, N)
 CUDA_EXTRA_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192))
@@ -62,7 +59,6 @@ GEMV_ROWS = 8192
 PEAKS_FORMAT = 3  # in the cache file name and content; 2: packed-weight matmuls count on a CPU; 3: a history of measurements
 MAX_MEASUREMENTS = 8  # the cache keeps this many recent measurements
 MAX_AGE = datetime.timedelta(days=7)  # a newest measurement older than this is measured again
-MIN_RUN_TIME_S = 0.02  # repeat fast ops within one timed run until a run takes this long
 
 
 @dataclass
@@ -197,27 +193,9 @@ def peaks_cache_path(device: str | torch.device = "cpu", dtype: str | torch.dtyp
     return root / "peaks" / f"{slug}_{device_name}_{_dtype_name(dtype)}_{torch.get_num_threads()}threads_v{PEAKS_FORMAT}.json"
 
 
-def _elapsed_s(fn: Callable[[], None], repeats: int, device: torch.device) -> float:
-    if device.type == "cuda":  # CUDA events time the GPU work, not the launches
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(repeats):
-            fn()
-        end.record()
-        torch.cuda.synchronize(device)
-        return start.elapsed_time(end) / 1000
-    start_s = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return time.perf_counter() - start_s
-
-
 def _median_time_s(fn: Callable[[], None], device: torch.device, runs: int) -> float:
     """Median seconds per call: one warm-up, then ``runs`` timed runs of enough calls."""
-    synchronize(device)
-    first_s = _elapsed_s(fn, 1, device)  # warm-up; also sizes the repeat count
-    repeats = max(1, min(1000, math.ceil(MIN_RUN_TIME_S / max(first_s, 1e-7))))
-    return statistics.median(_elapsed_s(fn, repeats, device) / repeats for _ in range(runs))
+    return time_call(fn, device, runs, warmup=1).median_s
 
 
 @torch.inference_mode()

@@ -1,4 +1,6 @@
-"""Clocks for spans inside one forward: CUDA events on a GPU, perf_counter on a CPU.
+"""Clocks: spans inside one forward, and the time of a call repeated over timed runs.
+
+CUDA events on a GPU, perf_counter on a CPU.
 
 A CPU runs the ops of a forward in order before returning, so ``perf_counter`` around a
 module is its real time. A GPU queues kernels: there a span is a pair of CUDA events read
@@ -8,9 +10,15 @@ a sync inside the forward.
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
+
+MIN_RUN_TIME_S = 0.02  # a timed run repeats a fast call until it lasts this long (shorter windows are scheduler noise)
 
 
 def synchronize(device: torch.device) -> None:
@@ -58,3 +66,49 @@ class SpanClock:
             seconds[name] = seconds.get(name, 0.0) + elapsed
         self._spans, self._open = [], {}
         return seconds
+
+
+def run_seconds(fn: Callable[[], object], calls: int, device: torch.device) -> float:
+    """Seconds for ``calls`` back-to-back calls: CUDA events on a GPU (the GPU work, not the launches), perf_counter elsewhere."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        torch.cuda.synchronize(device)
+        return start.elapsed_time(end) / 1000
+    synchronize(device)
+    start_s = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    synchronize(device)
+    return time.perf_counter() - start_s
+
+
+@dataclass
+class CallTiming:
+    """Seconds per call over timed runs (each run repeats the call ``calls_per_run`` times)."""
+
+    median_s: float
+    min_s: float
+    max_s: float
+    num_runs: int
+    calls_per_run: int
+    clock: str
+
+
+@torch.inference_mode()
+def time_call(
+    fn: Callable[[], object], device: torch.device, runs: int = 5, warmup: int = 2, min_run_time_s: float = MIN_RUN_TIME_S
+) -> CallTiming:
+    """Warm up, then the median over ``runs`` timed runs of seconds per call.
+
+    A run repeats a fast call until it lasts ``min_run_time_s`` (sized from the warm-up), so
+    the clock's resolution does not dominate.
+    """
+    warm_s = min(run_seconds(fn, 1, device) for _ in range(max(1, warmup)))
+    calls = max(1, min(1000, math.ceil(min_run_time_s / max(warm_s, 1e-7))))
+    per_call = [run_seconds(fn, calls, device) / calls for _ in range(max(1, runs))]
+    clock = "cuda events" if device.type == "cuda" else "perf_counter"
+    return CallTiming(statistics.median(per_call), min(per_call), max(per_call), len(per_call), calls, clock)

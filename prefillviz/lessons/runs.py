@@ -248,14 +248,15 @@ def _run_chunked(loaded, parameters: dict, report: FractionProgress, scale: floa
 
 
 # --- prefix: questions sharing a prefix, one after another on one engine, prefix cache on vs off
-def _run_prefix(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:
-    from prefillviz.lessons.registry import ACTION_KINDS  # the registry imports this module
+SMALLEST_SCALED_PREFIX_TOKENS = 40  # a scaled-down prefix keeps at least this many tokens (the registry's ``scaled``)
 
+
+def _run_prefix(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:
     prefix_text, template = prefix.SHARED_PREFIXES[parameters["shared_prefix"]]
     prefix_ids = loaded.tokenizer(prefix_text)["input_ids"]
     keep = parameters["prefix_tokens"] or len(prefix_ids)
     if scale is not None and parameters["prefix_tokens"] is None:
-        keep = max(ACTION_KINDS["prefix"].scaled["prefix_tokens"], round(len(prefix_ids) * scale))
+        keep = max(SMALLEST_SCALED_PREFIX_TOKENS, round(len(prefix_ids) * scale))
     if keep < len(prefix_ids):  # the first tokens of the same text
         prefix_text = loaded.tokenizer.decode(prefix_ids[:keep])
     questions = list(prefix.QUESTIONS[: parameters["num_questions"]])

@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 import streamlit as st
 
 from prefillviz.hosted import hosted_policy
-from prefillviz.models import RECOMMENDED_MODELS
+from prefillviz.model_registry import RECOMMENDED_MODELS
 from prefillviz.prompts import PRESETS
 
 MAX_PROMPT_CHARS = 4000

@@ -27,7 +27,8 @@ from prefillviz.engine.packed_weights import linear_weights_label
 from prefillviz.errors import OutOfMemory, PrefillVizError, is_out_of_memory
 from prefillviz.hosted import hosted_policy
 from prefillviz.experiments.warm_up import warm_up
-from prefillviz.models import BUNDLED_MODEL_ID, RECOMMENDED_MODELS, LoadedModel, load_model
+from prefillviz.model_registry import BUNDLED_MODEL_ID, RECOMMENDED_MODELS
+from prefillviz.models import LoadedModel, load_model
 from prefillviz.run_queue import RUN_QUEUE
 
 logger = logging.getLogger(__name__)

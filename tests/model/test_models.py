@@ -16,14 +16,9 @@ import torch
 
 from prefillviz import models
 from prefillviz.errors import ModelLoadError
-from prefillviz.models import (
-    BUNDLED_MODEL_ID,
-    RECOMMENDED_MODELS,
-    cpu_has_fast_bf16,
-    load_model,
-    resolve_device,
-    resolve_dtype,
-)
+from prefillviz.devices import cpu_has_fast_bf16, resolve_device, resolve_dtype
+from prefillviz.model_registry import BUNDLED_MODEL_ID, RECOMMENDED_MODELS
+from prefillviz.models import load_model
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = "The capital of France is"

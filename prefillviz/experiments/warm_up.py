@@ -15,14 +15,13 @@ import time
 from prefillviz.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
+from prefillviz.experiments.prefill import run_prefill
 from prefillviz.models import LoadedModel
 from prefillviz.prompts import PRESETS
 
 
 def warm_up(loaded: LoadedModel) -> float:
     """Run the engine on ``loaded`` as the pages first will; returns the seconds it took."""
-    from prefillviz.experiments.prefill import run_prefill
-
     start = time.perf_counter()
     prompt = next(iter(PRESETS.values()))  # the Prefill page's default preset
     run_prefill(loaded, prompt, timing_runs=1)  # timing + inspection capture, one step

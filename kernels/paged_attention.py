@@ -37,7 +37,8 @@ Versions (each says what it changes from the one before):
     v6 loop, fp32 decodes
                 v2 with one change, found by measuring v1 against v2: on a CPU, torch's
                 bf16/fp16 SDPA is several times slower for a single query row (a decode) than
-                two small matmuls, e.g. 0.57 vs 0.12 ms over 1,024 keys. A 16-bit decode on a
+                two small matmuls (``python -m prefillviz kernels`` times both; the README has the
+                figures). A 16-bit decode on a
                 CPU is therefore computed by ``decode_fp32``: the G query heads of a KV head
                 as G rows of one matmul, with scores, softmax and P V in fp32. Prompts and
                 chunks, fp32 and every GPU run use v2's SDPA calls.

@@ -38,6 +38,7 @@ from urllib.parse import urlparse
 import torch
 
 from prefillviz.devices import dtype_name, require_dtype, resolve_device, resolve_dtype
+from prefillviz.engine.kv_cache import kv_bytes_per_token
 from prefillviz.errors import ModelLoadError
 from prefillviz.hosted import hosted_policy
 from prefillviz.model_registry import BUNDLED_HUB_ID, BUNDLED_MODEL_ID
@@ -133,7 +134,7 @@ def model_info(model: Any) -> ModelInfo:
         vocab_size=config.vocab_size,
         max_context=first("max_position_embeddings", "n_positions"),
         dtype_bytes=dtype_bytes,
-        kv_bytes_per_token=2 * num_layers * num_kv_heads * head_dim * dtype_bytes,
+        kv_bytes_per_token=kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype_bytes),
     )
 
 

@@ -21,6 +21,7 @@ import psutil
 import torch
 
 from prefillviz.devices import dtype_name
+from prefillviz.engine.kv_cache import kv_bytes_per_token
 from prefillviz.models import ModelInfo
 
 try:
@@ -108,8 +109,8 @@ def kv_memory_report(engine_or_info: Any, dtype: str | torch.dtype | None = None
         torch_dtype = _dtype_of(dtype, engine.dtype if engine is not None else None)
         dtype_bytes = torch.empty((), dtype=torch_dtype).element_size()
         kv_dtype = dtype_name(torch_dtype)
-    per_token = 2 * info.num_layers * info.num_kv_heads * info.head_dim * dtype_bytes
-    mha_per_token = 2 * info.num_layers * info.num_heads * info.head_dim * dtype_bytes
+    per_token = kv_bytes_per_token(info.num_layers, info.num_kv_heads, info.head_dim, dtype_bytes)
+    mha_per_token = kv_bytes_per_token(info.num_layers, info.num_heads, info.head_dim, dtype_bytes)  # one KV head per query head
     report = KVMemoryReport(
         dtype=kv_dtype,
         dtype_bytes=dtype_bytes,

@@ -18,7 +18,7 @@ import torch
 from prefillviz.config import EngineConfig
 from prefillviz.devices import dtype_name
 from prefillviz.engine.block_pool import BlockPool
-from prefillviz.engine.kv_cache import PagedKVCache, kv_bytes_per_token
+from prefillviz.engine.kv_cache import PagedKVCache
 from prefillviz.engine.request import Request, RequestStatus, SamplingParams
 from prefillviz.engine.runner import ModelRunner
 from prefillviz.engine.scheduler import Scheduler
@@ -47,7 +47,7 @@ class LLMEngine:
         self.info = model_info(model)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.kv_bytes_per_token = kv_bytes_per_token(self.info.num_layers, self.info.num_kv_heads, self.info.head_dim, self.dtype)
+        self.kv_bytes_per_token = self.info.kv_bytes_per_token  # the model's dtype is the cache's
         num_blocks = self.config.num_blocks or self.config.kv_cache_memory_bytes // (self.kv_bytes_per_token * self.config.block_size)
         if self.config.num_blocks is None and self.info.max_context:  # never more than the running requests can fill
             num_blocks = min(num_blocks, -(-self.info.max_context // self.config.block_size) * self.config.max_num_running)

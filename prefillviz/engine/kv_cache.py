@@ -14,9 +14,12 @@ from __future__ import annotations
 import torch
 
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
-    return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """The KV cache of one token: 2 (K and V) x layers x kv_heads x head_dim x bytes per element.
+
+    The one place this formula is written (``ModelInfo``, the memory report and the KV write log use it).
+    """
+    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
 
 
 class PagedKVCache:

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from prefillviz.devices import dtype_name
+from prefillviz.engine.kv_cache import kv_bytes_per_token
 from prefillviz.errors import ConfigError
 from prefillviz.instrument.timers import SpanClock
 from prefillviz.instrument.trace import CAPTURE_LEVELS, CapturedQK, KVWriteRecord, LayerTimes, ProfileRecord, StepRecord, Trace
@@ -175,7 +176,7 @@ class Capture:
                 slots=slots,
                 blocks=slots // kv_cache.block_size,
                 layers_written=layers,
-                bytes_per_layer=2 * len(slots) * num_kv_heads * head_dim * element_size,
+                bytes_per_layer=len(slots) * kv_bytes_per_token(1, num_kv_heads, head_dim, element_size),
                 key_norms=torch.stack([k for _, k, _ in self._kv_norms]).numpy(),
                 value_norms=torch.stack([v for _, _, v in self._kv_norms]).numpy(),
             )

@@ -13,6 +13,7 @@ from prefillviz.experiments.chunked import (
 )
 from prefillviz.figures import chunked as figures
 from prefillviz.instrument.machine_load import MachineLoad
+from prefillviz.ui.output_checks import same_tokens_block
 from prefillviz.ui.shell import downloads, get_result, loaded_model, progress_callback, run_guarded, run_label, save_result
 
 st.title("Chunked prefill: a long prompt without stalling everyone else")
@@ -123,23 +124,15 @@ st.subheader("Same tokens either way")
 checks = comparison.output_checks
 same_model = loaded is not None and loaded.model_id == comparison.model_id
 shown = (lambda ids: repr(loaded.tokenizer.decode(ids))) if same_model else str  # token ids when another model is loaded now
-st.dataframe(
-    [
-        {"request": c.request_id, "new tokens": len(c.tokens), "chunking off": shown(c.tokens_reference), "chunking on": shown(c.tokens),
-         "identical": "pass" if c.identical else "FAIL"}
-        for c in checks
-    ],
-    hide_index=True,
-    key="chunked_output_table",
+same_tokens_block(
+    [("", check) for check in checks],
+    shown,
+    ("chunking off", "chunking on"),
+    "chunked_output_table",
+    f"Identical outputs: all {len(checks)} requests generated the same tokens with chunking off and on.",
+    f"Computing a prompt in chunks rounds differently from one pass, and in {comparison.dtype} that was enough to flip a "
+    "near-tie between the top two tokens. float32 (sidebar) makes this much rarer.",
 )
-if all(c.identical for c in checks):
-    st.success(f"Identical outputs: all {len(checks)} requests generated the same tokens with chunking off and on.")
-else:
-    failed = ", ".join(c.request_id for c in checks if not c.identical)
-    st.warning(
-        f"Outputs differ for {failed}. Computing a prompt in chunks rounds differently from one pass, and in "
-        f"{comparison.dtype} that was enough to flip a near-tie between the top two tokens. float32 (sidebar) makes this much rarer."
-    )
 
 st.subheader("The token budget trade-off")
 st.markdown(

@@ -15,6 +15,7 @@ from prefillviz.experiments.prefix import (
 )
 from prefillviz.experiments.outputs import compare_outputs
 from prefillviz.figures import prefix as figures
+from prefillviz.ui.output_checks import same_tokens_block
 from prefillviz.ui.shell import downloads, get_result, loaded_model, progress_callback, run_guarded, run_label, save_result
 
 st.title("Prefix cache: compute a shared prefix once")
@@ -144,21 +145,12 @@ if small is not None:
 st.subheader("Same tokens with and without the cache")
 checks = [(run.label, check) for run in experiment.runs if run is not off for check in compare_outputs(off.trace, run.trace)]
 shown = (lambda ids: repr(loaded.tokenizer.decode(ids))) if same_model else str  # token ids when another model is loaded now
-st.dataframe(
-    [
-        {"run": run_name, "request": c.request_id, "cache off": shown(c.tokens_reference), "this run": shown(c.tokens),
-         "identical": "pass" if c.identical else "FAIL"}
-        for run_name, c in checks
-    ],
-    hide_index=True,
-    key="prefix_output_table",
+same_tokens_block(
+    checks,
+    shown,
+    ("cache off", "this run"),
+    "prefix_output_table",
+    f"Identical outputs: every request generated the same tokens as with the cache off ({len(checks)} checks).",
+    f"Computing a prompt in different pieces (cached blocks + the rest, vs all of it) rounds differently, and in "
+    f"{experiment.dtype} that was enough to flip a near-tie between the top two tokens. float32 (sidebar) makes this much rarer.",
 )
-if all(c.identical for _, c in checks):
-    st.success(f"Identical outputs: every request generated the same tokens as with the cache off ({len(checks)} checks).")
-else:
-    failed = ", ".join(f"{c.request_id} ({run_name})" for run_name, c in checks if not c.identical)
-    st.warning(
-        f"Outputs differ for {failed}. Computing a prompt in different pieces (cached blocks + the rest, vs all of it) "
-        f"rounds differently, and in {experiment.dtype} that was enough to flip a near-tie between the top two tokens. "
-        "float32 (sidebar) makes this much rarer."
-    )

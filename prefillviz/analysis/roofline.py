@@ -27,8 +27,7 @@ from typing import Any, Iterable, Sequence
 
 from prefillviz.analysis.flops import layer_op_costs, model_costs
 from prefillviz.analysis.peaks import MachinePeaks
-from prefillviz.config import EngineConfig
-from prefillviz.engine.engine import LLMEngine
+from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.models import model_info
 from prefillviz.prompts import bench_token_ids
@@ -177,13 +176,7 @@ def measure_roofline_points(
     prefill_sizes = [n for n in prefill_sizes if n <= limit]
     decode_contexts = [c for c in decode_contexts if 3 <= c and c + runs <= limit]
     longest = max([*prefill_sizes, *(c + runs for c in decode_contexts), 16])
-    block_size = EngineConfig.block_size
-    config = EngineConfig(
-        token_budget=longest,
-        enable_prefix_caching=False,  # every run computes its prompt again
-        num_blocks=-(-longest // block_size) + 1,  # one request at a time
-    )
-    engine = LLMEngine(model, tokenizer, config)
+    engine = one_request_engine(model, tokenizer, token_budget=longest, num_tokens=longest)  # one request at a time, each computed again
     engine.add_request(_prompt_ids(tokenizer, info.vocab_size, 8))  # first-call overheads out of the way
     engine.run()
 

@@ -33,11 +33,11 @@ import torch
 from kernels.attention import KERNELS, AttentionKernel, KernelResult, check_and_time
 from prefillviz.analysis.peaks import MachinePeaks, machine_peaks
 from prefillviz.analysis.roofline import predict_layer_times
-from prefillviz.config import EngineConfig
 from prefillviz.devices import dtype_name
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments.kernel_bench import KernelBenchmark, kernel_rows, run_kernel_benchmark
+from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.errors import RequestError
 from prefillviz.instrument.trace import LayerTimes, Trace
 from prefillviz.models import LoadedModel, ModelInfo
@@ -95,8 +95,7 @@ class KernelTimingsResult:
 # ------------------------------------------------------------------------------ passes
 def _engine(loaded: LoadedModel) -> LLMEngine:
     # stock aten::mm matmuls (no pre-packed weights) in every pass: the profiler counts their FLOPs
-    config = EngineConfig(token_budget=8192, pack_linear_weights=False)
-    return LLMEngine(loaded.model, loaded.tokenizer, config, model_id=loaded.model_id)
+    return one_request_engine(loaded.model, loaded.tokenizer, 8192, model_id=loaded.model_id, pack_linear_weights=False)
 
 
 def prefill_pass(loaded: LoadedModel, prompt: str | list[int], capture_level: str, profile_dir: str | None = None) -> Trace:

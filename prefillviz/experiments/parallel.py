@@ -28,11 +28,9 @@ import numpy as np
 from prefillviz.analysis.flops import model_costs
 from prefillviz.analysis.peaks import MachinePeaks, machine_peaks
 from prefillviz.analysis.roofline import RooflinePoint, measure_roofline_points
-from prefillviz.config import EngineConfig
 from prefillviz.devices import dtype_name
-from prefillviz.engine.engine import LLMEngine
-from prefillviz.engine.request import SamplingParams
 from prefillviz.errors import ConfigError, RequestError
+from prefillviz.experiments.one_request import run_one
 from prefillviz.instrument.machine_load import LoadReading, MachineLoad
 from prefillviz.instrument.trace import Trace
 from prefillviz.models import model_info
@@ -73,25 +71,9 @@ def _device_and_dtype(model: Any) -> tuple[str, str]:
     return str(parameter.device), dtype_name(parameter.dtype)
 
 
-def _engine(model: Any, tokenizer: Any, token_budget: int, num_tokens: int) -> LLMEngine:
-    """A fresh engine sized for one request of ``num_tokens`` prompt tokens + 1 new token.
-
-    Prefix caching is off: every run computes its whole prompt again.
-    """
-    block_size = EngineConfig.block_size
-    config = EngineConfig(
-        token_budget=token_budget,
-        enable_prefix_caching=False,
-        num_blocks=-(-(num_tokens + 1) // block_size) + 1,
-    )
-    return LLMEngine(model, tokenizer, config)
-
-
 def _run_once(model: Any, tokenizer: Any, token_ids: list[int], token_budget: int, capture_level: str = "none", progress=None) -> Trace:
     """One request of ``token_ids`` generating its first token only, on a fresh engine."""
-    engine = _engine(model, tokenizer, token_budget, len(token_ids))
-    engine.add_request(token_ids, SamplingParams(max_new_tokens=1), request_id=REQUEST_ID)
-    return engine.run(capture_level=capture_level, progress=progress)
+    return run_one(model, tokenizer, token_ids, token_budget, capture_level, progress, request_id=REQUEST_ID)[0]
 
 
 def _warm_up(model: Any, tokenizer: Any, token_ids: list[int]) -> None:

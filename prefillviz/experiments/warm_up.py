@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import time
 
-from prefillviz.config import EngineConfig
-from prefillviz.engine.engine import LLMEngine
-from prefillviz.engine.request import SamplingParams
+from prefillviz.experiments.one_request import run_one
 from prefillviz.experiments.prefill import run_prefill
 from prefillviz.models import LoadedModel
 from prefillviz.prompts import PRESETS
@@ -25,7 +23,5 @@ def warm_up(loaded: LoadedModel) -> float:
     start = time.perf_counter()
     prompt = next(iter(PRESETS.values()))  # the Prefill page's default preset
     run_prefill(loaded, prompt, timing_runs=1)  # timing + inspection capture, one step
-    engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(token_budget=1, enable_prefix_caching=False), model_id=loaded.model_id)
-    engine.add_request(prompt, SamplingParams(max_new_tokens=4))  # token by token, then decode steps
-    engine.run(capture_level="timing")
+    run_one(loaded.model, loaded.tokenizer, prompt, 1, "timing", max_new_tokens=4, model_id=loaded.model_id)  # token by token, then decodes
     return time.perf_counter() - start

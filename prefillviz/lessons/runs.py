@@ -8,11 +8,9 @@ from __future__ import annotations
 import statistics
 
 from prefillviz.analysis.memory import kv_memory_report
-from prefillviz.config import EngineConfig
 from prefillviz.devices import dtype_name
-from prefillviz.engine.engine import LLMEngine
-from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments import chunked, inspect_run, parallel, prefix
+from prefillviz.experiments.one_request import run_one
 from prefillviz.experiments.outputs import compare_outputs
 from prefillviz.experiments.prefill import run_prefill
 from prefillviz.lessons.actions import ActionOutcome
@@ -100,10 +98,8 @@ def _run_kv_memory(loaded, parameters: dict, report: FractionProgress, scale: fl
 # --- ttft_ratio: the time to first token of a short and a long prompt of real prose
 def _ttft_s(loaded, token_ids: list[int]) -> float:
     """One parallel prefill of ``token_ids`` on a fresh engine (prefix cache off): its TTFT."""
-    config = EngineConfig(token_budget=max(len(token_ids), 16), enable_prefix_caching=False)
-    engine = LLMEngine(loaded.model, loaded.tokenizer, config, model_id=loaded.model_id)
-    request = engine.add_request(token_ids, SamplingParams(max_new_tokens=1))
-    return engine.run().requests[request.request_id].time_to_first_token_s
+    trace, request_id = run_one(loaded.model, loaded.tokenizer, token_ids, max(len(token_ids), 16), model_id=loaded.model_id)
+    return trace.requests[request_id].time_to_first_token_s
 
 
 def _run_ttft_ratio(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:

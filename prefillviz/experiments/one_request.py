@@ -1,0 +1,55 @@
+"""A fresh engine for one request, prefix cache off: what most experiments time.
+
+Every run computes its whole prompt again (no earlier request's blocks to hit), and the KV
+cache is sized for the request rather than for the memory budget, so building the engine
+costs little. Callers that need more (several requests, the cache on) build an
+``LLMEngine`` themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefillviz.config import EngineConfig
+from prefillviz.engine.engine import LLMEngine
+from prefillviz.engine.request import SamplingParams
+from prefillviz.instrument.trace import Trace
+from prefillviz.progress import StepProgress
+
+
+def one_request_engine(
+    model: Any, tokenizer: Any = None, token_budget: int = 8192, num_tokens: int | None = None, model_id: str = "", **config: Any
+) -> LLMEngine:
+    """An engine for one request at a time, prefix caching off.
+
+    Args:
+        model: the model.
+        tokenizer: its tokenizer (None when prompts are token ids).
+        token_budget: tokens per step (the prompt's length: one step; 1: token by token).
+        num_tokens: size the KV cache for one request of this many tokens, prompt and new
+            tokens together (+ one block); None sizes it from the memory budget.
+        model_id: recorded in the trace.
+        **config: any other ``EngineConfig`` field (e.g. ``pack_linear_weights=False``).
+    """
+    if num_tokens is not None:
+        config.setdefault("num_blocks", -(-num_tokens // config.get("block_size", EngineConfig.block_size)) + 1)
+    return LLMEngine(model, tokenizer, EngineConfig(token_budget=token_budget, enable_prefix_caching=False, **config), model_id=model_id)
+
+
+def run_one(
+    model: Any,
+    tokenizer: Any,
+    prompt: str | list[int],
+    token_budget: int,
+    capture_level: str = "none",
+    progress: StepProgress | None = None,
+    max_new_tokens: int = 1,
+    request_id: str | None = None,
+    model_id: str = "",
+    **config: Any,
+) -> tuple[Trace, str]:
+    """One request on a fresh ``one_request_engine``; returns (its trace, the request's id)."""
+    num_tokens = len(prompt) + max_new_tokens if isinstance(prompt, list) else None
+    engine = one_request_engine(model, tokenizer, token_budget, num_tokens, model_id, **config)
+    request = engine.add_request(prompt, SamplingParams(max_new_tokens=max_new_tokens), request_id=request_id)
+    return engine.run(capture_level=capture_level, progress=progress), request.request_id

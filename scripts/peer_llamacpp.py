@@ -34,7 +34,8 @@ from prefillviz.config import EngineConfig  # noqa: E402
 from prefillviz.engine.engine import LLMEngine  # noqa: E402
 from prefillviz.engine.request import SamplingParams  # noqa: E402
 from prefillviz.model_registry import BUNDLED_MODEL_ID  # noqa: E402
-from prefillviz.models import _bundled_gguf, bundled_cache_dir, load_model  # noqa: E402
+from prefillviz.bundled import bundled_cache_dir, bundled_gguf  # noqa: E402
+from prefillviz.models import load_model  # noqa: E402
 from prefillviz.prompts import bench_token_ids  # noqa: E402
 
 
@@ -61,7 +62,7 @@ def main() -> int:
         print("error: llama-cpp-python is not installed (.venv/bin/pip install llama-cpp-python)", file=sys.stderr)
         return 2
     threads = torch.get_num_threads()
-    gguf = _bundled_gguf()
+    gguf = bundled_gguf()
     models = {dtype: load_model(BUNDLED_MODEL_ID, device="cpu", dtype=dtype) for dtype in ("bfloat16", "float32")}
     token_ids = bench_token_ids(models["float32"].tokenizer, args.num_tokens)
 

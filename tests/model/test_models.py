@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefillviz import models
+from prefillviz import bundled, hub
 from prefillviz.errors import ModelLoadError
 from prefillviz.devices import cpu_has_fast_bf16, resolve_device, resolve_dtype
 from prefillviz.model_registry import BUNDLED_MODEL_ID, RECOMMENDED_MODELS
@@ -32,7 +32,7 @@ def bundled_loads(tmp_path_factory):
         messages = []
         first = load_model(BUNDLED_MODEL_ID, device="cpu", dtype="float32", progress=messages.append)
         cached = load_model(BUNDLED_MODEL_ID, device="cpu", dtype="float32", progress=messages.append)
-        cache_dir = models.bundled_cache_dir()
+        cache_dir = bundled.bundled_cache_dir()
     print(f"\nGGUF load {first.load_time_s:.1f} s, cached load {cached.load_time_s:.1f} s; {messages}")
     return first, cached, cache_dir
 
@@ -125,18 +125,18 @@ def test_second_load_comes_from_the_cache_with_identical_logits(bundled_loads):
 
 def test_a_damaged_cache_is_detected(bundled_loads, tmp_path):
     _, _, cache_dir = bundled_loads
-    gguf = models._bundled_gguf()
+    gguf = bundled.bundled_gguf()
     damaged = tmp_path / "damaged"
     damaged.mkdir()
     for item in cache_dir.iterdir():
         if item.name != "model.safetensors":
             (damaged / item.name).write_bytes(item.read_bytes())
     (damaged / "model.safetensors").write_bytes((cache_dir / "model.safetensors").open("rb").read(4096))
-    with pytest.raises(models._CacheCorrupt):
-        models._load_from_cache(damaged, gguf)
+    with pytest.raises(bundled.CacheCorrupt):
+        bundled.load_from_cache(damaged, gguf)
     (damaged / "prefillviz-cache.json").unlink()  # e.g. a copy interrupted before it finished
-    with pytest.raises(models._CacheCorrupt):
-        models._load_from_cache(damaged, gguf)
+    with pytest.raises(bundled.CacheCorrupt):
+        bundled.load_from_cache(damaged, gguf)
 
 
 def test_bundled_model_is_first_among_the_recommendations():
@@ -224,7 +224,7 @@ def test_an_uncached_id_without_network_says_so(monkeypatch):
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(models, "_hub_reachable", lambda endpoint, timeout=3.0: False)
+    monkeypatch.setattr(hub, "_hub_reachable", lambda endpoint, timeout=3.0: False)
     with pytest.raises(ModelLoadError, match="no network") as excinfo:
         load_model("no-such-org/no-such-model-xyz", device="cpu")
     assert "local Hugging Face cache" in str(excinfo.value)
@@ -311,8 +311,8 @@ def test_no_remote_code_is_ever_trusted():
 
 def test_default_model_falls_back_to_its_hub_id_when_the_package_is_missing(monkeypatch):
     """A Space installs only requirements.txt: the default then comes from the hub (here: no network, a clear error)."""
-    monkeypatch.setattr(models, "bundled_package_installed", lambda: False)
-    monkeypatch.setattr(models, "_hub_reachable", lambda endpoint, timeout=3.0: False)
+    monkeypatch.setattr(bundled, "bundled_package_installed", lambda: False)
+    monkeypatch.setattr(hub, "_hub_reachable", lambda endpoint, timeout=3.0: False)
     messages = []
     with pytest.raises(ModelLoadError, match="HuggingFaceTB/SmolLM2-135M-Instruct"):
         load_model(device="cpu", progress=messages.append)

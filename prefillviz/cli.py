@@ -100,7 +100,7 @@ def packs_weights(args: argparse.Namespace) -> bool:
 
 
 def run_command(args: argparse.Namespace) -> dict:
-    from prefillviz.devices import dtype_speed
+    from prefillviz.dtype_speed import dtype_speed
     from prefillviz.engine.packed_weights import linear_weights_label
 
     loaded, trace, request_id = _run_prompt(args)

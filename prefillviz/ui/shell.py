@@ -22,7 +22,8 @@ import torch
 from streamlit.errors import StreamlitAPIException
 
 from prefillviz import devices
-from prefillviz.devices import DtypeSpeed, dtype_name, dtype_speed
+from prefillviz.devices import dtype_name
+from prefillviz.dtype_speed import DtypeSpeed, dtype_speed
 from prefillviz.engine.packed_weights import linear_weights_label
 from prefillviz.errors import OutOfMemory, PrefillVizError, is_out_of_memory
 from prefillviz.hosted import hosted_policy

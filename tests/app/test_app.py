@@ -111,7 +111,7 @@ def test_an_out_of_memory_run_shows_a_message_frees_and_the_next_run_works(bundl
 
 
 def test_sidebar_says_why_the_linears_are_stock_and_flags_a_slow_dtype(bundled, monkeypatch):
-    from prefillviz.devices import DtypeSpeed
+    from prefillviz.dtype_speed import DtypeSpeed
     from prefillviz.engine import packed_weights
     from prefillviz.ui import shell
 

@@ -25,6 +25,7 @@ linear weights, made on first use (the app's warm-up pays it) and remade when a 
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import weakref
 from contextlib import contextmanager
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 from prefillviz.devices import dtype_name
 
 PACKABLE_DTYPES = (torch.bfloat16, torch.float32)
+FORCE_STOCK_ENV = "PREFILLVIZ_STOCK_LINEARS"
 
 _active = threading.local()  # .packs: {Linear: packed weight} while packed_linears runs in this thread
 # model -> ({Linear: (weight key, the storage it was packed from, packed weight)}, {Linear: packed weight})
@@ -62,7 +64,11 @@ def cpu_runs_packed_linear(dtype: torch.dtype) -> tuple[bool, str]:
     AVX-NE-CONVERT; an AVX2-only CPU raises ``mkldnn_reorder_linear_weight: bf16 path needs
     the cpu support ...``). No CPU flag is assumed: the op is run, and compared with
     ``F.linear``. Where it fails, the engine runs the stock linears and says why.
+    ``PREFILLVIZ_STOCK_LINEARS=1`` makes it answer no on any CPU (to run the suite, or the app,
+    as an AVX2-only machine would).
     """
+    if os.environ.get(FORCE_STOCK_ENV, "").strip() not in ("", "0"):
+        return False, f"{FORCE_STOCK_ENV} is set: stock linear layers run, as on a CPU that can't pack"
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(16, 32, generator=generator).to(dtype)  # (out, in)
     x = torch.randn(3, 32, generator=generator).to(dtype)

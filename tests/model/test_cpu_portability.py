@@ -13,7 +13,8 @@ import torch
 
 from prefillviz import cli, devices
 from prefillviz.config import EngineConfig
-from prefillviz.devices import DtypeSpeed, check_dtype, dtype_speed
+from prefillviz.devices import check_dtype
+from prefillviz.dtype_speed import SLOW_FACTOR, DtypeSpeed, dtype_speed
 from prefillviz.engine import packed_weights
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.errors import ModelLoadError
@@ -42,16 +43,19 @@ def test_probe_turns_the_avx2_error_into_a_reason(monkeypatch):
     def raising(weight):
         raise RuntimeError(AVX2_ERROR)
 
+    monkeypatch.delenv(packed_weights.FORCE_STOCK_ENV, raising=False)  # the probe must really run the op
     monkeypatch.setattr(packed_weights, "pack_weight", raising)
     ok, why = packed_weights.cpu_runs_packed_linear.__wrapped__(torch.bfloat16)  # the uncached probe
     assert not ok and "avx512bw" in why and "stock linear layers run instead" in why
 
 
-def test_probe_answers_for_this_cpu_and_caches_it():
-    ok, why = packed_weights.cpu_runs_packed_linear(torch.float32)
-    assert ok, why  # oneDNN packs fp32 on every x86 CPU we know of; the probe ran it to say so
-    assert packed_weights.cpu_runs_packed_linear(torch.float32) is packed_weights.cpu_runs_packed_linear(torch.float32)
-    assert not packed_weights.cpu_runs_packed_linear(torch.float16)[0] or packed_weights.packing_available("cpu", torch.float16)[0] is False
+def test_probe_answers_once_per_dtype_and_the_engine_follows_it():
+    for dtype in (torch.float32, torch.bfloat16):
+        ok, why = packed_weights.cpu_runs_packed_linear(dtype)
+        assert packed_weights.cpu_runs_packed_linear(dtype) is packed_weights.cpu_runs_packed_linear(dtype)  # asked once
+        assert ok == (why == "") and (ok or "stock linear layers run" in why)
+        assert packed_weights.packing_available("cpu", dtype) == (ok, why)  # what the engine, peaks and bench read
+    assert not packed_weights.packing_available("cpu", torch.float16)[0]  # no packed fp16 path at all
 
 
 def test_unsupported_packing_runs_stock_linears_and_still_matches_hf(tiny_llama, bundled, packing_unsupported):
@@ -103,7 +107,7 @@ def test_a_slow_dtype_says_so_with_its_measured_factor():
     assert dtype_speed("cpu", torch.float32).slowdown_vs_float32 == 1.0  # the reference itself is not timed
     measured = dtype_speed("cpu", torch.bfloat16)
     assert measured.dtype == "bfloat16" and "128-token" in measured.what
-    assert measured.slow == (measured.slowdown_vs_float32 > devices.SLOW_FACTOR) and measured.slow == bool(measured.note())
+    assert measured.slow == (measured.slowdown_vs_float32 > SLOW_FACTOR) and measured.slow == bool(measured.note())
     slow = DtypeSpeed("cpu", "bfloat16", 3.04, "a matmul")
     assert slow.slow and slow.note().startswith("bfloat16 runs 3.0x slower than float32 on this cpu (measured: a matmul)")
     assert DtypeSpeed("cpu", "bfloat16", 0.6, "a matmul").note() == ""
@@ -122,3 +126,11 @@ def test_warm_up_packs_the_weights_and_the_headline_ttft_is_a_median(bundled):
     assert label.startswith("median of 5 timing passes, spread ") and "cores meanwhile" in label
     again = load_prefill_bundle(prefill_bundle(result))
     assert again.ttft_runs_s == runs and again.machine_load == result.machine_load
+
+
+def test_the_stock_linears_switch_makes_the_probe_say_no_on_any_cpu(monkeypatch):
+    monkeypatch.setenv(packed_weights.FORCE_STOCK_ENV, "1")
+    ok, why = packed_weights.cpu_runs_packed_linear.__wrapped__(torch.float32)  # the uncached probe
+    assert not ok and "PREFILLVIZ_STOCK_LINEARS is set" in why
+    monkeypatch.setenv(packed_weights.FORCE_STOCK_ENV, "0")  # "0" is off: the probe runs the op again
+    assert "PREFILLVIZ_STOCK_LINEARS" not in packed_weights.cpu_runs_packed_linear.__wrapped__(torch.float32)[1]

@@ -8,7 +8,7 @@ time, it explains a slow figure instead of hiding it.
 
     with MachineLoad() as load:
         run_the_measurement()
-    load.other_cpu_percent   # 0-100: other processes' share of all cores during the block
+    load.reading.other_cpu_percent   # 0-100: other processes' share of all cores during the block
 """
 
 from __future__ import annotations
@@ -89,7 +89,3 @@ class MachineLoad:
     def elapsed_s(self) -> float:
         """Seconds since the block began (while it runs)."""
         return time.perf_counter() - self._start[0]
-
-    @property
-    def other_cpu_percent(self) -> float:
-        return self.reading.other_cpu_percent if self.reading else 0.0

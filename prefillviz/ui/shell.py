@@ -21,9 +21,8 @@ import streamlit as st
 import torch
 from streamlit.errors import StreamlitAPIException
 
-from prefillviz import devices
 from prefillviz.devices import dtype_name
-from prefillviz.dtype_speed import DtypeSpeed, dtype_speed
+from prefillviz.dtype_speed import dtype_speed
 from prefillviz.engine.packed_weights import linear_weights_label
 from prefillviz.errors import OutOfMemory, PrefillVizError, is_out_of_memory
 from prefillviz.hosted import hosted_policy
@@ -42,11 +41,6 @@ def _cached_model(model_id: str, device: str, dtype: str) -> LoadedModel:
     loaded = load_model(model_id, device=device, dtype=dtype)
     loaded.warm_up_s = warm_up(loaded)  # through the engine: packing, primitives and hooks stay out of the first measured run
     return loaded
-
-
-@st.cache_resource(show_spinner=False)
-def _dtype_speed(device: str, dtype: str) -> DtypeSpeed:
-    return dtype_speed(device, devices.DTYPES[dtype])
 
 
 def model_choice() -> tuple[str, str, str]:
@@ -109,7 +103,7 @@ def current_model() -> LoadedModel | None:
             return None
         model_card(loaded)
         if loaded.device.type == "cpu" and loaded.dtype != torch.float32:
-            note = _dtype_speed(str(loaded.device), dtype_name(loaded.dtype)).note()
+            note = dtype_speed(loaded.device, loaded.dtype).note()  # measured once per process and dtype
             if note:
                 st.warning(note, icon=":material/speed:")
     return loaded

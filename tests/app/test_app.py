@@ -117,7 +117,7 @@ def test_sidebar_says_why_the_linears_are_stock_and_flags_a_slow_dtype(bundled, 
 
     reason = "this CPU can't run oneDNN's packed bfloat16 matmul (forced by the test)"
     monkeypatch.setattr(packed_weights, "cpu_runs_packed_linear", lambda dtype: (False, reason))
-    monkeypatch.setattr(shell, "_dtype_speed", lambda device, dtype: DtypeSpeed(device, dtype, 3.21, "a test matmul"))
+    monkeypatch.setattr(shell, "dtype_speed", lambda device, dtype: DtypeSpeed(str(device), "bfloat16", 3.21, "a test matmul"))
     app = AppTest.from_file(APP, default_timeout=240)
     app.run()
     app.selectbox(key="sidebar_dtype").set_value("bfloat16").run()

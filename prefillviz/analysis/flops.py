@@ -30,44 +30,19 @@ Williams et al. 2009):
   K/V written once. Attention is assumed fused (flash-style): the (N, C) score matrix is
   never written to memory.
 
-Families: Llama-like (q/k/v/o projections, gated MLP gate/up/down, RMSNorm: Llama,
-Mistral, Qwen2, SmolLM2, ...) and GPT-2 (fused ``c_attn`` reported as q/k/v parts,
-``c_proj``, a 2-matrix MLP ``c_fc``/``c_proj`` reported as ``mlp_fc``/``mlp_proj``,
-LayerNorm, biases everywhere).
+The shape comes from ``prefillviz.analysis.model_shape`` (Llama-like or GPT-2). GPT-2's
+fused ``c_attn`` is reported as its q/k/v parts and its MLP ``c_fc``/``c_proj`` as
+``mlp_fc``/``mlp_proj``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from prefillviz.models import ModelInfo
+from prefillviz.analysis.model_shape import ModelShape, model_shape
 
-_GPT2_ARCHITECTURES = ("GPT2LMHeadModel", "GPT2Model")
-_QKV_BIAS_MODEL_TYPES = {"qwen2"}  # Qwen2 has q/k/v biases but no o_proj/MLP bias
 _NORM_FLOPS_PER_ELEMENT = {"rmsnorm": 4, "layernorm": 7}
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the cost formulas need to know about a model, whatever described it."""
-
-    family: str  # "llama" (gated MLP, RMSNorm) or "gpt2" (2-matrix MLP, LayerNorm)
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    qkv_bias: bool = False
-    o_bias: bool = False
-    mlp_bias: bool = False
-    dtype_bytes: int | None = None  # known when read from a model or ModelInfo
-
-    @property
-    def norm(self) -> str:
-        return "layernorm" if self.family == "gpt2" else "rmsnorm"
 
 
 @dataclass
@@ -163,27 +138,30 @@ class ModelCost:
             ops += [(f"layers.{layer_index}.{op.name}", op) for op in self.layer_ops]
         return ops + [("final_norm", self.final_norm), ("lm_head", self.lm_head)]
 
+    def _all_ops_sum(self, attribute: str) -> int:
+        return sum(getattr(op, attribute) for _, op in self.all_ops)
+
     @property
     def total_flops(self) -> int:
         """Everything counted: linear + attention (causal) + norms + lm_head."""
-        return sum(op.flops for _, op in self.all_ops)
+        return self._all_ops_sum("flops")
 
     @property
     def total_flops_non_causal(self) -> int:
         """As ``total_flops`` with attention over all N x C pairs."""
-        return sum(op.flops_non_causal for _, op in self.all_ops)
+        return self._all_ops_sum("flops_non_causal")
 
     @property
     def total_bytes(self) -> int:
-        return sum(op.bytes for _, op in self.all_ops)
+        return self._all_ops_sum("bytes")
 
     @property
     def weight_bytes(self) -> int:
-        return sum(op.weight_bytes for _, op in self.all_ops)
+        return self._all_ops_sum("weight_bytes")
 
     @property
     def kv_bytes(self) -> int:
-        return sum(op.kv_bytes for _, op in self.all_ops)
+        return self._all_ops_sum("kv_bytes")
 
     @property
     def arithmetic_intensity(self) -> float:
@@ -208,80 +186,6 @@ def causal_pairs(num_new_tokens: int, context_len: int) -> int:
 def _check_sizes(num_new_tokens: int, context_len: int) -> None:
     if num_new_tokens < 1 or context_len < num_new_tokens:
         raise ValueError(f"Need 1 <= num_new_tokens <= context_len, got {num_new_tokens} and {context_len}.")
-
-
-def model_shape(source: Any) -> ModelShape:
-    """Reads the shape from a ``ModelInfo``, a transformers config, a model or a ``LoadedModel``.
-
-    Args:
-        source: any of the above; ``ModelShape`` passes through.
-
-    Returns:
-        The ``ModelShape`` (``dtype_bytes`` set when the source knows its dtype).
-    """
-    if isinstance(source, ModelShape):
-        return source
-    if isinstance(source, ModelInfo):
-        return _shape_from_info(source)
-    if hasattr(source, "info") and isinstance(source.info, ModelInfo):  # LoadedModel
-        return _shape_from_info(source.info)
-    if hasattr(source, "config") and hasattr(source, "parameters"):  # a torch model
-        return replace(_shape_from_config(source.config), dtype_bytes=next(source.parameters()).element_size())
-    return _shape_from_config(source)
-
-
-def _shape_from_info(info: ModelInfo) -> ModelShape:
-    family = "gpt2" if info.architecture in _GPT2_ARCHITECTURES else "llama"
-    gpt2 = family == "gpt2"
-    return ModelShape(
-        family=family,
-        num_layers=info.num_layers,
-        hidden_size=info.hidden_size,
-        num_heads=info.num_heads,
-        num_kv_heads=info.num_kv_heads,
-        head_dim=info.head_dim,
-        intermediate_size=info.intermediate_size or 4 * info.hidden_size,
-        vocab_size=info.vocab_size,
-        qkv_bias=gpt2 or info.architecture.startswith("Qwen2"),
-        o_bias=gpt2,
-        mlp_bias=gpt2,
-        dtype_bytes=info.dtype_bytes,
-    )
-
-
-def _shape_from_config(config: Any) -> ModelShape:
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    model_type = getattr(config, "model_type", "")
-    if model_type == "gpt2":
-        hidden = config.n_embd
-        return ModelShape(
-            family="gpt2",
-            num_layers=config.n_layer,
-            hidden_size=hidden,
-            num_heads=config.n_head,
-            num_kv_heads=config.n_head,
-            head_dim=hidden // config.n_head,
-            intermediate_size=config.n_inner or 4 * hidden,
-            vocab_size=config.vocab_size,
-            qkv_bias=True,
-            o_bias=True,
-            mlp_bias=True,
-        )
-    heads = config.num_attention_heads
-    attention_bias = bool(getattr(config, "attention_bias", False))
-    return ModelShape(
-        family="llama",
-        num_layers=config.num_hidden_layers,
-        hidden_size=config.hidden_size,
-        num_heads=heads,
-        num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-        intermediate_size=config.intermediate_size,
-        vocab_size=config.vocab_size,
-        qkv_bias=attention_bias or model_type in _QKV_BIAS_MODEL_TYPES,
-        o_bias=attention_bias,
-        mlp_bias=bool(getattr(config, "mlp_bias", False)),
-    )
 
 
 def _resolve_dtype_bytes(shape: ModelShape, dtype_bytes: int | None) -> int:
@@ -329,12 +233,9 @@ def layer_op_costs(info_or_config: Any, num_new_tokens: int, context_len: int, d
     ]
     attention_flops_per_pair = 2 * q_width  # 2 * heads * head_dim
     kv_traffic = (c + n) * kv_width * b  # read the whole context, write the new tokens
-    ops.append(
-        OpCost("attn_scores", attention_flops_per_pair * pairs, 0, n * q_width * b, kv_traffic, "attention", attention_flops_per_pair * n * c)
-    )
-    ops.append(
-        OpCost("attn_values", attention_flops_per_pair * pairs, 0, n * q_width * b, kv_traffic, "attention", attention_flops_per_pair * n * c)
-    )
+    for name in ("attn_scores", "attn_values"):  # QK^T, then PV: the same work
+        causal, all_pairs = attention_flops_per_pair * pairs, attention_flops_per_pair * n * c
+        ops.append(OpCost(name, causal, 0, n * q_width * b, kv_traffic, "attention", all_pairs))
     ops.append(_linear("o_proj", n, q_width, hidden, shape.o_bias, b))
     inter = shape.intermediate_size
     if shape.family == "gpt2":

@@ -4,7 +4,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from prefillviz.analysis.flops import causal_pairs, layer_op_costs, model_costs, model_shape
+from prefillviz.analysis.flops import causal_pairs, layer_op_costs, model_costs
+from prefillviz.analysis.model_shape import model_shape
 from prefillviz.models import model_info
 
 TINY = LlamaConfig(

@@ -102,11 +102,6 @@ class ModelCost:
     lm_head: OpCost
     num_logit_rows: int = 1
 
-    @property
-    def layers(self) -> list[list[OpCost]]:
-        """Per-layer op lists (all layers are the same objects: same shape, same cost)."""
-        return [self.layer_ops] * self.num_layers
-
     def _layers_sum(self, kind: str, attribute: str = "flops") -> int:
         return self.num_layers * sum(getattr(op, attribute) for op in self.layer_ops if op.kind == kind)
 
@@ -147,21 +142,8 @@ class ModelCost:
         return self._all_ops_sum("flops")
 
     @property
-    def total_flops_non_causal(self) -> int:
-        """As ``total_flops`` with attention over all N x C pairs."""
-        return self._all_ops_sum("flops_non_causal")
-
-    @property
     def total_bytes(self) -> int:
         return self._all_ops_sum("bytes")
-
-    @property
-    def weight_bytes(self) -> int:
-        return self._all_ops_sum("weight_bytes")
-
-    @property
-    def kv_bytes(self) -> int:
-        return self._all_ops_sum("kv_bytes")
 
     @property
     def arithmetic_intensity(self) -> float:

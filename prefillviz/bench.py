@@ -25,7 +25,8 @@ from transformers import DynamicCache
 
 from prefillviz.analysis.flops import model_costs
 from prefillviz.analysis.memory import peak_rss_bytes
-from prefillviz.analysis.peaks import machine_peaks, measure_matmul_gflops
+from prefillviz.analysis.peaks import measure_matmul_gflops
+from prefillviz.analysis.peaks_history import machine_peaks
 from prefillviz.config import EngineConfig
 from prefillviz.devices import dtype_name
 from prefillviz.engine.engine import LLMEngine

@@ -31,7 +31,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from kernels.attention import KERNELS, AttentionKernel, KernelResult, check_and_time
-from prefillviz.analysis.peaks import MachinePeaks, machine_peaks
+from prefillviz.analysis.peaks import MachinePeaks
+from prefillviz.analysis.peaks_history import machine_peaks
 from prefillviz.analysis.roofline import predict_layer_times
 from prefillviz.devices import dtype_name
 from prefillviz.engine.engine import LLMEngine

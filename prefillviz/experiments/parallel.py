@@ -26,7 +26,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from prefillviz.analysis.flops import model_costs
-from prefillviz.analysis.peaks import MachinePeaks, machine_peaks
+from prefillviz.analysis.peaks import MachinePeaks
+from prefillviz.analysis.peaks_history import machine_peaks
 from prefillviz.analysis.roofline import RooflinePoint, measure_roofline_points
 from prefillviz.devices import dtype_name
 from prefillviz.errors import ConfigError, RequestError

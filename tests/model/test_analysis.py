@@ -6,10 +6,11 @@ import math
 import pytest
 import torch
 
-from prefillviz.analysis import peaks as peaks_module
+from prefillviz.analysis import peaks_history
 from prefillviz.analysis.flops import model_costs
 from prefillviz.analysis.memory import current_rss_bytes, kv_memory_report, peak_rss_bytes
-from prefillviz.analysis.peaks import MachinePeaks, machine_peaks
+from prefillviz.analysis.peaks import MachinePeaks
+from prefillviz.analysis.peaks_history import machine_peaks
 from prefillviz.analysis.roofline import measure_roofline_points, predict_layer_times, ridge_point, roof
 from prefillviz.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
@@ -72,10 +73,10 @@ def test_machine_peaks_measure_then_read_the_cache(tmp_path, monkeypatch):
     def no_measuring(*args, **kwargs):
         raise AssertionError("the second call should read the cache")
 
-    monkeypatch.setattr(peaks_module, "measure_peaks", no_measuring)
+    monkeypatch.setattr(peaks_history, "measure_peaks", no_measuring)
     assert machine_peaks("cpu", "float32") == measured
     assert measured.num_measurements == 1 and measured.other_cpu_percent is not None  # MachineLoad ran around it
-    monkeypatch.setattr(peaks_module, "measure_peaks", lambda device, dtype: MachinePeaks("cpu", "float32", 1.0, 1.0, "now", "x", 1))
+    monkeypatch.setattr(peaks_history, "measure_peaks", lambda device, dtype: MachinePeaks("cpu", "float32", 1.0, 1.0, "now", "x", 1))
     refreshed = machine_peaks("cpu", "float32", refresh=True)  # a slower measurement joins the history
     assert (refreshed.num_measurements, refreshed.matmul_gflops_min, refreshed.memory_gb_s_min) == (2, 1.0, 1.0)
     assert (refreshed.matmul_gflops, refreshed.memory_gb_s) == (measured.matmul_gflops, measured.memory_gb_s)  # the best stays

@@ -9,7 +9,9 @@ import json
 import pytest
 
 from prefillviz.analysis import peaks as peaks_module
-from prefillviz.analysis.peaks import MAX_AGE, MAX_MEASUREMENTS, MachinePeaks, machine_peaks, peaks_cache_path, write_measurements
+from prefillviz.analysis import peaks_history
+from prefillviz.analysis.peaks import MachinePeaks
+from prefillviz.analysis.peaks_history import MAX_AGE, MAX_MEASUREMENTS, machine_peaks, peaks_cache_path, write_measurements
 from prefillviz.instrument.machine_load import BUSY_PERCENT
 
 QUIET, BUSY = 2.0, 80.0  # other processes' CPU percent
@@ -44,15 +46,15 @@ class PlannedMeasurements:
 @pytest.fixture
 def measure(tmp_path, monkeypatch) -> PlannedMeasurements:
     monkeypatch.setenv("PREFILLVIZ_CACHE", str(tmp_path))
-    monkeypatch.setattr(peaks_module, "_checked_this_process", set())
+    monkeypatch.setattr(peaks_history, "_checked_this_process", set())
     fake = PlannedMeasurements()
-    monkeypatch.setattr(peaks_module, "measure_peaks", fake)
+    monkeypatch.setattr(peaks_history, "measure_peaks", fake)
     return fake
 
 
 def start_up() -> None:
     """What a new process sees: the cache file, and no check made yet."""
-    peaks_module._checked_this_process.clear()
+    peaks_history._checked_this_process.clear()
 
 
 def cached_records() -> list[dict]:
@@ -123,12 +125,12 @@ def test_older_formats_are_ignored_and_measured_over(measure):
     path.parent.mkdir(parents=True)
     flat = {key: value for key, value in vars(peaks(1e6, 1e6)).items() if key in ("device", "dtype", "matmul_gflops", "memory_gb_s", "measured_at", "machine", "num_threads")}
     path.write_text(json.dumps(flat))  # format 2: one flat measurement
-    path.with_name(path.name.replace(f"_v{peaks_module.PEAKS_FORMAT}.json", "_v2.json")).write_text(json.dumps(flat))
+    path.with_name(path.name.replace(f"_v{peaks_history.PEAKS_FORMAT}.json", "_v2.json")).write_text(json.dumps(flat))
     measure.plan(peaks(100.0, 10.0))
     result = machine_peaks("cpu", "float32")
     assert measure.num_calls == 1
     assert (result.matmul_gflops, result.memory_gb_s, result.num_measurements) == (100.0, 10.0, 1)
-    assert json.loads(path.read_text())["format"] == peaks_module.PEAKS_FORMAT
+    assert json.loads(path.read_text())["format"] == peaks_history.PEAKS_FORMAT
     assert [record["matmul_gflops"] for record in cached_records()] == [100.0]
 
 

@@ -48,8 +48,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from prefillviz.devices import dtype_name
 from prefillviz.errors import PrefillVizError
-from prefillviz.instrument.timers import synchronize, time_call
+from prefillviz.instrument.timers import CallTiming, synchronize, time_call
 
 BLOCK_SIZE = 64  # v3's query and key block (tile) size
 DEFAULT_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -284,12 +285,7 @@ class KernelResult:
     device: str
     max_abs_diff: float  # vs the fp32 naive oracle
     allowed_diff: float
-    median_s: float
-    min_s: float
-    max_s: float
-    num_runs: int
-    calls_per_run: int
-    clock: str
+    timing: CallTiming  # seconds per call: median, spread, runs, clock
     peak_memory_bytes: int | None  # measured (see memory_method)
     memory_method: str
     output_bytes: int
@@ -354,16 +350,11 @@ def time_checked(
         num_kv_heads=num_kv_heads,
         num_tokens=num_tokens,
         head_dim=head_dim,
-        dtype=str(q.dtype).removeprefix("torch."),
+        dtype=dtype_name(q.dtype),
         device=str(q.device),
         max_abs_diff=check[0],
         allowed_diff=check[1],
-        median_s=timing.median_s,
-        min_s=timing.min_s,
-        max_s=timing.max_s,
-        num_runs=timing.num_runs,
-        calls_per_run=timing.calls_per_run,
-        clock=timing.clock,
+        timing=timing,
         peak_memory_bytes=peak,
         memory_method=method,
         output_bytes=q.numel() * q.element_size(),

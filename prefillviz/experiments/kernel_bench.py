@@ -26,7 +26,7 @@ import torch
 
 from kernels import attention as dense
 from kernels import paged_attention as paged
-from kernels.attention import KernelCheckError, KernelResult
+from kernels.attention import KernelResult
 from prefillviz.analysis.peaks import machine_name
 from prefillviz.devices import dtype_name
 from prefillviz.progress import FractionProgress
@@ -39,7 +39,6 @@ SHAPES = {  # name: (query heads, KV heads, head dim) of a model's attention
 MIXED_CHUNK, MIXED_DECODES = 128, 4
 NAIVE_MAX_SCORE_BYTES = {"cpu": 3 * 2**30, "cuda": 24 * 2**30}
 """v1 is timed with its whole (H, N, N) fp32-sized score matrix only up to this size."""
-
 
 
 @dataclass
@@ -93,11 +92,11 @@ def kernel_rows(results: list[KernelResult]) -> list[dict]:
             "head_dim": r.head_dim,
             "dtype": r.dtype,
             "device": r.device,
-            "median_ms": r.median_s * 1e3,
-            "min_ms": r.min_s * 1e3,
-            "max_ms": r.max_s * 1e3,
-            "runs": r.num_runs,
-            "calls_per_run": r.calls_per_run,
+            "median_ms": r.timing.median_s * 1e3,
+            "min_ms": r.timing.min_s * 1e3,
+            "max_ms": r.timing.max_s * 1e3,
+            "runs": r.timing.num_runs,
+            "calls_per_run": r.timing.calls_per_run,
             "max_abs_diff_vs_v1": r.max_abs_diff,
             "allowed_diff": r.allowed_diff,
             "peak_memory_MiB": None if r.peak_memory_bytes is None else r.peak_memory_bytes / 2**20,
@@ -206,4 +205,4 @@ def benchmark_json(bench: KernelBenchmark) -> dict:
     }
 
 
-__all__ = ["BENCH_SIZES", "SHAPES", "KernelBenchmark", "KernelCheckError", "benchmark_json", "kernel_rows", "mixed_requests", "run_kernel_benchmark"]
+__all__ = ["BENCH_SIZES", "SHAPES", "KernelBenchmark", "benchmark_json", "kernel_rows", "mixed_requests", "run_kernel_benchmark"]

@@ -86,7 +86,8 @@ def test_check_and_time_reports_a_checked_timed_kernel():
     result = check_and_time(BLOCKED, q, k, v, 0.125, runs=2, warmup=1)
     assert result.kernel == "v3 blocked" and (result.num_heads, result.num_kv_heads, result.num_tokens, result.head_dim) == (9, 3, 96, 64)
     assert result.max_abs_diff < TOLERANCE <= result.allowed_diff
-    assert 0 < result.min_s <= result.median_s <= result.max_s and result.num_runs == 2
+    timing = result.timing
+    assert 0 < timing.min_s <= timing.median_s <= timing.max_s and timing.num_runs == 2
     assert result.output_bytes == 9 * 96 * 64 * 4
     assert result.largest_intermediate_bytes == 9 * 64 * 64 * 4  # one fp32 tile, not 96 x 96
     assert NAIVE.largest_intermediate(9, 96, 4) == 9 * 96 * 96 * 4

@@ -139,7 +139,7 @@ def test_check_and_time_reports_the_step():
     inputs = random_step([(30, 5), (0, 7)], 4, 2, 16, workload="mixed")
     result = check_paged_and_time(LOOP, inputs, runs=2, warmup=1)
     assert (result.kernel, result.num_tokens, result.context_tokens, result.workload) == ("v2 loop", 12, 42, "mixed")
-    assert result.median_s > 0 and result.max_abs_diff < TOLERANCE
+    assert result.timing.median_s > 0 and result.max_abs_diff < TOLERANCE
     assert result.peak_memory_bytes is None or result.peak_memory_bytes >= result.output_bytes
 
 

@@ -10,7 +10,11 @@ import streamlit as st
 from prefillviz.devices import dtype_name
 from prefillviz.hosted import hosted_policy
 
-from prefillviz.experiments import parallel as experiments
+from prefillviz.experiments.kv_equality import TOLERANCES
+from prefillviz.experiments.length_sweep import DEFAULT_PARALLEL_SIZES, DEFAULT_SEQUENTIAL_SIZES, run_sweep
+from prefillviz.experiments.parallel import run_both_ways
+from prefillviz.experiments.roofline import DEFAULT_DECODE_CONTEXTS, DEFAULT_PREFILL_SIZES, run_roofline
+from prefillviz.experiments.ways import WAYS
 from prefillviz.figures import parallel as figures
 from prefillviz.prompts import PRESETS
 from prefillviz.ui.shell import downloads, get_result, loaded_model, run_guarded, save_result
@@ -72,7 +76,7 @@ max_tokens = st.number_input(
 if loaded is not None and st.button("Run both ways", type="primary", key="parallel_run"):
     with run_guarded("The comparison"):
         with progress_bar("Parallel vs token-by-token") as update:
-            save_result("parallel", experiments.run_both_ways(loaded, prompt, int(max_tokens), progress=update))
+            save_result("parallel", run_both_ways(loaded, prompt, int(max_tokens), progress=update))
 
 comparison = get_result("parallel")
 if comparison is not None:
@@ -125,7 +129,7 @@ if comparison is not None:
         f"From an {source(comparison, 'inspect')}: the post-RoPE keys and values each way wrote into the KV cache, "
         f"compared element by element. Rounding alone makes them differ a little: a matmul over {n} rows adds its products "
         "in another order than one over 1 row. The tolerance is 1e-3 in float32; bfloat16 keeps 8 significant bits, so its tolerance "
-        f"is {experiments.TOLERANCES['bfloat16']:g} (float16: {experiments.TOLERANCES['float16']:g})."
+        f"is {TOLERANCES['bfloat16']:g} (float16: {TOLERANCES['float16']:g})."
     )
     difference = figures.kv_difference_figure(check)
     st.plotly_chart(difference, key="parallel_difference_chart")
@@ -141,10 +145,10 @@ st.markdown(
 )
 columns = st.columns(3)
 parallel_sizes = columns[0].multiselect(
-    "Parallel: N", [8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024], list(experiments.DEFAULT_PARALLEL_SIZES), max_selections=hosted_policy().limit("sweep_points", 64), key="parallel_sweep_parallel_sizes"
+    "Parallel: N", [8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024], list(DEFAULT_PARALLEL_SIZES), max_selections=hosted_policy().limit("sweep_points", 64), key="parallel_sweep_parallel_sizes"
 )
 sequential_sizes = columns[1].multiselect(
-    "Token-by-token: N", [2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128], list(experiments.DEFAULT_SEQUENTIAL_SIZES), max_selections=hosted_policy().limit("sweep_points", 64), key="parallel_sweep_sequential_sizes"
+    "Token-by-token: N", [2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128], list(DEFAULT_SEQUENTIAL_SIZES), max_selections=hosted_policy().limit("sweep_points", 64), key="parallel_sweep_sequential_sizes"
 )
 parallel_runs = columns[2].number_input("Parallel runs per N (median)", 1, 9, 3, key="parallel_sweep_runs")
 estimate = f"Token-by-token will run {sum(sequential_sizes):,} steps; parallel {len(parallel_sizes) * (int(parallel_runs) + 1)} steps (one warm-up per N)."
@@ -156,7 +160,7 @@ st.caption(estimate)
 if loaded is not None and st.button("Run the sweep", key="parallel_sweep_run"):
     with run_guarded("The sweep"):
         with progress_bar("Sweep") as update:
-            save_result("parallel_sweep", experiments.run_sweep(loaded, parallel_sizes, sequential_sizes, int(parallel_runs), progress=update))
+            save_result("parallel_sweep", run_sweep(loaded, parallel_sizes, sequential_sizes, int(parallel_runs), progress=update))
 
 sweep = get_result("parallel_sweep")
 if sweep is not None:
@@ -175,7 +179,7 @@ if sweep is not None:
         ]
     )
     st.dataframe(fits, hide_index=True, key="parallel_fit_table")
-    b_parallel, b_sequential = (sweep.fits[way].b_s_per_token for way in experiments.WAYS)
+    b_parallel, b_sequential = (sweep.fits[way].b_s_per_token for way in WAYS)
     b_text = (
         f"Per-token cost b: token-by-token / parallel = {b_sequential / b_parallel:,.1f}×."
         if b_parallel > 0
@@ -193,13 +197,13 @@ st.markdown(
     "measured matmul peak and memory bandwidth; the points are measured engine steps."
 )
 columns = st.columns(3)
-prefill_sizes = columns[0].multiselect("Prefill points: N", [16, 32, 64, 128, 256, 512, 1024], list(experiments.DEFAULT_ROOFLINE_PREFILL_SIZES), max_selections=hosted_policy().limit("sweep_points", 64), key="parallel_roofline_prefill")
-decode_contexts = columns[1].multiselect("Decode points: context", [16, 64, 256, 1024], list(experiments.DEFAULT_ROOFLINE_DECODE_CONTEXTS), max_selections=hosted_policy().limit("sweep_points", 64), key="parallel_roofline_decode")
+prefill_sizes = columns[0].multiselect("Prefill points: N", [16, 32, 64, 128, 256, 512, 1024], list(DEFAULT_PREFILL_SIZES), max_selections=hosted_policy().limit("sweep_points", 64), key="parallel_roofline_prefill")
+decode_contexts = columns[1].multiselect("Decode points: context", [16, 64, 256, 1024], list(DEFAULT_DECODE_CONTEXTS), max_selections=hosted_policy().limit("sweep_points", 64), key="parallel_roofline_decode")
 roofline_runs = columns[2].number_input("Runs per point (median)", 1, 9, 2, key="parallel_roofline_runs")
 
 if loaded is not None and st.button("Measure the roofline", key="parallel_roofline_run"):
     with run_guarded("The roofline"), st.spinner("Reading or measuring the machine's peaks, then timing prefill and decode steps…"):
-        save_result("parallel_roofline", experiments.run_roofline(loaded, prefill_sizes, decode_contexts, int(roofline_runs)))
+        save_result("parallel_roofline", run_roofline(loaded, prefill_sizes, decode_contexts, int(roofline_runs)))
 
 roofline = get_result("parallel_roofline")
 if roofline is not None:

@@ -1,17 +1,20 @@
 """Figures of the parallel vs token-by-token comparison: per-step latency, tokens over time,
 the KV/logit equality proof, time to first token against N with its fit, and the roofline.
-Every number drawn comes from the results passed in (``experiments.parallel``)."""
+Every number drawn comes from the results passed in (``experiments.parallel``, ``length_sweep``, ``roofline``)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 
 from prefillviz.analysis.peaks import MachinePeaks
 from prefillviz.analysis.roofline import RooflinePoint, roof
-from prefillviz.experiments.parallel import PARALLEL, TOKEN_BY_TOKEN, EqualityCheck, ParallelComparison, SweepResult
+from prefillviz.experiments.kv_equality import EqualityCheck
+from prefillviz.experiments.length_sweep import SweepResult
+from prefillviz.experiments.parallel import ParallelComparison
+from prefillviz.experiments.ways import PARALLEL, TOKEN_BY_TOKEN
 from prefillviz.figures import style
 
 WAY_COLORS = {PARALLEL: style.PREFILL, TOKEN_BY_TOKEN: style.DECODE}  # token-by-token runs like decode: 1 token a step

@@ -13,6 +13,7 @@ from prefillviz.experiments import chunked, inspect_run, parallel, prefix
 from prefillviz.experiments.one_request import run_one
 from prefillviz.experiments.outputs import compare_outputs
 from prefillviz.experiments.prefill import run_prefill
+from prefillviz.experiments.roofline import run_roofline
 from prefillviz.lessons.actions import ActionOutcome
 from prefillviz.lessons.spec import LessonError
 from prefillviz.progress import FractionProgress
@@ -166,7 +167,7 @@ def _run_parallel(loaded, parameters: dict, report: FractionProgress, scale: flo
 # --- roofline: measured prefill and decode steps under this machine's measured roofs
 def _run_roofline(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:
     report(0.0, "reading (or measuring) this machine's peaks, then timing prefill and decode steps")
-    result = parallel.run_roofline(loaded, parameters["prefill_sizes"], parameters["decode_contexts"], parameters["runs"])
+    result = run_roofline(loaded, parameters["prefill_sizes"], parameters["decode_contexts"], parameters["runs"])
     prefill_points = [p for p in result.points if p.phase == "prefill"]
     decode_points = [p for p in result.points if p.phase == "decode"]
     if not prefill_points or not decode_points:

@@ -11,9 +11,10 @@ from prefillviz.analysis.flops import model_costs
 from prefillviz.analysis.memory import current_rss_bytes, kv_memory_report, peak_rss_bytes
 from prefillviz.analysis.peaks import MachinePeaks
 from prefillviz.analysis.peaks_history import machine_peaks
-from prefillviz.analysis.roofline import measure_roofline_points, predict_layer_times, ridge_point, roof
+from prefillviz.analysis.roofline import predict_layer_times, ridge_point, roof
 from prefillviz.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
+from prefillviz.experiments.roofline import measure_roofline_points
 from prefillviz.prompts import bench_token_ids
 
 MATMUL_EVENTS = ("aten::mm", "aten::addmm", "aten::matmul", "aten::linear")

@@ -12,16 +12,11 @@ from prefillviz.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.errors import ConfigError, RequestError
-from prefillviz.experiments.parallel import (
-    PARALLEL,
-    TOKEN_BY_TOKEN,
-    compare_inspections,
-    fit_quadratic,
-    run_both_ways,
-    run_roofline,
-    run_sweep,
-    tolerance_for,
-)
+from prefillviz.experiments.kv_equality import compare_inspections, tolerance_for
+from prefillviz.experiments.length_sweep import fit_quadratic, run_sweep
+from prefillviz.experiments.parallel import run_both_ways
+from prefillviz.experiments.roofline import run_roofline
+from prefillviz.experiments.ways import PARALLEL, TOKEN_BY_TOKEN
 from prefillviz.figures import parallel as figures
 from tests.conftest import FP32_TOLERANCE, assert_matches_hf
 

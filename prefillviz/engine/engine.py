@@ -6,6 +6,9 @@ One code path serves every view of the app:
     token-by-token     one request, token_budget = 1                (N steps)
     chunked prefill    several requests, budget B, decodes first
     prefix-cache hit   num_computed_tokens starts after the cached blocks
+
+A finished request leaves the scheduler; the engine keeps its ``RequestRecord`` (made once,
+when it finishes) for the trace, so a reused engine's steps do not slow down with its history.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from prefillviz.config import EngineConfig
 from prefillviz.devices import dtype_name
 from prefillviz.engine.block_pool import BlockPool
 from prefillviz.engine.kv_cache import PagedKVCache
+from prefillviz.engine.records import request_record, since
 from prefillviz.engine.request import Request, RequestStatus, SamplingParams
-from prefillviz.engine.runner import ModelRunner
-from prefillviz.engine.scheduler import Scheduler
+from prefillviz.engine.runner import ModelRunner, RunnerOutput
+from prefillviz.engine.scheduler import Scheduler, SchedulerOutput
 from prefillviz.hosted import hosted_policy
 from prefillviz.errors import OutOfMemory, RequestError, is_out_of_memory
 from prefillviz.instrument.capture import capture
@@ -63,9 +67,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config, self.block_pool)
         self.runner = ModelRunner(model, self.kv_cache, self.config.block_size, self.config.pack_linear_weights)
         self.steps: list[StepRecord] = []
-        self.first_token_samples: dict = {}  # request id -> SampleResult of its first token
-        self.first_token_logits: dict[str, torch.Tensor] = {}  # request id -> (V,) fp32 logits
-        self.first_token_text: dict[str, tuple[str, float]] = {}  # request id -> (text, detokenize seconds)
+        # every request in arrival order; its record is made when it finishes (None while unfinished)
+        self.request_records: dict[str, RequestRecord | None] = {}
         self.capture = None  # set by instrument.capture while a capture is installed
         self._start_time: float | None = None
         self._next_request_number = 0
@@ -76,17 +79,10 @@ class LLMEngine:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    def _since_start(self, t: float) -> float:
-        return t - self._start_time if self._start_time is not None else 0.0
-
     # ---------------------------------------------------------------- requests
     @property
     def num_blocks(self) -> int:
         return self.block_pool.num_blocks
-
-    @property
-    def requests(self) -> dict[str, Request]:
-        return self.scheduler.requests
 
     def add_request(
         self,
@@ -112,6 +108,7 @@ class LLMEngine:
         request_id = request_id or f"req-{self._next_request_number}"
         self._check_request(request_id, token_ids, params)
         self._next_request_number += 1
+        self.request_records[request_id] = None
         request = Request(
             request_id=request_id,
             prompt_token_ids=token_ids,
@@ -127,7 +124,7 @@ class LLMEngine:
     def _check_request(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
         if not token_ids:
             raise RequestError("The prompt is empty: it has no tokens.")
-        if request_id in self.scheduler.requests:
+        if request_id in self.request_records:
             raise RequestError(f"A request named {request_id!r} already exists.")
         if params.max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be at least 1, got {params.max_new_tokens}.")
@@ -155,10 +152,11 @@ class LLMEngine:
             )
 
     def abort_request(self, request_id: str) -> None:
-        """Stop a request and free its blocks."""
-        request = self.scheduler.requests[request_id]
-        if not request.is_finished:
-            self.scheduler.finish_request(request, RequestStatus.FINISHED_ABORTED, self._now())
+        """Stop a request and free its blocks (a no-op once it has finished)."""
+        if request_id not in self.request_records:
+            raise KeyError(request_id)
+        if request_id in self.scheduler.requests:
+            self._abort([self.scheduler.requests[request_id]])
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -175,44 +173,57 @@ class LLMEngine:
                 requests scheduled in it are aborted and their blocks freed, so the engine
                 stays usable.
         """
-        t_start = self._now()
+        clock = {"start": self._now()}  # when each phase ended (host seconds)
         if self._start_time is None:
-            self._start_time = t_start
-        output = self.scheduler.schedule(now=t_start)
+            self._start_time = clock["start"]
+        output = self.scheduler.schedule(now=clock["start"])
         if not output.chunks:
-            self._abort_all_waiting()
+            self._abort(list(self.scheduler.waiting))
             raise RequestError("No request could be scheduled: the KV cache is too small for what is waiting.")
-        t_scheduled = time.perf_counter()
-        requests = self.scheduler.requests
+        clock["schedule"] = time.perf_counter()
+        requests = {chunk.request_id: self.scheduler.requests[chunk.request_id] for chunk in output.chunks}
+        runner_output = self._execute(output, requests, clock)
+        clock["sample"] = time.perf_counter()
+        sampled = {request_id: result.token_id for request_id, result in runner_output.samples.items()}
+        finished = self.scheduler.update(output, sampled, now=clock["sample"])
+        clock["update"] = time.perf_counter()
+        self._keep_first_tokens(runner_output, requests)
+        record = self._step_record(output, sampled, clock)
+        if self.capture is not None:
+            self.capture.end_step(record)
+        self.steps.append(record)
+        self._keep_records(finished)  # after the step is in self.steps: a TTFT breakdown counts it
+        return record
+
+    def _execute(self, output: SchedulerOutput, requests: dict[str, Request], clock: dict[str, float]) -> RunnerOutput:
+        """Prepare, forward and sample (timing the first two); on failure abort the step's requests."""
         try:
             inputs = self.runner.prepare(output, requests)
-            t_prepared = self._now()
+            clock["prepare"] = self._now()
             logits = self.runner.forward(inputs)
-            t_forward = self._now()
-            runner_output = self.runner.sample(output, requests, logits)
+            clock["forward"] = self._now()
+            return self.runner.sample(output, requests, logits)
         except Exception as error:  # free the step's requests, keep the engine usable
-            now = self._now()
-            for chunk in output.chunks:
-                self.scheduler.finish_request(requests[chunk.request_id], RequestStatus.FINISHED_ABORTED, now)
+            self._abort(list(requests.values()))
             if is_out_of_memory(error):
                 raise OutOfMemory(
                     f"Out of memory while running {output.total_num_scheduled_tokens:,} tokens in one step. "
                     "Try a shorter prompt, a smaller token budget, or a smaller model."
                 ) from error
             raise
-        t_sampled = time.perf_counter()
-        sampled = {request_id: result.token_id for request_id, result in runner_output.samples.items()}
-        for request_id, row in runner_output.first_token_logits.items():
-            self.first_token_logits[request_id] = row
-            self.first_token_samples[request_id] = runner_output.samples[request_id]
-        self.scheduler.update(output, sampled, now=t_sampled)
-        t_end = time.perf_counter()
-        if self.tokenizer is not None:  # detokenize first tokens: the text a user waits for
-            for request_id in runner_output.first_token_logits:
-                t_detokenize = time.perf_counter()
-                text = self.tokenizer.decode([sampled[request_id]])
-                self.first_token_text[request_id] = (text, time.perf_counter() - t_detokenize)
-        record = StepRecord(
+
+    def _keep_first_tokens(self, runner_output: RunnerOutput, requests: dict[str, Request]) -> None:
+        """Put each first token's distribution, logits and text on its request (the text: what a user waits for)."""
+        for request_id, logits in runner_output.first_token_logits.items():
+            request = requests[request_id]
+            request.first_token_sample, request.first_token_logits = runner_output.samples[request_id], logits
+            if self.tokenizer is not None:
+                detokenize_start = time.perf_counter()
+                request.first_token_text = self.tokenizer.decode([request.first_token_sample.token_id])
+                request.detokenize_time_s = time.perf_counter() - detokenize_start
+
+    def _step_record(self, output: SchedulerOutput, sampled: dict[str, int], clock: dict[str, float]) -> StepRecord:
+        return StepRecord(
             step_index=len(self.steps),
             chunks=output.chunks,
             blocks_hit=output.blocks_hit,
@@ -221,23 +232,25 @@ class LLMEngine:
             preempted_request_ids=output.preempted_request_ids,
             sampled_token_ids=sampled,
             num_free_blocks=self.block_pool.num_free_blocks,
-            start_time_s=self._since_start(t_start),
-            wall_time_s=t_end - t_start,
-            schedule_time_s=t_scheduled - t_start,
-            prepare_time_s=t_prepared - t_scheduled,
-            forward_time_s=t_forward - t_prepared,
-            sample_time_s=t_sampled - t_forward,
-            update_time_s=t_end - t_sampled,
+            start_time_s=since(self._start_time, clock["start"]),
+            wall_time_s=clock["update"] - clock["start"],
+            schedule_time_s=clock["schedule"] - clock["start"],
+            prepare_time_s=clock["prepare"] - clock["schedule"],
+            forward_time_s=clock["forward"] - clock["prepare"],
+            sample_time_s=clock["sample"] - clock["forward"],
+            update_time_s=clock["update"] - clock["sample"],
         )
-        if self.capture is not None:
-            self.capture.end_step(record)
-        self.steps.append(record)
-        return record
 
-    def _abort_all_waiting(self) -> None:
+    def _abort(self, requests: list[Request]) -> None:
         now = self._now()
-        for request in list(self.scheduler.waiting):
+        for request in requests:
             self.scheduler.finish_request(request, RequestStatus.FINISHED_ABORTED, now)
+        self._keep_records(requests)
+
+    def _keep_records(self, finished: list[Request]) -> None:
+        """The trace's record of each finished request, made once: the scheduler has let it go."""
+        for request in finished:
+            self.request_records[request.request_id] = request_record(request, self.steps, self._start_time)
 
     def run(
         self,
@@ -267,47 +280,6 @@ class LLMEngine:
         return trace
 
     # ---------------------------------------------------------------- results
-    def _ttft_breakdown(self, request: Request) -> dict[str, float]:
-        """Where the time to the first token went: tokenize, then every step from arrival to it."""
-        if request.first_token_time is None:
-            return {}
-        parts = {"tokenize_s": request.tokenize_time_s, "schedule_s": 0.0, "forward_s": 0.0, "sample_s": 0.0}
-        arrival, first = self._since_start(request.arrival_time), self._since_start(request.first_token_time)
-        for step in self.steps:
-            if step.start_time_s + 1e-9 >= arrival and step.start_time_s <= first:
-                parts["schedule_s"] += step.schedule_time_s + step.prepare_time_s
-                parts["forward_s"] += step.forward_time_s
-                parts["sample_s"] += step.sample_time_s
-        parts["detokenize_s"] = self.first_token_text.get(request.request_id, ("", 0.0))[1]
-        engine_ttft = request.time_to_first_token_s
-        parts["other_s"] = max(0.0, engine_ttft - parts["schedule_s"] - parts["forward_s"] - parts["sample_s"])
-        parts["total_s"] = parts["tokenize_s"] + engine_ttft + parts["detokenize_s"]
-        return parts
-
-    def _request_record(self, request: Request) -> RequestRecord:
-        first = self.first_token_samples.get(request.request_id)
-        logits = self.first_token_logits.get(request.request_id)
-        text, detokenize_s = self.first_token_text.get(request.request_id, (None, 0.0))
-        return RequestRecord(
-            request_id=request.request_id,
-            prompt_token_ids=list(request.prompt_token_ids),
-            output_token_ids=list(request.output_token_ids),
-            status=request.status.value,
-            num_cached_tokens=request.num_cached_tokens,
-            num_preemptions=request.num_preemptions,
-            arrival_time_s=self._since_start(request.arrival_time),
-            tokenize_time_s=request.tokenize_time_s,
-            time_to_first_token_s=request.time_to_first_token_s,
-            inter_token_times_s=request.inter_token_times_s,
-            first_token_top_ids=first.top_token_ids if first else [],
-            first_token_top_probs=first.top_probs if first else [],
-            first_token_entropy_nats=first.entropy_nats if first else None,
-            first_token_text=text,
-            detokenize_time_s=detokenize_s,
-            first_token_logits=logits.numpy() if logits is not None else None,
-            ttft_breakdown_s=self._ttft_breakdown(request),
-        )
-
     def trace(self) -> Trace:
         return Trace(
             model_id=self.model_id,
@@ -318,7 +290,10 @@ class LLMEngine:
             kv_cache_bytes=self.kv_cache.num_bytes,
             kv_bytes_per_token=self.kv_bytes_per_token,
             steps=list(self.steps),
-            requests={rid: self._request_record(r) for rid, r in self.scheduler.requests.items()},
+            requests={rid: record or self._record_so_far(rid) for rid, record in self.request_records.items()},
             prefix_cache_queries=self.scheduler.prefix_cache_queries,
             prefix_cache_hits=self.scheduler.prefix_cache_hits,
         )
+
+    def _record_so_far(self, request_id: str) -> RequestRecord:
+        return request_record(self.scheduler.requests[request_id], self.steps, self._start_time)

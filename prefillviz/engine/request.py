@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from prefillviz.engine.sampler import SampleResult
 
 
 class RequestStatus(enum.Enum):
@@ -66,6 +70,11 @@ class Request:
     token_times: list[float] = field(default_factory=list)  # one per output token
     finished_time: float | None = None
     generator: torch.Generator | None = None  # per-request RNG when a seed is given
+    # the first token, kept by the engine in the step that samples it (the app's first-token views)
+    first_token_sample: SampleResult | None = None  # the token and its distribution (top tokens, entropy)
+    first_token_logits: torch.Tensor | None = None  # (V,) fp32 on CPU
+    first_token_text: str | None = None  # detokenized; None without a tokenizer
+    detokenize_time_s: float = 0.0  # the decode of that text, after the step
 
     @property
     def num_prompt_tokens(self) -> int:

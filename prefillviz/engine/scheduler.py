@@ -59,7 +59,7 @@ class Scheduler:
         self.config = config
         self.block_pool = block_pool
         self.block_size = config.block_size
-        self.requests: dict[str, Request] = {}
+        self.requests: dict[str, Request] = {}  # unfinished only: a finished request leaves (the engine keeps its record)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         # vLLM's prefix-cache counters, in tokens
@@ -75,7 +75,8 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def finish_request(self, request: Request, status: RequestStatus, now: float) -> None:
-        """Mark finished and free the blocks (tail first, so they are evicted first)."""
+        """Mark finished, free the blocks (tail first, so they are evicted first) and let the request go."""
+        self.requests.pop(request.request_id, None)
         self.block_pool.free(list(reversed(request.block_table)))
         request.block_table = []
         request.status = status

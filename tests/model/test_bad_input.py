@@ -15,7 +15,7 @@ PROMPT = list(range(3, 23))
 def still_serves(engine, model):
     request = engine.add_request(PROMPT)
     engine.run()
-    assert_matches_hf(model, PROMPT, engine.first_token_logits[request.request_id])
+    assert_matches_hf(model, PROMPT, request.first_token_logits)
     assert engine.block_pool.num_free_blocks == engine.num_blocks
 
 
@@ -82,10 +82,10 @@ def test_a_failed_step_frees_its_requests_blocks_and_the_engine_recovers(tiny_ll
     engine.add_request([7] * 9, SamplingParams(max_new_tokens=3), request_id="decoding")
     engine.step()
     engine.runner.observers.append(FailAtLayer(error))
-    engine.add_request([9] * 30, request_id="victim")
+    victim = engine.add_request([9] * 30, request_id="victim")
     with pytest.raises((PrefillVizError, RuntimeError), match=expected):
         engine.step()
-    assert engine.requests["victim"].status.value == "finished_aborted"
-    assert engine.requests["victim"].block_table == []
+    assert victim.status.value == engine.trace().requests["victim"].status == "finished_aborted"
+    assert victim.block_table == []
     assert engine.block_pool.num_free_blocks == engine.num_blocks
     still_serves(engine, tiny_llama)

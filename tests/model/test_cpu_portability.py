@@ -36,7 +36,7 @@ def engine_first_logits(model, token_ids, **config):
     engine = LLMEngine(model, tokenizer=None, config=EngineConfig(**config))
     request = engine.add_request(token_ids)
     engine.run()
-    return engine.first_token_logits[request.request_id]
+    return request.first_token_logits
 
 
 def test_probe_turns_the_avx2_error_into_a_reason(monkeypatch):

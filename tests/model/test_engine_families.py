@@ -33,7 +33,7 @@ def test_family_chunked_prefill_and_decode_match_hf(family):
     request = engine.add_request(prompt, SamplingParams(max_new_tokens=5))
     trace = engine.run()
     assert trace.num_steps == 4 + 4  # 37 tokens in chunks of 10, then 4 decodes
-    assert_matches_hf(model, prompt, engine.first_token_logits[request.request_id])
+    assert_matches_hf(model, prompt, request.first_token_logits)
     assert trace.requests[request.request_id].output_token_ids == hf_greedy_generate(model, prompt, 5)
 
 

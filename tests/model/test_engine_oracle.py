@@ -24,7 +24,7 @@ def first_token_logits(model, token_ids, **config):
     engine = LLMEngine(model, tokenizer=None, config=EngineConfig(**config))
     request = engine.add_request(token_ids)
     trace = engine.run()
-    return engine.first_token_logits[request.request_id], trace
+    return request.first_token_logits, trace
 
 
 @pytest.mark.parametrize("chunk_size", [None, 1, 7, 64])
@@ -58,12 +58,12 @@ def test_prefix_cache_hit_matches_hf(request, model_name):
     engine = LLMEngine(model, tokenizer=None, config=EngineConfig(block_size=16))
     engine.add_request(first, request_id="first")
     engine.run()
-    engine.add_request(second, request_id="second")
+    second_request = engine.add_request(second, request_id="second")
     trace = engine.run()
     assert trace.requests["second"].num_cached_tokens == 48
     assert trace.steps[-1].chunks[0].start_position == 48
     assert trace.prefix_cache_hits == 48
-    assert_matches_hf(model, second, engine.first_token_logits["second"])
+    assert_matches_hf(model, second, second_request.first_token_logits)
 
 
 @pytest.mark.parametrize("model_name", ["tiny_llama", "bundled"])
@@ -76,7 +76,7 @@ def test_mixed_step_prefill_chunk_with_two_decodes_matches_hf(request, model_nam
     engine.add_request(short_a, SamplingParams(max_new_tokens=6), request_id="a")
     engine.add_request(short_b, SamplingParams(max_new_tokens=6), request_id="b")
     engine.step()
-    engine.add_request(long_prompt, request_id="long")
+    long_request = engine.add_request(long_prompt, request_id="long")
     trace = engine.run()
     mixed = trace.steps[1]
     assert [(c.request_id, c.num_tokens, c.is_prefill) for c in mixed.chunks] == [
@@ -84,7 +84,7 @@ def test_mixed_step_prefill_chunk_with_two_decodes_matches_hf(request, model_nam
         ("b", 1, False),
         ("long", 22, True),
     ]
-    assert_matches_hf(model, long_prompt, engine.first_token_logits["long"])
+    assert_matches_hf(model, long_prompt, long_request.first_token_logits)
     for request_id, prompt in [("a", short_a), ("b", short_b)]:
         assert trace.requests[request_id].output_token_ids == hf_greedy_generate(model, prompt, 6)
 

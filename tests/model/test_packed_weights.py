@@ -54,7 +54,7 @@ def engine_logits(model, token_ids, pack):
     engine = LLMEngine(model, tokenizer=None, config=EngineConfig(pack_linear_weights=pack))
     request = engine.add_request(token_ids)
     engine.run()
-    return engine.first_token_logits[request.request_id]
+    return request.first_token_logits
 
 
 def test_engine_runs_packed_linears_and_matches_hf_in_fp32(tiny_llama):

@@ -48,11 +48,12 @@ def test_whole_prompt_in_one_step_when_it_fits():
 
 def test_token_budget_one_is_token_by_token():
     scheduler = make_scheduler(token_budget=1)
-    scheduler.add_request(make_request("a", 5, max_new_tokens=1))
+    request = make_request("a", 5, max_new_tokens=1)
+    scheduler.add_request(request)
     outputs = [run_step(scheduler) for _ in range(5)]
     assert [split(o) for o in outputs] == [[("a", 1, "prefill")]] * 5
     assert [o.chunks[0].will_sample for o in outputs] == [False] * 4 + [True]
-    assert scheduler.requests["a"].status is RequestStatus.FINISHED_LENGTH
+    assert request.status is RequestStatus.FINISHED_LENGTH
     assert not scheduler.has_unfinished_requests()
 
 
@@ -100,12 +101,12 @@ def test_prefix_hit_starts_after_the_cached_blocks_and_counts_tokens():
     scheduler = make_scheduler(token_budget=64)
     scheduler.add_request(make_request("first", 10, max_new_tokens=1))
     run_step(scheduler)  # finishes; its 2 full blocks stay cached in the free queue
-    scheduler.add_request(make_request("second", 11, max_new_tokens=1))
+    request = make_request("second", 11, max_new_tokens=1)
+    scheduler.add_request(request)
     output = run_step(scheduler)
     assert output.blocks_hit == {"second": [0, 1]}
     assert split(output) == [("second", 3, "prefill")]
     assert output.chunks[0].start_position == 8
-    request = scheduler.requests["second"]
     assert request.num_cached_tokens == 8
     assert (scheduler.prefix_cache_queries, scheduler.prefix_cache_hits) == (10 + 11, 8)
 
@@ -142,7 +143,8 @@ def test_shared_blocks_are_ref_counted_across_running_requests():
 
 def test_when_blocks_run_out_the_last_running_request_is_preempted_and_recomputed():
     scheduler = make_scheduler(num_blocks=4, token_budget=64, enable_prefix_caching=False)
-    scheduler.add_request(make_request("a", 4, max_new_tokens=4))  # needs a 2nd block at its first decode
+    a = make_request("a", 4, max_new_tokens=4)  # needs a 2nd block at its first decode
+    scheduler.add_request(a)
     scheduler.add_request(make_request("b", 8, max_new_tokens=4, first_token=200))
     assert split(run_step(scheduler)) == [("a", 4, "prefill"), ("b", 8, "prefill")]  # 1 + 2 blocks
     output = run_step(scheduler)  # a and b both need a new block; only 1 is free
@@ -154,16 +156,35 @@ def test_when_blocks_run_out_the_last_running_request_is_preempted_and_recompute
     assert scheduler.waiting[0] is b
     while scheduler.has_unfinished_requests():
         run_step(scheduler)
-    assert scheduler.requests["a"].output_token_ids == [7] * 4
+    assert a.output_token_ids == [7] * 4
     assert b.output_token_ids == [7] * 4 and b.num_preemptions == 1
 
 
 def test_finished_request_frees_its_blocks_tail_first():
     scheduler = make_scheduler(num_blocks=8, token_budget=64)
-    scheduler.add_request(make_request("a", 12, max_new_tokens=1))
+    request = make_request("a", 12, max_new_tokens=1)
+    scheduler.add_request(request)
     run_step(scheduler)
-    assert scheduler.requests["a"].block_table == []
+    assert request.block_table == []
     assert list(scheduler.block_pool.free_queue)[-3:] == [2, 1, 0]
+
+
+def test_finished_requests_leave_the_scheduler():
+    """A reused scheduler holds only the requests still running or waiting, however many it served."""
+    scheduler = make_scheduler(num_blocks=8, token_budget=64)
+    for i in range(5):
+        request = make_request(f"r{i}", 6, max_new_tokens=2)
+        scheduler.add_request(request)
+        run_step(scheduler)
+        assert list(scheduler.requests) == [f"r{i}"]
+        run_step(scheduler)  # its second token: finished
+        assert scheduler.requests == {} and request.output_token_ids == [7, 7]
+    kept, aborted = make_request("kept", 6), make_request("aborted", 6)
+    scheduler.add_request(kept)
+    scheduler.add_request(aborted)
+    run_step(scheduler)
+    scheduler.finish_request(aborted, RequestStatus.FINISHED_ABORTED, now=0.0)  # an abort lets it go too
+    assert list(scheduler.requests) == ["kept"]
 
 
 @pytest.mark.parametrize("field", ["block_size", "token_budget", "max_num_running", "num_blocks"])

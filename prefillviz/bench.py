@@ -3,6 +3,8 @@
 Timing discipline (gpt-fast / nanoGPT ``bench.py``): warm up first, synchronize the device
 before reading the clock, interleave the runs being compared so drift hits both, report
 medians with their spread. Every figure is measured in this run; nothing is remembered.
+The parts in a fresh process (cold start, the inspection's peak RSS) are in
+``bench_fresh_process``; the peer, transformers' own continuous batching, in ``bench_peer``.
 
 ``--quick`` (``QUICK_SIZES``) runs every part on the smallest work that still fills
 every key, for the test of the JSON's keys and shape; its figures say nothing and the JSON
@@ -11,12 +13,7 @@ says ``"quick": true``. The figures are ``make bench``'s (``FULL_SIZES``).
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
-import tempfile
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -24,19 +21,20 @@ import torch
 from transformers import DynamicCache
 
 from prefillviz.analysis.flops import model_costs
-from prefillviz.analysis.memory import peak_rss_bytes
 from prefillviz.analysis.peaks import measure_matmul_gflops
 from prefillviz.analysis.peaks_history import machine_peaks
+from prefillviz.bench_fresh_process import cold_start_s, inspect_peak_rss_mb
+from prefillviz.bench_peer import engine_over_hf_cb
 from prefillviz.config import EngineConfig
 from prefillviz.devices import dtype_name
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.packed_weights import packed_linears, packing_status
-from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments.chunked import build_workload, latency_summary, run_workload
+from prefillviz.experiments.one_request import one_request_engine
+from prefillviz.instrument.machine_load import MachineLoad
+from prefillviz.instrument.timers import median_and_spread, run_timed
 from prefillviz.models import load_model
 from prefillviz.prompts import bench_token_ids
-from prefillviz.instrument.machine_load import MachineLoad
-from prefillviz.instrument.timers import synchronize
 
 
 @dataclass(frozen=True)
@@ -63,18 +61,6 @@ QUICK_SIZES = BenchSizes(  # bench --quick: the test of the JSON's keys and shap
 )
 
 
-def _time(fn: Callable[[], None], device: torch.device) -> float:
-    synchronize(device)
-    start = time.perf_counter()
-    fn()
-    synchronize(device)
-    return time.perf_counter() - start
-
-
-def _spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": len(values)}
-
-
 def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, runs: int = 7, quick: bool = False) -> dict:
     """Measure and return the benchmark figures (see the README for each key).
 
@@ -92,8 +78,7 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
         model(input_ids=input_ids, logits_to_keep=1).logits.argmax(-1).item()
 
     def engine_prefill(token_budget: int, capture_level: str = "none") -> Callable[[], None]:
-        config = EngineConfig(token_budget=token_budget, enable_prefix_caching=False)  # every run computes
-        engine = LLMEngine(model, loaded.tokenizer, config, model_id=loaded.model_id)
+        engine = one_request_engine(model, loaded.tokenizer, token_budget, model_id=loaded.model_id)  # cache off: every run computes
 
         def prefill() -> None:
             engine.add_request(token_ids)
@@ -125,19 +110,19 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
         gemm_gflops = []  # the peak the prefill is held against, measured between its runs
         for i in range(runs):  # interleaved, so drift hits every variant alike
             gemm_gflops.append(measure_matmul_gflops(device_, loaded.dtype, runs=1))
-            hf_times.append(_time(hf_forward, device_))
-            parallel_times.append(_time(parallel, device_))
-            timing_times.append(_time(timed, device_))
-            inspect_times.append(_time(inspected, device_))
+            hf_times.append(run_timed(hf_forward, device_)[0])
+            parallel_times.append(run_timed(parallel, device_)[0])
+            timing_times.append(run_timed(timed, device_)[0])
+            inspect_times.append(run_timed(inspected, device_)[0])
             if i < max(sizes.min_runs, runs // 2):  # N steps each: fewer runs
-                sequential_times.append(_time(sequential, device_))
-                hf_sequential_times.append(_time(hf_token_by_token, device_))
+                sequential_times.append(run_timed(sequential, device_)[0])
+                hf_sequential_times.append(run_timed(hf_token_by_token, device_)[0])
         prefix = _prefix_hit_speedup(loaded, 2 * num_tokens, runs)
         packing = _packed_over_stock(loaded, num_tokens, runs)
         chunked = _chunked_ratios(loaded, 2 * num_tokens, runs, sizes)
-        inspect_rss_mb = _inspect_peak_rss_mb(model_id, device, dtype, sizes.inspect_rss_tokens)
-        cold_starts, cold_exits = zip(*(_cold_start_s(model_id, device, dtype) for _ in range(sizes.cold_start_runs)))
-        peer = _engine_over_hf_cb(loaded, num_tokens, sizes)  # last: transformers' continuous batching sizes a large cache
+        inspect_rss_mb = inspect_peak_rss_mb(model_id, device, dtype, sizes.inspect_rss_tokens)
+        cold_starts, cold_exits = zip(*(cold_start_s(model_id, device, dtype) for _ in range(sizes.cold_start_runs)))
+        peer = engine_over_hf_cb(loaded, num_tokens, sizes)  # last: transformers' continuous batching sizes a large cache
 
     ratios = [p / h for p, h in zip(parallel_times, hf_times)]
     parallel_median = statistics.median(parallel_times)
@@ -166,22 +151,22 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
         "chunked_total_time_ratio": chunked["total_time_ratio"],
         "engine_over_hf_cb": peer["speedup"],
         "details": {
-            "hf_forward_s": _spread(hf_times),
-            "engine_parallel_prefill_s": _spread(parallel_times),
-            "engine_token_by_token_s": _spread(sequential_times),
-            "overhead_vs_hf_ratios": _spread(ratios),
-            "hf_token_by_token_s": _spread(hf_sequential_times),
+            "hf_forward_s": median_and_spread(hf_times),
+            "engine_parallel_prefill_s": median_and_spread(parallel_times),
+            "engine_token_by_token_s": median_and_spread(sequential_times),
+            "overhead_vs_hf_ratios": median_and_spread(ratios),
+            "hf_token_by_token_s": median_and_spread(hf_sequential_times),
             "prefix_hit": prefix,
             "packed_weights": packing,
             "chunked": chunked,
             "hf_continuous_batching": peer,
             "cold_start": "fresh process: import, load the model from the prefillviz cache, first token of a short prompt (until it prints it)",
-            "cold_start_s": _spread(list(cold_starts)),
-            "cold_start_to_exit_s": _spread(list(cold_exits)),
-            "engine_timing_capture_s": _spread(timing_times),
-            "engine_inspect_capture_s": _spread(inspect_times),
+            "cold_start_s": median_and_spread(list(cold_starts)),
+            "cold_start_to_exit_s": median_and_spread(list(cold_exits)),
+            "engine_timing_capture_s": median_and_spread(timing_times),
+            "engine_inspect_capture_s": median_and_spread(inspect_times),
             "prefill_flops": prefill_flops,
-            "gemm_gflops": _spread(gemm_gflops),
+            "gemm_gflops": median_and_spread(gemm_gflops),
             "machine_peaks": {  # the cached peaks the app's roofline uses, for comparison
                 "matmul_gflops": peaks.matmul_gflops, "memory_gb_s": peaks.memory_gb_s, "measured_at": peaks.measured_at,
                 "machine": peaks.machine,
@@ -213,8 +198,8 @@ def _prefix_hit_speedup(loaded, prefix_tokens: int, runs: int, new_tokens: int =
     return {
         "prefix_tokens": prefix_tokens,
         "new_tokens": new_tokens,
-        "ttft_hit_s": _spread(hits),
-        "ttft_miss_s": _spread(misses),
+        "ttft_hit_s": median_and_spread(hits),
+        "ttft_miss_s": median_and_spread(misses),
         "speedup": statistics.median(misses) / statistics.median(hits),
     }
 
@@ -242,12 +227,12 @@ def _packed_over_stock(loaded, num_tokens: int, runs: int) -> dict:
         stock(), packed()  # warm-up (and the packing itself)
         stock_s, packed_s = [], []
         for _ in range(runs):
-            stock_s.append(_time(stock, loaded.device))
-            packed_s.append(_time(packed, loaded.device))
+            stock_s.append(run_timed(stock, loaded.device)[0])
+            packed_s.append(run_timed(packed, loaded.device)[0])
         rows[f"{length}_tokens"] = {
             "packed_over_stock": statistics.median(p / s for p, s in zip(packed_s, stock_s)),
-            "stock_s": _spread(stock_s),
-            "packed_s": _spread(packed_s),
+            "stock_s": median_and_spread(stock_s),
+            "packed_s": median_and_spread(packed_s),
         }
     return {"applies": True, **rows}
 
@@ -270,98 +255,6 @@ def _chunked_ratios(loaded, long_tokens: int, runs: int, sizes: BenchSizes) -> d
         "workload": f"{num_short} requests decoding ({short_tokens}-token prompts, {short_new} new tokens) when a {long_tokens}-token prompt arrives; budget 128 vs no chunking",
         "max_itl_ratio": statistics.median(max_itl),
         "total_time_ratio": statistics.median(total),
-        "max_itl_ratios": _spread(max_itl),
-        "total_time_ratios": _spread(total),
+        "max_itl_ratios": median_and_spread(max_itl),
+        "total_time_ratios": median_and_spread(total),
     }
-
-
-def _engine_over_hf_cb(loaded, num_tokens: int, sizes: BenchSizes) -> dict:
-    """Our engine vs transformers' own continuous batching (``generate_batch``) on one mixed workload.
-
-    ``sizes.peer_prompt_lengths`` (8 requests, 64 ... 1,024 tokens in full) scaled by N / 512,
-    ``sizes.peer_new_tokens`` new tokens each (32), token budget 512, greedy. Both do the same
-    tokens, so the speed-up is a ratio of wall times. ``sizes.peer_cache_blocks`` caps HF's
-    paged cache (quick); by default it sizes one from the free memory, which takes seconds.
-    """
-    from transformers import ContinuousBatchingConfig, GenerationConfig
-
-    new_tokens, token_budget = sizes.peer_new_tokens, 512
-    scale = num_tokens / 512
-    lengths = [max(8, int(n * scale)) for n in sizes.peer_prompt_lengths]
-    prompts = [bench_token_ids(loaded.tokenizer, n + 7 * i)[7 * i :] for i, n in enumerate(lengths)]
-
-    def ours() -> list[list[int]]:
-        engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(token_budget=token_budget, enable_prefix_caching=False))
-        ids = [engine.add_request(p, SamplingParams(max_new_tokens=new_tokens)).request_id for p in prompts]
-        trace = engine.run()
-        return [trace.requests[i].output_token_ids for i in ids]
-
-    cache_config = None if sizes.peer_cache_blocks is None else ContinuousBatchingConfig(num_blocks=sizes.peer_cache_blocks, max_batch_tokens=token_budget)
-
-    def theirs() -> list[list[int]]:
-        config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
-        outputs = loaded.model.generate_batch(inputs=prompts, generation_config=config, continuous_batching_config=cache_config, progress_bar=False)
-        by_prompt = {tuple(o.prompt_ids): list(o.generated_tokens)[:new_tokens] for o in outputs.values()}
-        return [by_prompt[tuple(p)] for p in prompts]
-
-    ours_out, theirs_out = ours(), theirs()  # warm-up, and the outputs compared
-    ours_s, theirs_s = [], []
-    for _ in range(sizes.peer_rounds):
-        ours_s.append(_time(ours, loaded.device))
-        theirs_s.append(_time(theirs, loaded.device))
-    num_tokens_done = sum(lengths) + len(prompts) * new_tokens
-    return {
-        "prompt_lengths": lengths,
-        "new_tokens": new_tokens,
-        "engine_tok_s": num_tokens_done / statistics.median(ours_s),
-        "hf_generate_batch_tok_s": num_tokens_done / statistics.median(theirs_s),
-        "speedup": statistics.median(theirs_s) / statistics.median(ours_s),
-        "outputs_equal": sum(a == b for a, b in zip(ours_out, theirs_out)),
-        "outputs_compared": len(prompts),
-        "engine_s": _spread(ours_s),
-        "hf_generate_batch_s": _spread(theirs_s),
-    }
-
-
-def _cold_start_s(model_id: str, device: str, dtype: str) -> tuple[float, float]:
-    """A fresh ``python -m prefillviz run`` process (the model is in the prefillviz cache by now).
-
-    Returns:
-        (seconds from spawning it to the line with its first token on its stdout: start,
-        imports, model load, prefill, sampling; seconds until it has exited, which adds the
-        interpreter's teardown, ~1 s of freeing torch's and transformers' modules).
-    """
-    command = [sys.executable, "-m", "prefillviz", "run", "--prompt", "Hello", "--model", model_id, "--device", device, "--dtype", dtype, "--json"]
-    with tempfile.TemporaryFile() as errors:
-        start = time.perf_counter()
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True)
-        line = process.stdout.readline()  # the CLI prints (and flushes) its result once the first token is sampled
-        first_token_s = time.perf_counter() - start
-        process.stdout.read()
-        exit_code = process.wait()
-        exited_s = time.perf_counter() - start
-        if exit_code != 0 or not line.strip():
-            errors.seek(0)
-            raise RuntimeError(f"cold start run failed ({exit_code}): {errors.read().decode(errors='replace')[-2000:]}")
-    json.loads(line)["first_token_id"]  # it really printed the result
-    return first_token_s, exited_s
-
-
-def _inspect_peak_rss_mb(model_id: str, device: str, dtype: str, num_tokens: int) -> float:
-    """Peak RSS of a fresh process that inspects a ``num_tokens`` prefill (model load included)."""
-    command = [sys.executable, "-m", "prefillviz.bench", "inspect-rss", model_id, device, dtype, str(num_tokens)]
-    result = subprocess.run(command, capture_output=True, text=True, check=True)
-    return json.loads(result.stdout.strip().splitlines()[-1])["peak_rss_mb"]
-
-
-def _inspect_rss_child(model_id: str, device: str, dtype: str, num_tokens: int) -> None:
-    loaded = load_model(model_id, device=device, dtype=dtype)
-    engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(token_budget=num_tokens))
-    engine.add_request(bench_token_ids(loaded.tokenizer, num_tokens))
-    trace = engine.run(capture_level="inspect")
-    assert trace.captured_qk  # the captured arrays are alive while the peak is read
-    print(json.dumps({"peak_rss_mb": peak_rss_bytes() / 2**20}))
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["inspect-rss"]:
-    _inspect_rss_child(*sys.argv[2:5], int(sys.argv[5]))

@@ -23,7 +23,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 SELF_TEST = "--self-test" in sys.argv
 if SELF_TEST:  # must precede the Triton kernel's import: @triton.jit reads it when it decorates
@@ -35,12 +34,11 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from kernels import paged_attention as paged  # noqa: E402
 from prefillviz.analysis.flops import model_costs  # noqa: E402
 from prefillviz.analysis.peaks import machine_name, measure_matmul_gflops  # noqa: E402
-from prefillviz.config import EngineConfig  # noqa: E402
 from prefillviz.devices import dtype_name  # noqa: E402
-from prefillviz.engine.engine import LLMEngine  # noqa: E402
 from prefillviz.engine.request import SamplingParams  # noqa: E402
 from prefillviz.experiments.kernel_bench import run_kernel_benchmark  # noqa: E402
-from prefillviz.instrument.timers import synchronize  # noqa: E402
+from prefillviz.experiments.one_request import one_request_engine  # noqa: E402
+from prefillviz.instrument.timers import run_timed  # noqa: E402
 
 LLAMA_3_2_1B = dict(  # meta-llama/Llama-3.2-1B's config.json, the shape only (random weights)
     hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
@@ -70,18 +68,11 @@ def _emit(record: dict) -> dict:
     return record
 
 
-def _engine(model, tokenizer, model_id: str) -> LLMEngine:
-    return LLMEngine(model, tokenizer, EngineConfig(token_budget=16384, max_num_running=4), model_id=model_id)
-
-
-def _prefill_s(engine_factory, token_ids: list[int], device: torch.device, capture_level: str = "none", profile_dir=None):
-    engine = engine_factory()
+def _prefill_s(name: str, model, tokenizer, token_ids: list[int], device: torch.device, capture_level: str = "none", profile_dir=None):
+    """One prefill on a fresh one-request engine: (seconds of its run, device synchronized around it; its trace)."""
+    engine = one_request_engine(model, tokenizer, token_budget=16384, num_tokens=len(token_ids) + 1, model_id=name)
     engine.add_request(token_ids, SamplingParams(max_new_tokens=1))
-    synchronize(device)
-    start = time.perf_counter()
-    trace = engine.run(capture_level=capture_level, profile_dir=profile_dir)
-    synchronize(device)
-    return time.perf_counter() - start, trace
+    return run_timed(lambda: engine.run(capture_level=capture_level, profile_dir=profile_dir), device)
 
 
 MAX_PLAUSIBLE_MFU = 1.05  # a prefill can't beat the matmul peak measured on the same device; above this, a clock is wrong
@@ -93,9 +84,8 @@ def prefill_figures(name: str, model, tokenizer, sizes, device, peak_gflops: flo
     records = []
     for n in sizes:
         token_ids = torch.randint(10, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
-        factory = lambda: _engine(model, tokenizer, name)  # noqa: E731
-        _prefill_s(factory, token_ids, device)  # warm-up
-        results = [_prefill_s(factory, token_ids, device) for _ in range(runs)]
+        _prefill_s(name, model, tokenizer, token_ids, device)  # warm-up
+        results = [_prefill_s(name, model, tokenizer, token_ids, device) for _ in range(runs)]
         times = [seconds for seconds, _ in results]
         first_tokens = all(len(record.output_token_ids) == 1 for _, trace in results for record in trace.requests.values())
         median = statistics.median(times)
@@ -118,11 +108,10 @@ def clock_agreement(name: str, model, tokenizer, n: int, device: torch.device, p
     self-test) it is the scope's CPU time, and the check only shows the plumbing works.
     """
     token_ids = torch.randint(10, model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(1)).tolist()
-    factory = lambda: _engine(model, tokenizer, name)  # noqa: E731
-    _prefill_s(factory, token_ids, device)
-    timing = [_prefill_s(factory, token_ids, device, "timing")[1].steps[0].layer_times for _ in range(3)]
+    _prefill_s(name, model, tokenizer, token_ids, device)
+    timing = [_prefill_s(name, model, tokenizer, token_ids, device, "timing")[1].steps[0].layer_times for _ in range(3)]
     event_s = [statistics.median(t.layer_s[i] for t in timing) for i in range(len(timing[0].layer_s))]
-    profile = _prefill_s(factory, token_ids, device, "profile", profile_dir)[1]
+    profile = _prefill_s(name, model, tokenizer, token_ids, device, "profile", profile_dir)[1]
     table = {row["op"]: row for row in profile.profile.op_table}
     key = "device_total_s" if device.type == "cuda" else "total_time_s"
     profiled_s = [table[f"layers.{i}"][key] for i in range(len(event_s))]

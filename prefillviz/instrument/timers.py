@@ -1,4 +1,5 @@
-"""Clocks: spans inside one forward, and the time of a call repeated over timed runs.
+"""Clocks: spans inside one forward, the time of a call repeated over timed runs, and one
+call on the wall clock (``run_timed``: what a user waits for, device synchronized around it).
 
 CUDA events on a GPU, perf_counter on a CPU.
 
@@ -14,10 +15,11 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 
+T = TypeVar("T")
 MIN_RUN_TIME_S = 0.02  # a timed run repeats a fast call until it lasts this long (shorter windows are scheduler noise)
 
 
@@ -25,6 +27,12 @@ def synchronize(device: torch.device) -> None:
     """Wait for queued GPU work before a clock is read (a no-op on a CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def synchronized_time(device: torch.device) -> float:
+    """``perf_counter`` once the device's queued work is done: a host clock that counts GPU work too."""
+    synchronize(device)
+    return time.perf_counter()
 
 
 class SpanClock:
@@ -68,22 +76,37 @@ class SpanClock:
         return seconds
 
 
+def run_timed(fn: Callable[[], T], device: torch.device) -> tuple[float, T]:
+    """One call on the wall clock, the device synchronized before and after: what a user waits.
+
+    Returns:
+        (seconds, what ``fn`` returned).
+    """
+    start = synchronized_time(device)
+    result = fn()
+    return synchronized_time(device) - start, result
+
+
 def run_seconds(fn: Callable[[], object], calls: int, device: torch.device) -> float:
-    """Seconds for ``calls`` back-to-back calls: CUDA events on a GPU (the GPU work, not the launches), perf_counter elsewhere."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    """Seconds for ``calls`` back-to-back calls: CUDA events on a GPU (the GPU work, not the launches), ``run_timed`` elsewhere."""
+
+    def repeat() -> None:
         for _ in range(calls):
             fn()
-        end.record()
-        torch.cuda.synchronize(device)
-        return start.elapsed_time(end) / 1000
-    synchronize(device)
-    start_s = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    synchronize(device)
-    return time.perf_counter() - start_s
+
+    if device.type != "cuda":
+        return run_timed(repeat, device)[0]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    repeat()
+    end.record()
+    torch.cuda.synchronize(device)
+    return start.elapsed_time(end) / 1000
+
+
+def median_and_spread(values: list[float]) -> dict:
+    """Repeated measurements (seconds or ratios) as a bench reports them: median, min, max, runs."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": len(values)}
 
 
 @dataclass

@@ -34,6 +34,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from kernels.paged_attention import LOOP_FP32_DECODES, PagedStep
 from prefillviz.engine.kv_cache import PagedKVCache
+from prefillviz.engine.shared_settings import shared_setting
 
 ATTENTION_NAME = "prefillviz_paged"
 ENGINE_KERNEL = LOOP_FP32_DECODES  # v6: `python -m prefillviz kernels` measures it against v2 loop and v3 packed
@@ -98,11 +99,19 @@ AttentionMaskInterface.register(ATTENTION_NAME, no_mask)
 
 @contextmanager
 def engine_attention(model: torch.nn.Module) -> Iterator[None]:
-    """Route the model's attention through ``paged_attention_forward``; restore it after, even on error."""
+    """Route the model's attention through ``paged_attention_forward`` inside the block.
+
+    The model's config is shared by every thread, so this is a ``shared_setting``: set by the
+    first thread in, restored by the last one out (even on error). A plain call meanwhile
+    passes no engine metadata and gets SDPA with no mask, which is causal: an unpadded
+    forward computes as the stock model does.
+    """
     config = model.config
-    previous = config._attn_implementation
-    config._attn_implementation = ATTENTION_NAME
-    try:
+
+    def apply() -> Callable[[], None]:
+        previous = config._attn_implementation
+        config._attn_implementation = ATTENTION_NAME
+        return lambda: setattr(config, "_attn_implementation", previous)
+
+    with shared_setting(model, "attention", apply):
         yield
-    finally:
-        config._attn_implementation = previous

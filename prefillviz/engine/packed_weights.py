@@ -14,9 +14,11 @@ AVX-NE-CONVERT), so ``cpu_runs_packed_linear`` tries it once per dtype on a tiny
 the engine falls back to the stock linears, saying why, where it fails.
 
 While ``packed_linears(model)`` is active in a thread, every plain ``nn.Linear`` of the model
-computes with its packed copy; in every other thread, and outside the block, the same module
-computes exactly as before (``F.linear``). The model is shared by the app's sessions, so the
-switch is per thread, and the module keeps its own weight: the plain Hugging Face forward,
+computes with its packed copy; in every other thread the same module computes exactly as
+before (``F.linear``). The model is shared by the app's sessions, so it follows
+``shared_settings``, as the engine's attention does: the linears' forward is rerouted while
+any thread is inside a block and restored when the last one leaves, and which threads run
+packed is a thread-local. The module keeps its own weight: the plain Hugging Face forward,
 the oracle of every test, never sees the packed copies. They cost one more copy of the
 linear weights, made on first use (the app's warm-up pays it) and remade when a weight changes
 (a new dtype, device or values).
@@ -29,12 +31,13 @@ import os
 import threading
 import weakref
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 
 from prefillviz.devices import dtype_name
+from prefillviz.engine.shared_settings import shared_setting
 
 PACKABLE_DTYPES = (torch.bfloat16, torch.float32)
 FORCE_STOCK_ENV = "PREFILLVIZ_STOCK_LINEARS"
@@ -128,13 +131,10 @@ def _weight_key(weight: torch.Tensor) -> tuple[int, int]:
 
 def _model_packs(model: torch.nn.Module) -> dict:
     """{Linear: packed weight} for the model, (re)packing the weights that changed (~0.2 ms when none did)."""
-    with _lock:  # sessions share the model: pack and install once
+    with _lock:  # sessions share the model: pack once
         entries, packs = _models.get(model, (None, None))
         if entries is None:
-            linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
-            for module in linears:
-                _install(module)
-            entries = dict.fromkeys(m for m in linears if m.weight.dtype in PACKABLE_DTYPES)
+            entries = dict.fromkeys(m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype in PACKABLE_DTYPES)
         changed = packs is None
         for module, entry in entries.items():
             key = _weight_key(module.weight)
@@ -155,13 +155,26 @@ def _linear_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return packed_linear(x, packed, module.bias)
 
 
-def _install(module: torch.nn.Linear) -> None:
-    """Route the module's forward through ``_linear_forward`` (once; inactive threads get F.linear).
+def _is_routed(forward: object) -> bool:
+    return isinstance(forward, functools.partial) and forward.func is _linear_forward
 
-    A ``partial`` over the module: it deep-copies and pickles with the module.
+
+def _route(linears: list[torch.nn.Linear]) -> Callable[[], None]:
+    """Route each module's forward through ``_linear_forward`` (threads outside a block get F.linear); returns the undo.
+
+    A ``partial`` over the module, so a deep copy made meanwhile computes with its own weights
+    (and loses the copied route the first time it is packed and released). A forward someone
+    else put on the module is left alone.
     """
-    if "forward" not in module.__dict__:
-        module.forward = functools.partial(_linear_forward, module)
+    routed = [m for m in linears if "forward" not in m.__dict__ or _is_routed(m.__dict__["forward"])]
+    for module in routed:
+        module.__dict__["forward"] = functools.partial(_linear_forward, module)
+
+    def undo() -> None:
+        for module in routed:
+            module.__dict__.pop("forward", None)
+
+    return undo
 
 
 @contextmanager
@@ -180,9 +193,10 @@ def packed_linears(model: torch.nn.Module, enabled: bool = True) -> Iterator[boo
         yield False
         return
     packs = _model_packs(model)
-    previous = getattr(_active, "packs", None)
-    _active.packs = packs
-    try:
-        yield True
-    finally:
-        _active.packs = previous
+    with shared_setting(model, "linears", lambda: _route(list(packs))):
+        previous = getattr(_active, "packs", None)
+        _active.packs = packs
+        try:
+            yield True
+        finally:
+            _active.packs = previous

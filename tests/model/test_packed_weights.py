@@ -1,4 +1,5 @@
-"""Pre-packed linear weights (engine/packed_weights.py): same logits, really packed, per thread.
+"""Pre-packed linear weights (engine/packed_weights.py): same logits, really packed, per thread,
+and, like the engine's attention, a change to the shared model that the last thread out undoes.
 
 Which op ran is read with a TorchDispatchMode, which sees every op the dispatcher runs in
 its thread: a packed linear is ``mkldnn._linear_pointwise``, a stock one ``aten.linear``.
@@ -12,6 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from prefillviz.config import EngineConfig
+from prefillviz.engine.attention import ATTENTION_NAME, engine_attention
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.packed_weights import cpu_runs_packed_linear, packed_linears, packing_status
 from tests.conftest import assert_matches_hf
@@ -114,9 +116,8 @@ def test_changed_weights_are_packed_again(tiny_llama):
 
 
 def test_a_deep_copy_computes_with_its_own_weights(tiny_llama):
-    with packed_linears(tiny_llama):  # installs the packed forward on every linear
-        pass
-    copied = copy.deepcopy(tiny_llama)
+    with packed_linears(tiny_llama):  # copied while every linear's forward is rerouted
+        copied = copy.deepcopy(tiny_llama)
     with torch.no_grad():
         copied.lm_head.weight.zero_()
     x = torch.tensor([[5, 6, 7]])
@@ -152,3 +153,72 @@ def test_a_new_dtype_is_packed_again(tiny_llama):
             packed = model(x).logits
         stock = model(x).logits
     torch.testing.assert_close(packed, stock, rtol=1e-3, atol=1e-3)
+
+
+def engine_settings(model):
+    """What the engine changes on the shared model: (attention implementation, linears with a rerouted forward)."""
+    return model.config._attn_implementation, sum("forward" in m.__dict__ for m in model.modules() if type(m) is torch.nn.Linear)
+
+
+def test_the_model_is_stock_again_after_the_blocks_even_on_error(tiny_llama):
+    stock = engine_settings(tiny_llama)
+    assert stock == ("sdpa", 0)
+    with engine_attention(tiny_llama), packed_linears(tiny_llama):
+        assert engine_settings(tiny_llama)[0] == ATTENTION_NAME and engine_settings(tiny_llama)[1] > 0
+    assert engine_settings(tiny_llama) == stock
+    with pytest.raises(RuntimeError, match="inside"), engine_attention(tiny_llama), packed_linears(tiny_llama):
+        raise RuntimeError("failed inside the block")
+    assert engine_settings(tiny_llama) == stock
+    engine = LLMEngine(tiny_llama, None)
+    engine.add_request([5, 6, 7])
+    engine.run()
+    assert engine_settings(tiny_llama) == stock
+
+
+def test_overlapping_threads_never_undo_each_others_settings(tiny_llama):
+    """Sessions are threads sharing one model: the first thread out must not restore it under the second."""
+    x = torch.tensor([list(range(3, 20))])
+    entered, leave, left = threading.Event(), threading.Event(), threading.Event()
+
+    def first_session():
+        with engine_attention(tiny_llama), packed_linears(tiny_llama):
+            entered.set()
+            leave.wait(timeout=60)
+        left.set()
+
+    thread = threading.Thread(target=first_session)
+    thread.start()
+    entered.wait(timeout=60)
+    with engine_attention(tiny_llama), packed_linears(tiny_llama):
+        leave.set()
+        left.wait(timeout=60)  # the first session has left; this one is still inside
+        assert tiny_llama.config._attn_implementation == ATTENTION_NAME
+        assert linear_ops(tiny_llama, x).stock == 0
+    thread.join()
+    assert engine_settings(tiny_llama) == ("sdpa", 0)
+
+
+def test_engines_in_two_threads_on_one_model_both_match_hf(tiny_llama):
+    prompts = {"a": list(range(3, 60)), "b": list(range(70, 101))}
+    logits, errors = {}, []
+
+    def serve(name):
+        try:
+            for _ in range(3):
+                engine = LLMEngine(tiny_llama, None, EngineConfig(token_budget=8))  # several steps each
+                request = engine.add_request(prompts[name])
+                engine.run()
+                logits.setdefault(name, []).append(request.first_token_logits)
+        except Exception as error:  # reported below, in the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=serve, args=(name,)) for name in prompts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    for name, prompt in prompts.items():
+        for row in logits[name]:
+            assert_matches_hf(tiny_llama, prompt, row)
+    assert engine_settings(tiny_llama) == ("sdpa", 0)

@@ -29,6 +29,7 @@ from prefillviz.engine.scheduler import Scheduler, SchedulerOutput
 from prefillviz.hosted import hosted_policy
 from prefillviz.errors import OutOfMemory, RequestError, is_out_of_memory
 from prefillviz.instrument.capture import capture
+from prefillviz.instrument.timers import synchronized_time
 from prefillviz.instrument.trace import RequestRecord, StepRecord, Trace
 from prefillviz.models import model_info
 
@@ -73,12 +74,6 @@ class LLMEngine:
         self._start_time: float | None = None
         self._next_request_number = 0
 
-    # ---------------------------------------------------------------- time
-    def _now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
     # ---------------------------------------------------------------- requests
     @property
     def num_blocks(self) -> int:
@@ -113,7 +108,7 @@ class LLMEngine:
             request_id=request_id,
             prompt_token_ids=token_ids,
             sampling_params=params,
-            arrival_time=self._now(),
+            arrival_time=synchronized_time(self.device),
             tokenize_time_s=tokenize_time_s,
         )
         if params.seed is not None:
@@ -173,7 +168,7 @@ class LLMEngine:
                 requests scheduled in it are aborted and their blocks freed, so the engine
                 stays usable.
         """
-        clock = {"start": self._now()}  # when each phase ended (host seconds)
+        clock = {"start": synchronized_time(self.device)}  # when each phase ended (host seconds)
         if self._start_time is None:
             self._start_time = clock["start"]
         output = self.scheduler.schedule(now=clock["start"])
@@ -199,9 +194,9 @@ class LLMEngine:
         """Prepare, forward and sample (timing the first two); on failure abort the step's requests."""
         try:
             inputs = self.runner.prepare(output, requests)
-            clock["prepare"] = self._now()
+            clock["prepare"] = synchronized_time(self.device)
             logits = self.runner.forward(inputs)
-            clock["forward"] = self._now()
+            clock["forward"] = synchronized_time(self.device)
             return self.runner.sample(output, requests, logits)
         except Exception as error:  # free the step's requests, keep the engine usable
             self._abort(list(requests.values()))
@@ -242,7 +237,7 @@ class LLMEngine:
         )
 
     def _abort(self, requests: list[Request]) -> None:
-        now = self._now()
+        now = synchronized_time(self.device)
         for request in requests:
             self.scheduler.finish_request(request, RequestStatus.FINISHED_ABORTED, now)
         self._keep_records(requests)

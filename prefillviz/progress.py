@@ -18,3 +18,10 @@ StepProgress = Callable[[int, "StepRecord"], None]
 
 MessageProgress = Callable[[str], None]
 """A short message per phase: model loading."""
+
+
+def offset_progress(progress: StepProgress | None, offset: int) -> StepProgress | None:
+    """``progress`` counting on from ``offset``: one bar across several ``LLMEngine.run`` calls."""
+    if progress is None:
+        return None
+    return lambda steps_done, record: progress(offset + steps_done, record)

@@ -29,13 +29,13 @@ import math
 from dataclasses import dataclass
 
 from prefillviz.config import EngineConfig
-from prefillviz.devices import dtype_name
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.errors import RequestError
-from prefillviz.experiments.chunked import warm_up
+from prefillviz.experiments.warm_up import short_warm_up
+from prefillviz.hosted import hosted_policy
 from prefillviz.instrument.trace import Trace
-from prefillviz.progress import StepProgress
+from prefillviz.progress import StepProgress, offset_progress
 from prefillviz.prompts import PRESETS
 
 
@@ -112,9 +112,12 @@ class PrefixStream:
         return max(self.blocks_needed(prompt) for _, prompt in self.prompts)
 
     def engine_config(self, enable_prefix_caching: bool, num_blocks: int | None = None) -> EngineConfig:
-        """``num_blocks`` None: the ample cache."""
+        """``num_blocks`` None: the ample cache. In hosted mode, with the demo's request limits."""
         return EngineConfig(
-            block_size=self.block_size, enable_prefix_caching=enable_prefix_caching, num_blocks=self.ample_num_blocks if num_blocks is None else num_blocks
+            block_size=self.block_size,
+            enable_prefix_caching=enable_prefix_caching,
+            num_blocks=self.ample_num_blocks if num_blocks is None else num_blocks,
+            **hosted_policy().engine_limits(),
         )
 
 
@@ -273,7 +276,7 @@ def run_prefix_experiment(
                 f"A cache of {small_num_blocks} blocks is too small: the longest request needs {stream.min_num_blocks} "
                 f"blocks of {stream.block_size} tokens."
             )
-    warm_up(model)
+    short_warm_up(model)
     runners = [
         StreamRunner(model, stream, True, None, "cache on", model_id),
         StreamRunner(model, stream, False, None, "cache off", model_id),
@@ -283,8 +286,6 @@ def run_prefix_experiment(
     done = 0
     for request_id, prompt in stream.prompts:  # interleaved: the runs of one request see the same machine load
         for runner in runners:
-            offset = done
-            done += runner.serve(request_id, prompt, None if progress is None else lambda n, record: progress(offset + n, record))
+            done += runner.serve(request_id, prompt, offset_progress(progress, done))
     runs = [runner.result() for runner in runners] + [None] * (3 - len(runners))
-    parameter = next(model.parameters())
-    return PrefixExperiment(stream, model_id, str(parameter.device), dtype_name(parameter.dtype), *runs)
+    return PrefixExperiment(stream, model_id, runs[0].trace.device, runs[0].trace.dtype, *runs)

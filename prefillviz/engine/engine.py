@@ -7,8 +7,9 @@ One code path serves every view of the app:
     chunked prefill    several requests, budget B, decodes first
     prefix-cache hit   num_computed_tokens starts after the cached blocks
 
-A finished request leaves the scheduler; the engine keeps its ``RequestRecord`` (made once,
-when it finishes) for the trace, so a reused engine's steps do not slow down with its history.
+A finished request leaves the scheduler, and the engine keeps only its ``RequestRecord``
+(made once, when it finishes) for the trace: taking the trace of a reused engine copies its
+finished records instead of rebuilding every request it ever served.
 """
 
 from __future__ import annotations

@@ -33,6 +33,10 @@ class EngineConfig:
             use it for tiny caches that evict).
         pack_linear_weights: on a CPU, run the linear layers with weights packed once for
             oneDNN (``engine/packed_weights.py``); off runs the stock ``aten::mm`` matmuls.
+        max_prompt_tokens: if set, the longest prompt a request may bring (the hosted demo's
+            engines set it, ``hosted.HostedPolicy.engine_limits``); None: only the model's
+            context and the KV cache limit it.
+        max_new_tokens: if set, the most new tokens a request may ask for.
     """
 
     block_size: int = 16
@@ -43,6 +47,8 @@ class EngineConfig:
     kv_cache_memory_bytes: int = DEFAULT_KV_CACHE_MEMORY_BYTES
     num_blocks: int | None = None
     pack_linear_weights: bool = True
+    max_prompt_tokens: int | None = None
+    max_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
         positive = {
@@ -51,8 +57,9 @@ class EngineConfig:
             "max_num_running": self.max_num_running,
             "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
         }
-        if self.num_blocks is not None:
-            positive["num_blocks"] = self.num_blocks
+        for name in ("num_blocks", "max_prompt_tokens", "max_new_tokens"):
+            if getattr(self, name) is not None:
+                positive[name] = getattr(self, name)
         for name, value in positive.items():
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive whole number, got {value!r}.")

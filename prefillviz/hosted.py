@@ -3,7 +3,9 @@
 Switched on by one environment variable, ``PREFILLVIZ_HOSTED=1``. Then:
 
 * only allow-listed model ids load (no local paths, no other hub downloads);
-* prompts, requests per workload, new tokens and sweep sizes have upper limits.
+* prompts, requests per workload, new tokens and sweep sizes have upper limits (the engine
+  applies its two through ``EngineConfig``, which the app's engine builders fill from
+  ``engine_limits``).
 
 Off (the default), a user on their own machine may load any causal LM by id or folder.
 """
@@ -38,6 +40,10 @@ class HostedPolicy:
             f"{kind} not available in this hosted demo; it serves only {', '.join(self.allowed_model_ids)}. "
             "Run prefillviz on your own machine to load other models."
         )
+
+    def engine_limits(self) -> dict[str, int]:
+        """The ``EngineConfig`` fields that bound each request: ``EngineConfig(..., **policy.engine_limits())``."""
+        return {"max_prompt_tokens": self.max_prompt_tokens, "max_new_tokens": self.max_new_tokens} if self.enabled else {}
 
     def limit(self, name: str, value: int) -> int:
         """``value`` capped by the hosted limit ``max_<name>`` (unchanged when hosting is off)."""

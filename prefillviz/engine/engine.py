@@ -27,7 +27,6 @@ from prefillviz.engine.records import request_record, since
 from prefillviz.engine.request import Request, RequestStatus, SamplingParams
 from prefillviz.engine.runner import ModelRunner, RunnerOutput
 from prefillviz.engine.scheduler import Scheduler, SchedulerOutput
-from prefillviz.hosted import hosted_policy
 from prefillviz.errors import OutOfMemory, RequestError, is_out_of_memory
 from prefillviz.instrument.capture import capture
 from prefillviz.instrument.timers import synchronized_time
@@ -128,11 +127,11 @@ class LLMEngine:
             raise RequestError("Sampling needs temperature >= 0, 0 < top_p <= 1 and top_k >= 0.")
         if min(token_ids) < 0 or max(token_ids) >= self.info.vocab_size:
             raise RequestError(f"Token ids must lie in 0..{self.info.vocab_size - 1}.")
-        policy = hosted_policy()
-        if policy.enabled and (len(token_ids) > policy.max_prompt_tokens or params.max_new_tokens > policy.max_new_tokens):
+        max_prompt, max_new = self.config.max_prompt_tokens, self.config.max_new_tokens
+        if (max_prompt is not None and len(token_ids) > max_prompt) or (max_new is not None and params.max_new_tokens > max_new):
+            limits = [f"prompts of up to {max_prompt:,} tokens"] * (max_prompt is not None) + [f"{max_new} new tokens"] * (max_new is not None)
             raise RequestError(
-                f"This hosted demo serves prompts of up to {policy.max_prompt_tokens:,} tokens and "
-                f"{policy.max_new_tokens} new tokens; this one has {len(token_ids):,} and asks for {params.max_new_tokens}."
+                f"This engine serves {' and '.join(limits)}; this one has {len(token_ids):,} and asks for {params.max_new_tokens}."
             )
         total = len(token_ids) + params.max_new_tokens
         if self.info.max_context and total > self.info.max_context:

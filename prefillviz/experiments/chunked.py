@@ -30,6 +30,7 @@ from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.errors import RequestError
 from prefillviz.experiments.outputs import OutputCheck, compare_outputs
+from prefillviz.hosted import hosted_policy
 from prefillviz.instrument.trace import StepRecord, Trace
 from prefillviz.progress import StepProgress
 from prefillviz.prompts import PRESETS
@@ -88,6 +89,7 @@ class ChunkedWorkload:
             enable_chunked_prefill=enable_chunked_prefill,
             enable_prefix_caching=False,
             num_blocks=self.num_blocks,
+            **hosted_policy().engine_limits(),  # the hosted demo's request limits (none off it)
         )
 
     def estimated_num_steps(self, enable_chunked_prefill: bool) -> int:

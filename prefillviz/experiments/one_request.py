@@ -2,8 +2,9 @@
 
 Every run computes its whole prompt again (no earlier request's blocks to hit), and the KV
 cache is sized for the request rather than for the memory budget, so building the engine
-costs little. Callers that need more (several requests, the cache on) build an
-``LLMEngine`` themselves.
+costs little. In hosted mode the engine carries the demo's request limits
+(``HostedPolicy.engine_limits``). Callers that need more (several requests, the cache on)
+build an ``LLMEngine`` themselves.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from prefillviz.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
+from prefillviz.hosted import hosted_policy
 from prefillviz.instrument.trace import Trace
 from prefillviz.progress import StepProgress
 
@@ -33,6 +35,7 @@ def one_request_engine(
     """
     if num_tokens is not None:
         config.setdefault("num_blocks", -(-num_tokens // config.get("block_size", EngineConfig.block_size)) + 1)
+    config = {**hosted_policy().engine_limits(), **config}
     return LLMEngine(model, tokenizer, EngineConfig(token_budget=token_budget, enable_prefix_caching=False, **config), model_id=model_id)
 
 

@@ -5,10 +5,11 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from prefillviz.config import EngineConfig
-from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.errors import ModelLoadError, RequestError
+from prefillviz.experiments.chunked import ChunkedWorkload
+from prefillviz.experiments.one_request import one_request_engine
+from prefillviz.experiments.prefix import PrefixStream
 from prefillviz.hosted import hosted_policy
 from prefillviz.models import load_model
 
@@ -34,16 +35,30 @@ def test_hosted_mode_still_loads_the_bundled_model(hosted, bundled):
 
 def test_hosted_mode_bounds_prompts_and_new_tokens(hosted, tiny_llama):
     policy = hosted_policy()
-    engine = LLMEngine(tiny_llama, None, EngineConfig(kv_cache_memory_bytes=64 * 2**20))
+    engine = one_request_engine(tiny_llama, kv_cache_memory_bytes=64 * 2**20)  # the app's one-request engine
     tiny_llama.config.max_position_embeddings = 4096
     try:
-        with pytest.raises(RequestError, match="hosted demo"):
+        with pytest.raises(RequestError, match=f"prompts of up to {policy.max_prompt_tokens:,} tokens"):
             engine.add_request([5] * (policy.max_prompt_tokens + 1))
-        with pytest.raises(RequestError, match="hosted demo"):
+        with pytest.raises(RequestError, match=f"{policy.max_new_tokens} new tokens"):
             engine.add_request([5] * 10, SamplingParams(max_new_tokens=policy.max_new_tokens + 1))
     finally:
         tiny_llama.config.max_position_embeddings = 512
     assert policy.limit("requests_per_workload", 50) == policy.max_requests_per_workload
+
+
+def test_every_engine_the_app_builds_carries_the_hosted_limits(monkeypatch, tiny_llama):
+    workload = ChunkedWorkload(short_prompts=((5, 6),), short_max_new_tokens=2, long_prompt=(7, 8, 9))
+    stream = PrefixStream(prompts=(("q0", (5, 6, 7)),), num_shared_prefix_tokens=2)
+
+    def limits():
+        configs = [one_request_engine(tiny_llama, num_tokens=16).config, workload.engine_config(True), stream.engine_config(True)]
+        return {(config.max_prompt_tokens, config.max_new_tokens) for config in configs}
+
+    monkeypatch.setenv("PREFILLVIZ_HOSTED", "1")
+    assert limits() == {(hosted_policy().max_prompt_tokens, hosted_policy().max_new_tokens)}
+    monkeypatch.delenv("PREFILLVIZ_HOSTED")
+    assert limits() == {(None, None)}  # on one's own machine only the context and the KV cache bound a request
 
 
 def test_not_hosted_by_default(monkeypatch):

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from prefillviz.experiments import inspect_run
+from prefillviz.experiments import inspect_run, kv_memory
 from prefillviz.experiments.inspect_run import KV_QUANTITIES
 from prefillviz.figures import kv_cache as figures
 from prefillviz.ui.inspection_source import inspection_source
@@ -35,7 +35,7 @@ st.caption(
 downloads(f"kv_writes_{quantity}", "kv_heatmap_dl", figure=heatmap, table=inspect_run.kv_write_table(trace, request_id, quantity))
 
 st.subheader("The block table")
-usage = inspect_run.block_usage(trace, request_id, run.num_tokens)
+usage = kv_memory.block_usage(trace, request_id, run.num_tokens)
 st.plotly_chart(figures.block_table_figure(usage), key="kv_blocks")
 st.caption(
     f"The request's {run.num_tokens:,} positions need ⌈{run.num_tokens} / {usage.block_size}⌉ = {len(usage.block_ids)} blocks "
@@ -55,8 +55,8 @@ downloads(
 )
 
 st.subheader("Memory grows with every token")
-report = inspect_run.memory_report(run)
-growth = inspect_run.memory_growth(trace, request_id)
+report = kv_memory.memory_report(run)
+growth = kv_memory.memory_growth(trace, request_id)
 chart, formula = st.columns([3, 2])
 growth_figure = figures.memory_growth_figure(growth)
 chart.plotly_chart(growth_figure, key="kv_growth")

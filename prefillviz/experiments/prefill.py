@@ -4,8 +4,8 @@ The timing passes give the times (TTFT and its parts, per-layer clocks); the hea
 is their median, shown with its spread, and the trace kept is the median run's. The
 inspection pass records the KV writes, queries and keys that the KV-cache and attention
 views draw. They are separate because capturing tensors costs time: a number shown always
-says which pass it came from. How busy the machine was during the timing passes
-(``instrument.machine_load``) is kept beside them.
+says which pass it came from (``instrument.passes``). How busy the machine was during the
+timing passes (``instrument.machine_load``) is kept beside them.
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from prefillviz.config import EngineConfig
-from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.errors import PrefillVizError
+from prefillviz.experiments.one_request import one_request_engine
+from prefillviz.experiments.prompt_run import PROMPT_FIELDS, PromptRun, prompt_fields
 from prefillviz.instrument.bundle import bundle_bytes, read_bundle
 from prefillviz.instrument.machine_load import LoadReading, MachineLoad
+from prefillviz.instrument.passes import median_of_passes
 from prefillviz.instrument.trace import Trace
 from prefillviz.models import LoadedModel
 
@@ -27,21 +28,14 @@ TIMING_BUDGET_S = 4.0  # ...fewer when they would take longer than this (a long 
 
 
 @dataclass
-class PrefillResult:
-    model_id: str
-    prompt: str
-    token_ids: list[int]
-    token_texts: list[str]
-    request_id: str
+class PrefillResult(PromptRun):
+    """One prompt's prefill: its timing passes and its inspection pass (``PromptRun`` names the prompt)."""
+
     timing: Trace  # capture level "timing": the run with the median TTFT
     inspection: Trace | None  # capture level "inspect" (None if not asked)
     params: SamplingParams
     ttft_runs_s: list[float] = dataclasses.field(default_factory=list)  # every timing pass's TTFT, in run order
     machine_load: LoadReading | None = None  # other processes' CPU use during the timing passes
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
 
     @property
     def ttft_s(self) -> float:
@@ -53,7 +47,7 @@ class PrefillResult:
         runs = self.ttft_runs_s or [self.ttft_s]
         spread = f", spread {min(runs) * 1000:,.1f}-{max(runs) * 1000:,.1f} ms" if len(runs) > 1 else ""
         load = f"; {self.machine_load.label()}" if self.machine_load is not None else ""
-        return f"median of {len(runs)} timing pass{'es' if len(runs) > 1 else ''}{spread} ({self.timing.device}){load}"
+        return f"{median_of_passes(len(runs))}{spread} ({self.timing.device}){load}"
 
 
 def run_prefill(
@@ -61,7 +55,7 @@ def run_prefill(
     prompt: str,
     params: SamplingParams | None = None,
     inspect: bool = True,
-    config: EngineConfig | None = None,
+    token_budget: int = 8192,
     timing_runs: int = TIMING_RUNS,
 ) -> PrefillResult:
     """Prefill ``prompt`` in one step: an untimed pass, ``timing_runs`` timing passes, then optionally an inspection pass.
@@ -71,17 +65,16 @@ def run_prefill(
         prompt: the prompt text.
         params: sampling settings of the first token.
         inspect: also run the inspection pass (KV write log, q/k for attention maps).
-        config: the engine settings (default: one step for up to 8,192 tokens).
+        token_budget: tokens per step (default: one step for up to 8,192 tokens).
         timing_runs: timing passes; fewer when they would take over ``TIMING_BUDGET_S`` (at least one).
 
     Raises:
         RequestError: empty prompt, or too long for the model or the KV memory budget.
     """
     params = params or SamplingParams()
-    config = config or EngineConfig(token_budget=8192)
 
     def one_pass(level: str):
-        engine = LLMEngine(loaded.model, loaded.tokenizer, config, model_id=loaded.model_id)
+        engine = one_request_engine(loaded.model, loaded.tokenizer, token_budget, model_id=loaded.model_id)
         request = engine.add_request(prompt, params)
         return request, engine.run(capture_level=level)
 
@@ -94,13 +87,8 @@ def run_prefill(
     ttfts = [t.requests[request.request_id].ttft_breakdown_s["total_s"] for t in timings]
     median_run = sorted(range(len(timings)), key=ttfts.__getitem__)[(len(timings) - 1) // 2]
     inspection = one_pass("inspect")[1] if inspect else None
-    token_ids = request.prompt_token_ids
     return PrefillResult(
-        model_id=loaded.model_id,
-        prompt=prompt,
-        token_ids=token_ids,
-        token_texts=[loaded.tokenizer.decode([t]) for t in token_ids],
-        request_id=request.request_id,
+        **prompt_fields(loaded.model_id, loaded.tokenizer, prompt, request),
         timing=timings[median_run],
         inspection=inspection,
         params=params,
@@ -116,11 +104,7 @@ def prefill_bundle(result: PrefillResult) -> bytes:
         traces["inspection"] = result.inspection
     meta = {
         "kind": "prefill",
-        "model_id": result.model_id,
-        "prompt": result.prompt,
-        "token_ids": result.token_ids,
-        "token_texts": result.token_texts,
-        "request_id": result.request_id,
+        **result.prompt_fields(),
         "params": dataclasses.asdict(result.params),
         "ttft_runs_s": result.ttft_runs_s,
         "machine_load": dataclasses.asdict(result.machine_load) if result.machine_load is not None else None,
@@ -140,11 +124,7 @@ def load_prefill_bundle(data: bytes) -> PrefillResult:
     params = meta["params"]
     params["stop_token_ids"] = tuple(params.get("stop_token_ids", ()))
     return PrefillResult(
-        model_id=meta["model_id"],
-        prompt=meta["prompt"],
-        token_ids=meta["token_ids"],
-        token_texts=meta["token_texts"],
-        request_id=meta["request_id"],
+        **{name: meta[name] for name in PROMPT_FIELDS},
         timing=traces["timing"],
         inspection=traces.get("inspection"),
         params=SamplingParams(**params),

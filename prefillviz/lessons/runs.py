@@ -9,7 +9,7 @@ import statistics
 
 from prefillviz.analysis.memory import kv_memory_report
 from prefillviz.devices import dtype_name
-from prefillviz.experiments import chunked, inspect_run, parallel, prefix
+from prefillviz.experiments import chunked, inspect_run, kv_memory, parallel, prefix
 from prefillviz.experiments.one_request import run_one
 from prefillviz.experiments.outputs import compare_outputs
 from prefillviz.experiments.prefill import run_prefill
@@ -70,9 +70,9 @@ def _run_prefill(loaded, parameters: dict, report: FractionProgress, scale: floa
 def _run_kv_memory(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:
     outcome = _run_prefill(loaded, parameters, report)
     run = inspect_run.from_prefill_result(outcome.raw["prefill"])
-    growth = inspect_run.memory_growth(run.trace, run.request_id)
-    formula = kv_memory_report(inspect_run.model_shape(run.trace, run.request_id), dtype=run.trace.dtype, num_tokens=run.num_tokens)
-    usage = inspect_run.block_usage(run.trace, run.request_id, run.num_tokens)
+    growth = kv_memory.memory_growth(run.trace, run.request_id)
+    formula = kv_memory_report(kv_memory.model_shape(run.trace, run.request_id), dtype=run.trace.dtype, num_tokens=run.num_tokens)
+    usage = kv_memory.block_usage(run.trace, run.request_id, run.num_tokens)
     written = float(growth.bytes_written[-1])  # what the layers really wrote (the KV write log)
     per_token = written / run.num_tokens
     measured = {

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from prefillviz.analysis.attention_maps import causal_chunk_strips
-from prefillviz.experiments import inspect_run
+from prefillviz.experiments import inspect_run, kv_memory
 from prefillviz.experiments.prefill import run_prefill
 from prefillviz.figures import attention as attention_figures
 from prefillviz.figures import kv_cache as kv_figures
@@ -72,7 +72,7 @@ def test_kv_heatmap_of_a_chunked_run_matches_the_one_step_run(one_step, chunked)
 def test_block_grid_counts_filled_partial_free(one_step, chunked):
     n = one_step.num_tokens
     for run in (one_step, chunked):
-        usage = inspect_run.block_usage(run.trace, run.request_id, run.num_tokens)
+        usage = kv_memory.block_usage(run.trace, run.request_id, run.num_tokens)
         assert len(usage.block_ids) == math.ceil(n / 16)
         assert usage.num_filled == n // 16 and usage.num_partial == (1 if n % 16 else 0)
         assert usage.num_free == run.trace.num_blocks - math.ceil(n / 16)
@@ -90,7 +90,7 @@ def test_block_grid_counts_filled_partial_free(one_step, chunked):
 def test_memory_growth_ends_at_the_formula_and_matches_the_write_log(one_step, chunked):
     n = one_step.num_tokens
     for run in (one_step, chunked):
-        growth = inspect_run.memory_growth(run.trace, run.request_id)
+        growth = kv_memory.memory_growth(run.trace, run.request_id)
         logged = sum(s.kv_writes.bytes_per_layer * len(s.kv_writes.layers_written) for s in run.trace.steps)
         fig = kv_figures.memory_growth_figure(growth)
         measured = next(t for t in fig.data if t.name.startswith("measured"))
@@ -101,11 +101,11 @@ def test_memory_growth_ends_at_the_formula_and_matches_the_write_log(one_step, c
         np.testing.assert_allclose(measured.y, np.array(measured.x) * FP32_BYTES_PER_TOKEN)  # every step on the line
         held = next(t for t in fig.data if t.name.startswith("blocks the engine held"))
         assert held.y[-1] == math.ceil(n / 16) * 16 * FP32_BYTES_PER_TOKEN
-    assert list(inspect_run.memory_growth(chunked.trace, chunked.request_id).tokens) == [0] + [min(b + 7, n) for b in range(0, n, 7)]
+    assert list(kv_memory.memory_growth(chunked.trace, chunked.request_id).tokens) == [0] + [min(b + 7, n) for b in range(0, n, 7)]
 
 
 def test_gqa_bars_show_this_model_against_mha(one_step):
-    report = inspect_run.memory_report(one_step)
+    report = kv_memory.memory_report(one_step)
     assert report.bytes_per_token == FP32_BYTES_PER_TOKEN == one_step.trace.kv_bytes_per_token
     assert report.num_blocks == one_step.trace.num_blocks and report.cache_num_bytes == one_step.trace.kv_cache_bytes
     fig = kv_figures.gqa_bars_figure(report)
@@ -171,6 +171,6 @@ def test_prefill_page_result_reads_the_same(bundled):
     result = run_prefill(bundled, PROMPT)
     run = inspect_run.from_prefill_result(result)
     assert run.source == "the Prefill page" and run.num_tokens == result.num_tokens
-    usage = inspect_run.block_usage(run.trace, run.request_id, run.num_tokens)
+    usage = kv_memory.block_usage(run.trace, run.request_id, run.num_tokens)
     assert len(usage.block_ids) == math.ceil(run.num_tokens / 16)
-    assert inspect_run.memory_report(run).bytes_per_token == FP32_BYTES_PER_TOKEN
+    assert kv_memory.memory_report(run).bytes_per_token == FP32_BYTES_PER_TOKEN

@@ -4,13 +4,8 @@ import streamlit as st
 
 from prefillviz.hosted import hosted_policy
 
-from prefillviz.experiments.chunked import (
-    budget_sweep,
-    build_workload,
-    compare_chunking,
-    estimated_sweep_steps,
-    threads_label,
-)
+from prefillviz.experiments.budget_sweep import budget_sweep, estimated_sweep_steps
+from prefillviz.experiments.chunked import build_workload, compare_chunking, threads_label
 from prefillviz.figures import chunked as figures
 from prefillviz.instrument.machine_load import MachineLoad
 from prefillviz.ui.output_checks import same_tokens_block

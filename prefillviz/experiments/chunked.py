@@ -11,28 +11,28 @@ The same workload runs twice on the real model, greedy, with a timing pass (capt
     long                  [P..][P..][P..][P.]   <- arrives at step 2, chunked into the budget
 
 What users feel: the inter-token latency (ITL) of the decoding requests and the time to
-first token (TTFT) of the long one. ``budget_sweep`` repeats the chunked run at several
-token budgets to draw the trade-off between the two. Outputs of every run are compared
+first token (TTFT) of the long one. ``experiments.budget_sweep`` repeats the chunked run at
+several token budgets to draw the trade-off between the two. Outputs of every run are compared
 token for token with the chunking-off run: the schedule must never change what is generated.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from prefillviz.config import EngineConfig
-from prefillviz.devices import dtype_name
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.errors import RequestError
 from prefillviz.experiments.outputs import OutputCheck, compare_outputs
+from prefillviz.experiments.warm_up import short_warm_up
 from prefillviz.hosted import hosted_policy
 from prefillviz.instrument.trace import StepRecord, Trace
-from prefillviz.progress import StepProgress
+from prefillviz.progress import StepProgress, offset_progress
 from prefillviz.prompts import PRESETS
 
 LONG_REQUEST_ID = "long"
@@ -143,12 +143,6 @@ def build_workload(
     )
 
 
-def _counting(progress: StepProgress | None, offset: int) -> StepProgress | None:
-    if progress is None:
-        return None
-    return lambda steps_done, record: progress(offset + steps_done, record)
-
-
 def run_workload(
     model,
     workload: ChunkedWorkload,
@@ -172,15 +166,7 @@ def run_workload(
         engine.run(max_steps=workload.arrival_step, progress=progress, capture_level="none")
     steps_before = len(engine.steps)
     engine.add_request(list(workload.long_prompt), SamplingParams(max_new_tokens=workload.long_max_new_tokens), request_id=LONG_REQUEST_ID)
-    return engine.run(progress=_counting(progress, steps_before), capture_level="none")
-
-
-def warm_up(model) -> None:
-    """A tiny run so the first timed step doesn't pay for one-time allocations."""
-    engine = LLMEngine(model, None, EngineConfig(token_budget=64, enable_prefix_caching=False, num_blocks=4))
-    vocab_size = engine.info.vocab_size
-    engine.add_request([i % vocab_size for i in range(1, 33)], SamplingParams(max_new_tokens=2))
-    engine.run()
+    return engine.run(progress=offset_progress(progress, steps_before), capture_level="none")
 
 
 # ---------------------------------------------------------------- measurements
@@ -268,60 +254,10 @@ def compare_chunking(model, workload: ChunkedWorkload, progress: StepProgress | 
 
     ``progress`` counts steps across both runs.
     """
-    warm_up(model)
+    short_warm_up(model)
     off = run_workload(model, workload, False, progress, model_id)
-    on = run_workload(model, workload, True, _counting(progress, off.num_steps), model_id)
-    parameter = next(model.parameters())
-    return ChunkedComparison(workload, model_id, str(parameter.device), dtype_name(parameter.dtype), off, on)
-
-
-@dataclass
-class BudgetPoint:
-    """One run of the budget sweep: the workload at one token budget (or with chunking off)."""
-
-    token_budget: int
-    enable_chunked_prefill: bool
-    summary: LatencySummary
-    outputs_match_off: bool  # every request's tokens equal the chunking-off run's
-
-
-@dataclass
-class BudgetSweep:
-    workload: ChunkedWorkload
-    model_id: str
-    device: str
-    dtype: str
-    points: list[BudgetPoint]  # the chunking-off point first, then budgets ascending
-
-
-def budget_sweep(
-    model, workload: ChunkedWorkload, budgets: list[int], progress: StepProgress | None = None, model_id: str = ""
-) -> BudgetSweep:
-    """The workload with chunking off once, then chunked at each budget: (TTFT, max ITL) per run.
-
-    Raises:
-        ConfigError: a budget that is not a positive whole number.
-    """
-    workloads = [replace(workload, token_budget=int(b)) for b in sorted(set(budgets))]  # validates every budget first
-    warm_up(model)
-    off = run_workload(model, workload, False, progress, model_id)
-    points = [BudgetPoint(workload.token_budget, False, latency_summary(off), True)]
-    steps_done = off.num_steps
-    for chunked in workloads:
-        trace = run_workload(model, chunked, True, _counting(progress, steps_done), model_id)
-        steps_done += trace.num_steps
-        same = all(check.identical for check in compare_outputs(off, trace))
-        points.append(BudgetPoint(chunked.token_budget, True, latency_summary(trace), same))
-    parameter = next(model.parameters())
-    return BudgetSweep(workload, model_id, str(parameter.device), dtype_name(parameter.dtype), points)
-
-
-def estimated_sweep_steps(workload: ChunkedWorkload, budgets: list[int]) -> int:
-    total = workload.estimated_num_steps(False)
-    for budget in budgets:
-        if isinstance(budget, int) and budget > 0:
-            total += replace(workload, token_budget=budget).estimated_num_steps(True)
-    return total
+    on = run_workload(model, workload, True, offset_progress(progress, off.num_steps), model_id)
+    return ChunkedComparison(workload, model_id, off.device, off.dtype, off, on)
 
 
 def threads_label() -> str:

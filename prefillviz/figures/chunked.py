@@ -8,7 +8,8 @@ import math
 
 import plotly.graph_objects as go
 
-from prefillviz.experiments.chunked import LONG_REQUEST_ID, BudgetSweep, LatencySummary
+from prefillviz.experiments.budget_sweep import BudgetSweep
+from prefillviz.experiments.chunked import LONG_REQUEST_ID, LatencySummary
 from prefillviz.figures import style
 from prefillviz.instrument.trace import Trace
 

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from prefillviz.errors import ConfigError, RequestError
-from prefillviz.experiments import chunked, prefix
+from prefillviz.experiments import budget_sweep, chunked, prefix
 from prefillviz.experiments.outputs import compare_outputs
 from prefillviz.figures import chunked as chunked_figures
 from prefillviz.figures import prefix as prefix_figures
@@ -91,7 +91,7 @@ def tiny_comparison(tiny_llama):
 
 @pytest.fixture(scope="module")
 def tiny_sweep(tiny_llama):
-    return chunked.budget_sweep(tiny_llama, tiny_workload(), [32, 8, 16])
+    return budget_sweep.budget_sweep(tiny_llama, tiny_workload(), [32, 8, 16])
 
 
 def test_tiny_chunking_on_and_off_give_the_same_tokens_and_only_off_pauses_decodes(tiny_comparison):
@@ -110,7 +110,7 @@ def test_tiny_budget_sweep_outputs_match_and_bigger_budgets_take_fewer_steps(tin
     steps = [p.summary.num_steps for p in sweep.points[1:]]
     assert steps == sorted(steps, reverse=True) and steps[0] > steps[-1]
     with pytest.raises(ConfigError, match="token_budget"):
-        chunked.budget_sweep(tiny_llama, tiny_workload(), [16, 0])
+        budget_sweep.budget_sweep(tiny_llama, tiny_workload(), [16, 0])
 
 
 def test_bad_workloads_are_refused_before_running():

@@ -40,6 +40,7 @@ from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments.kernel_bench import KernelBenchmark, kernel_rows, run_kernel_benchmark
 from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.errors import RequestError
+from prefillviz.instrument import passes
 from prefillviz.instrument.trace import LayerTimes, Trace
 from prefillviz.models import LoadedModel, ModelInfo
 from prefillviz.progress import FractionProgress
@@ -381,16 +382,17 @@ def run_kernel_timings(
     )
 
 
-PASS_NAMES = {  # which: (long, short for a figure's subtitle)
-    "timing": ("timing pass (per-layer clocks, median of {runs})", "timing pass, median of {runs}"),
-    "profile": ("under torch.profiler (slower: includes the profiler's own cost)", "under torch.profiler"),
-    "inspect": ("q/k/v of layer {layer} from an inspection pass, kernels timed on their own", "layer {layer}'s q/k/v, inspection pass"),
+KERNEL_PASS_NAMES = {  # which: (long, short for a figure's subtitle); the engine's own passes: instrument.passes
+    "inspect": (f"q/k/v of layer {{layer}} from an {passes.INSPECTION_PASS}, kernels timed on their own", f"layer {{layer}}'s q/k/v, {passes.INSPECTION_PASS}"),
     "sweep": ("kernel benchmark: random q/k/v of the model's shape, kernels timed on their own", "random q/k/v of the model's shape"),
 }
 
 
 def pass_label(result: KernelTimingsResult, which: str, short: bool = False) -> str:
     """Which pass a number came from, and where: for captions (long) and figure subtitles (short)."""
-    name = PASS_NAMES[which][short].format(runs=len(result.timing_traces), layer=result.kernel_layer)
+    if which in KERNEL_PASS_NAMES:
+        name = KERNEL_PASS_NAMES[which][short].format(layer=result.kernel_layer)
+    else:  # "timing" (a median of the timing passes) or "profile"
+        name = passes.pass_label(which, len(result.timing_traces) if which == "timing" else None, short)
     where = f"{result.device}, {result.dtype}" if short else f"{result.model_id} on {result.device}, {result.dtype}"
     return f"{name} · {where}"

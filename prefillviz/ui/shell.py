@@ -27,6 +27,7 @@ from prefillviz.engine.packed_weights import linear_weights_label
 from prefillviz.errors import OutOfMemory, PrefillVizError, is_out_of_memory
 from prefillviz.hosted import hosted_policy
 from prefillviz.experiments.warm_up import warm_up
+from prefillviz.instrument.passes import pass_label
 from prefillviz.model_registry import BUNDLED_MODEL_ID, RECOMMENDED_MODELS
 from prefillviz.models import LoadedModel, load_model
 from prefillviz.run_queue import RUN_QUEUE
@@ -124,15 +125,9 @@ def model_card(loaded: LoadedModel) -> None:
 
 
 def run_label(loaded: LoadedModel, capture: str) -> str:
-    """What a number measured: the pass and the device, for captions under results."""
-    passes = {
-        "none": "timing pass (nothing captured)",
-        "timing": "timing pass (per-layer clocks)",
-        "inspect": "inspection pass (KV log, q/k captured; slower)",
-        "profile": "under torch.profiler (slowest)",
-    }
+    """What a number measured: the pass (``instrument.passes``) and the device, for captions under results."""
     where = f"{loaded.model_id} on {loaded.device}, {dtype_name(loaded.dtype)}"
-    return f"{passes.get(capture, capture)} · {where} · {linear_weights_label(loaded.model)}"
+    return f"{pass_label(capture)} · {where} · {linear_weights_label(loaded.model)}"
 
 
 @contextmanager

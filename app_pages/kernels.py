@@ -10,6 +10,7 @@ from prefillviz.hosted import hosted_policy
 
 from kernels.attention import KERNELS
 from kernels.paged_attention import PAGED_KERNELS
+from prefillviz.experiments import kernel_bench, timing_rows
 from prefillviz.experiments import kernels as experiments
 from prefillviz.figures import kernels as figures
 from prefillviz.prompts import PRESETS
@@ -81,7 +82,7 @@ st.caption(
 
 # ---------------------------------------------------------------- per layer
 st.subheader("Where the time goes, layer by layer")
-rows = experiments.layer_rows(result.layer_times)
+rows = timing_rows.layer_rows(result.layer_times)
 label = experiments.pass_label(result, "timing")
 layer_figure = figures.layer_time_figure(rows, experiments.pass_label(result, "timing", short=True))
 st.plotly_chart(layer_figure, key="kernels_layers_chart")
@@ -134,7 +135,7 @@ downloads("kernels_predicted_vs_measured", "kernels_prediction_dl", figure=predi
 
 # ---------------------------------------------------------------- profiler
 st.subheader("The profiler's op table")
-op_rows = experiments.op_rows(result.profile)
+op_rows = timing_rows.op_rows(result.profile)
 profile_label = experiments.pass_label(result, "profile")
 op_figure = figures.op_table_figure(op_rows, 15, experiments.pass_label(result, "profile", short=True))
 st.plotly_chart(op_figure, key="kernels_ops_chart")
@@ -171,7 +172,7 @@ st.markdown(
     "median of several runs) and its memory measured in a separate call."
 )
 st.dataframe(pd.DataFrame([{"version": k.name, "what it changes": k.changes} for k in KERNELS]), hide_index=True)
-kernel_rows = experiments.kernel_rows(result.kernel_results)
+kernel_rows = kernel_bench.kernel_rows(result.kernel_results)
 kernel_label = experiments.pass_label(result, "inspect")
 on_prompt = f"**On your prompt:** layer {result.kernel_layer}'s queries, keys and values, N = {result.kernel_num_tokens:,} tokens"
 if result.kernel_num_tokens < result.num_tokens:

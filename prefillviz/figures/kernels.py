@@ -1,9 +1,9 @@
 """Figures of the Kernel timings page: per-layer time, the profiler's top ops, the timeline
 of one prefill, the roofline prediction against the clock, and the attention kernels.
 
-Pure functions of the rows ``prefillviz.experiments.kernels`` returns (ms, MiB): no
-streamlit, no model. Every figure goes through ``style.apply_layout`` (axis titles with
-units).
+Pure functions of the rows ``experiments/timing_rows.py`` and ``experiments/kernel_bench.py``
+return (ms, MiB): no streamlit, no model. Every figure goes through ``style.apply_layout``
+(axis titles with units).
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from prefillviz.analysis import peaks as peaks_module
-from prefillviz.analysis.peaks import MachinePeaks
+from prefillviz.analysis import peaks_history
+from prefillviz.analysis.peaks import MachinePeaks, machine_name
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 PAGE = "app_pages/kernels.py"
@@ -38,9 +38,9 @@ def measured(bundled, tmp_path_factory):
     measurements starts at one and the tests add to it, not to the user's cache.
     """
     peaks_dir = tmp_path_factory.mktemp("peaks")
-    cache_path = peaks_module.peaks_cache_path
+    cache_path = peaks_history.peaks_cache_path
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(peaks_module, "peaks_cache_path", lambda device="cpu", dtype="float32": peaks_dir / cache_path(device, dtype).name)
+        patch.setattr(peaks_history, "peaks_cache_path", lambda device="cpu", dtype="float32": peaks_dir / cache_path(device, dtype).name)
         app = kernels_page()
         assert not app.get("plotly_chart")  # nothing before a run
         app.button(key="kernels_run").click().run()
@@ -104,11 +104,11 @@ def test_measure_peaks_again_adds_a_measurement_and_the_prediction_uses_the_new_
 
     def far_faster(device, dtype):  # roofs no CPU has: certainly the new best
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        machine = peaks_module.machine_name(device)
+        machine = machine_name(device)
         measurements.append(MachinePeaks(str(device), dtype, 1e6, 1e5, now, machine, torch.get_num_threads(), 1e5, 1e5, other_cpu_percent=0.0))
         return measurements[-1]
 
-    monkeypatch.setattr(peaks_module, "measure_peaks", far_faster)
+    monkeypatch.setattr(peaks_history, "measure_peaks", far_faster)
     app.button(key="kernels_measure_peaks").click().run()
     assert not app.exception and not app.error
     assert len(measurements) == 1
@@ -116,6 +116,6 @@ def test_measure_peaks_again_adds_a_measurement_and_the_prediction_uses_the_new_
     assert metric_value(app, "Machine peaks") == "1,000,000 GFLOP/s" != before["peaks"]
     assert metric_value(app, "MLP: measured / predicted") != before["mlp"]  # predicted from the new roofs
 
-    monkeypatch.setattr(peaks_module, "measure_peaks", lambda device, dtype: pytest.fail("measured without a click"))
+    monkeypatch.setattr(peaks_history, "measure_peaks", lambda device, dtype: pytest.fail("measured without a click"))
     app.run()  # a rerun without a click keeps the new peaks and measures nothing
     assert num_peak_measurements(app) == 2 and metric_value(app, "Machine peaks") == "1,000,000 GFLOP/s"

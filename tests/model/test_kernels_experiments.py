@@ -9,7 +9,7 @@ import torch
 from kernels.attention import attention_naive
 
 from prefillviz.errors import RequestError
-from prefillviz.experiments import kernel_bench
+from prefillviz.experiments import kernel_bench, timing_rows
 from prefillviz.experiments import kernels as experiments
 from prefillviz.figures import kernels as figures
 
@@ -23,13 +23,25 @@ def result(bundled):
     return experiments.run_kernel_timings(bundled, PROMPT, kernel_layer=7, sweep_sizes=SWEEP, timing_runs=2, kernel_runs=2)
 
 
-def test_layer_bars_have_one_row_per_layer_and_add_up(result):
-    rows = experiments.layer_rows(result.layer_times)
+def test_each_layers_parts_are_clocked_inside_it_and_other_is_the_positive_rest(result):
+    # One timing pass: attention, MLP and norms each have their own clock, nested in the
+    # layer's, which is read on its own. Their sum stays strictly under the layer's time:
+    # the layer also runs the residual adds and the parts' hooks (a layer clock made of its
+    # parts would leave nothing; a part clocked outside its layer would exceed it).
+    for trace in result.timing_traces:
+        times = trace.steps[0].layer_times
+        for layer_s, attention_s, mlp_s, norms_s in zip(times.layer_s, times.attention_s, times.mlp_s, times.norms_s):
+            assert attention_s > 0 and mlp_s > 0 and norms_s > 0
+            assert attention_s + mlp_s + norms_s < layer_s
+    # The bars: medians over the timing passes (two here, so each median is a mean and the
+    # rest stays positive); "other" is the layer's time left over, never below zero.
+    rows = timing_rows.layer_rows(result.layer_times)
     assert [row["layer"] for row in rows] == list(range(NUM_LAYERS))
-    for row in rows:
-        assert row["attention_ms"] > 0 and row["mlp_ms"] > 0 and row["norms_ms"] > 0
-        parts = row["attention_ms"] + row["mlp_ms"] + row["norms_ms"] + row["other_ms"]
-        assert parts == pytest.approx(row["layer_ms"])
+    for row, layer_s in zip(rows, result.layer_times.layer_s):
+        assert row["layer_ms"] == pytest.approx(layer_s * 1e3)
+        parts_ms = row["attention_ms"] + row["mlp_ms"] + row["norms_ms"]
+        assert parts_ms < row["layer_ms"]
+        assert row["other_ms"] == pytest.approx(row["layer_ms"] - parts_ms) and row["other_ms"] > 0
     figure = figures.layer_time_figure(rows)
     assert [trace.name for trace in figure.data][:3] == ["attention", "MLP", "norms"]
     assert all(len(trace.x) == NUM_LAYERS for trace in figure.data)
@@ -44,7 +56,7 @@ def test_layer_times_are_the_median_of_the_timing_passes(result):
 
 
 def test_op_table_has_matmuls_and_our_layer_scopes(result):
-    rows = experiments.op_rows(result.profile)
+    rows = timing_rows.op_rows(result.profile)
     ops = {row["op"]: row for row in rows}
     assert ops["aten::mm"]["kind"] == "torch op" and ops["aten::mm"]["gflop"] > 0 and ops["aten::mm"]["calls"] > NUM_LAYERS
     for scope in ["layers.0", "layers.29.attention", "layers.12.mlp", "lm_head"]:
@@ -90,7 +102,7 @@ def test_predicted_vs_measured_has_a_row_per_layer_and_shows_the_gap(result, bun
 
 def test_kernels_ran_on_the_prompts_captured_layer_and_on_the_sweep(result, bundled):
     info = bundled.info
-    rows = experiments.kernel_rows(result.kernel_results)
+    rows = kernel_bench.kernel_rows(result.kernel_results)
     assert [row["kernel"] for row in rows] == ["v1 naive", "v2 sdpa", "v3 blocked"]
     for row in rows:
         assert row["N"] == result.kernel_num_tokens == result.num_tokens and row["heads"] == f"{info.num_heads} q / {info.num_kv_heads} kv"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from prefillviz.oracle import hf_last_logits
+from tests.tiny_models import make_tiny_llama
 
 FP32_TOLERANCE = 1e-3  # max abs logit difference allowed against the plain HF forward
 
@@ -32,22 +32,18 @@ def pytest_collection_modifyitems(items):
             item.add_marker("bundled")
 
 
+@pytest.fixture
+def one_torch_thread():
+    """Test machines are shared: one intra-op thread avoids OpenMP oversubscription stalls."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_llama():
-    """A 2-layer Llama with GQA (4 heads, 2 KV heads), weights peaked enough for stable greedy."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.2,
-        attn_implementation="sdpa",
-    )
-    return LlamaForCausalLM(config).eval()
+    return make_tiny_llama()
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ import streamlit as st
 from prefillviz.hosted import hosted_policy
 from prefillviz.model_registry import RECOMMENDED_MODELS
 from prefillviz.prompts import PRESETS
+from prefillviz.ui.settings import set_setting
 
 MAX_PROMPT_CHARS = 4000
 DEVICES = ["auto", "cpu", "cuda", "mps"]
@@ -69,7 +70,7 @@ def apply_link_parameters() -> list[str]:
             continue
         key, parse = LINK_PARAMETERS[name]
         try:
-            st.session_state[key] = parse(value)
+            set_setting(key, parse(value))
         except ValueError:
             ignored.append(name)
     if "prompt" in st.query_params and "prefill_prompt" in st.session_state and "prefill_preset" not in st.query_params:

@@ -1,7 +1,7 @@
 """The frame every page shares: the sidebar model picker, the loaded-model card, progress
 bars for long runs, inline errors that keep earlier results, and downloads.
 
-Pages call ``current_model()`` for the model chosen in the sidebar, ``run_guarded`` around
+Pages start with ``page_frame()`` (the sidebar and the model chosen there), ``run_guarded`` around
 anything that runs it, and ``save_result`` / ``get_result`` for per-session results (in
 ``st.session_state``: one user's results are never another's). The model itself is cached
 with ``st.cache_resource`` and shared, so it holds no per-run state.
@@ -31,6 +31,8 @@ from prefillviz.instrument.passes import pass_label
 from prefillviz.model_registry import BUNDLED_MODEL_ID, RECOMMENDED_MODELS
 from prefillviz.models import LoadedModel, load_model
 from prefillviz.run_queue import RUN_QUEUE
+from prefillviz.ui.links import apply_link_parameters, share_box
+from prefillviz.ui.settings import kept
 
 logger = logging.getLogger(__name__)
 DEVICES = ["auto", "cpu", "cuda", "mps"]
@@ -47,6 +49,8 @@ def _cached_model(model_id: str, device: str, dtype: str) -> LoadedModel:
 def model_choice() -> tuple[str, str, str]:
     """The sidebar's model, device and dtype widgets; returns their values.
 
+    Every page draws them (``page_frame``); ``kept`` carries their values across pages.
+
     In hosted mode only the allow-listed models are offered and there is no free-text box.
     """
     policy = hosted_policy()
@@ -54,15 +58,15 @@ def model_choice() -> tuple[str, str, str]:
     if policy.enabled:
         labels = {model_id: labels.get(model_id, model_id) for model_id in policy.allowed_model_ids}
     with st.sidebar:
-        st.toggle("Presenter mode", key="presenter_mode", help="Large text for a projector, fewer controls on screen")
+        kept(st.toggle, "Presenter mode", key="presenter_mode", help="Large text for a projector, fewer controls on screen")
         st.header("Model")
-        model_id = st.selectbox("Model", list(labels), format_func=labels.get, key="sidebar_model")
+        model_id = kept(st.selectbox, "Model", list(labels), format_func=labels.get, key="sidebar_model")
         # in presenter mode the rest folds away (still rendered, so the choices are kept)
         with st.expander("Model settings", expanded=not presenter_mode()):
-            custom = "" if policy.enabled else st.text_input("…or another Hugging Face id or local folder", key="sidebar_custom_model").strip()
-            device = st.selectbox("Device", DEVICES, key="sidebar_device")
-            dtype = st.selectbox("dtype", DTYPES, key="sidebar_dtype", help="auto: bf16 on GPU and on CPUs with fast bf16, else fp32. A dtype this CPU can't run is refused with a message; a slow one is flagged with its measured factor.")
-        st.radio("Chart image format (each chart's camera button)", ["png", "svg"], key="export_format", horizontal=True)
+            custom = "" if policy.enabled else kept(st.text_input, "…or another Hugging Face id or local folder", key="sidebar_custom_model").strip()
+            device = kept(st.selectbox, "Device", DEVICES, key="sidebar_device")
+            dtype = kept(st.selectbox, "dtype", DTYPES, key="sidebar_dtype", help="auto: bf16 on GPU and on CPUs with fast bf16, else fp32. A dtype this CPU can't run is refused with a message; a slow one is flagged with its measured factor.")
+        kept(st.radio, "Chart image format (each chart's camera button)", ["png", "svg"], key="export_format", horizontal=True)
     if presenter_mode():
         st.markdown(PRESENTER_CSS, unsafe_allow_html=True)
     return custom or model_id or BUNDLED_MODEL_ID, device, dtype
@@ -214,9 +218,25 @@ def downloads(name: str, key: str, figure: go.Figure | None = None, table: pd.Da
         )
 
 
-def loaded_model() -> LoadedModel | None:
-    """The model ``app.py`` loaded for this rerun (None, with a hint, when none could be)."""
-    loaded = st.session_state.get("loaded_model")
+PAGE_URL_PATH = "page_url_path"  # session key: the URL path of the page app.py is running
+
+
+def page_frame() -> LoadedModel | None:
+    """The first call of every page: the shared link's settings, the sidebar and its model,
+    and the share box. Returns the loaded model (None, with a hint, when none could be).
+
+    Pages call it themselves, once, so a page works when it runs without ``app.py`` (as
+    AppTest runs a page in ``pages/``); ``app.py`` only navigates.
+    """
+    ignored = apply_link_parameters()  # before any widget: a shared link sets them
+    loaded = current_model()
+    share_box(st.session_state.get(PAGE_URL_PATH, ""), ignored)
     if loaded is None:
         st.info("No model is loaded: pick one that loads in the sidebar.")
+    st.session_state["loaded_model"] = loaded
     return loaded
+
+
+def loaded_model() -> LoadedModel | None:
+    """The model this run's ``page_frame`` loaded (for the parts a page draws)."""
+    return st.session_state.get("loaded_model")

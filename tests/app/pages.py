@@ -11,12 +11,12 @@ APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
 
 def open_page(page: str | None = None) -> AppTest:
-    """The app with the sidebar dtype set to float32, switched to ``app_pages/<page>.py``."""
+    """The app with the sidebar dtype set to float32, switched to ``pages/<page>.py``."""
     app = AppTest.from_file(APP, default_timeout=240)
     app.run()
     app.selectbox(key="sidebar_dtype").set_value("float32").run()
     if page is not None:
-        app.switch_page(f"app_pages/{page}.py").run()
+        app.switch_page(f"pages/{page}.py").run()
     return app
 
 
@@ -37,7 +37,19 @@ def plotly_array(value) -> np.ndarray:
     return np.array(value)
 
 
-def run_inspection_here(app: AppTest, prefix: str, prompt: str, chunk_size: int = 0) -> None:
+INSPECTION_PROMPT = "The capital of France is Paris, and the capital of Italy is"
+
+
+def after_a_prefill_run(page: str) -> AppTest:
+    """The app after a Prefill-page run of "The capital of France is" (5 tokens), switched to ``page``."""
+    app = open_page()
+    app.selectbox(key="prefill_preset").set_value("Short question").run()
+    app.button(key="prefill_run").click().run()
+    app.switch_page(f"pages/{page}.py").run()
+    return app
+
+
+def run_inspection_here(app: AppTest, prefix: str, prompt: str = INSPECTION_PROMPT, chunk_size: int = 0) -> None:
     """Fill the shared inspection-run controls (ui/inspection_source) of a page and click run."""
     app.text_area(key=f"{prefix}_prompt").set_value(prompt)
     app.number_input(key=f"{prefix}_chunk_size").set_value(chunk_size)

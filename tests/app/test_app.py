@@ -21,6 +21,17 @@ def test_sidebar_card_describes_the_loaded_model(bundled):
     assert "46,080 B per token" in card
 
 
+def test_every_page_draws_the_sidebar_and_its_settings_follow_the_user_across_pages(bundled):
+    app = make_app()  # float32 picked on the Prefill page
+    app.toggle(key="presenter_mode").set_value(True).run()
+    for page in ("kv_cache", "kernels", "prefill"):
+        app.switch_page(f"pages/{page}.py").run()  # the page alone, without app.py
+        assert not app.exception
+        assert app.selectbox(key="sidebar_dtype").value == "float32" and app.toggle(key="presenter_mode").value
+        assert "46,080 B per token" in " ".join(m.value for m in app.sidebar.markdown)  # fp32's 4-byte KV, not bf16's
+        assert any("Share this view" in e.label for e in app.sidebar.expander)
+
+
 def test_run_prefill_shows_measured_figures(bundled):
     app = make_app()
     app.selectbox(key="prefill_preset").set_value("Short question").run()

@@ -1,21 +1,13 @@
 """The Attention page: maps rebuilt from the captured q/k of a real run of the bundled model."""
 
 import numpy as np
-from streamlit.testing.v1 import AppTest
 
-from tests.app.pages import APP, chart_titled, open_page, plotly_array, run_inspection_here
-
-PROMPT = "The capital of France is Paris, and the capital of Italy is"
-
-
-def run_here(app, prompt=PROMPT, chunk_size=0):
-    run_inspection_here(app, "attention", prompt, chunk_size)
-
+from tests.app.pages import after_a_prefill_run, chart_titled, open_page, plotly_array, run_inspection_here
 
 def test_run_draws_the_head_grid_and_pickers_change_the_head(bundled):
     app = open_page("attention")
     assert not app.exception
-    run_here(app, chunk_size=6)
+    run_inspection_here(app, "attention", chunk_size=6)
     assert not app.exception and not app.error
     grid = chart_titled(app, "Every head")
     entropy, sink = grid["data"][0], grid["data"][2]
@@ -38,21 +30,16 @@ def test_run_draws_the_head_grid_and_pickers_change_the_head(bundled):
 
 def test_empty_prompt_gives_an_inline_error_and_keeps_the_last_run(bundled):
     app = open_page("attention")
-    run_here(app)
+    run_inspection_here(app, "attention")
     before = plotly_array(chart_titled(app, "Layer 0, head 0")["data"][0]["z"])
-    run_here(app, prompt="")
+    run_inspection_here(app, "attention", prompt="")
     assert not app.exception
     assert "empty" in app.error[0].value
     np.testing.assert_array_equal(plotly_array(chart_titled(app, "Layer 0, head 0")["data"][0]["z"]), before)
 
 
 def test_shows_the_prefill_pages_run(bundled):
-    app = AppTest.from_file(APP, default_timeout=240)
-    app.run()
-    app.selectbox(key="sidebar_dtype").set_value("float32").run()
-    app.selectbox(key="prefill_preset").set_value("Short question").run()
-    app.button(key="prefill_run").click().run()
-    app.switch_page("app_pages/attention.py").run()
+    app = after_a_prefill_run("attention")
     assert not app.exception
     assert "the Prefill page's run" in " ".join(c.value for c in app.caption)
     attention = chart_titled(app, "Layer 0, head 0")

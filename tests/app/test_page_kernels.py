@@ -16,7 +16,7 @@ from prefillviz.analysis import peaks_history
 from prefillviz.analysis.peaks import MachinePeaks, machine_name
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
-PAGE = "app_pages/kernels.py"
+PAGE = "pages/kernels.py"
 
 
 def kernels_page():

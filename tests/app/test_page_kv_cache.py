@@ -1,25 +1,17 @@
 """The KV cache page: a real inspection run of the bundled model, drawn from its write log."""
 
 import numpy as np
-from streamlit.testing.v1 import AppTest
 
-from tests.app.pages import APP, chart_specs, chart_titled, open_page, plotly_array, run_inspection_here
-
-PROMPT = "The capital of France is Paris, and the capital of Italy is"
-
+from tests.app.pages import after_a_prefill_run, chart_specs, chart_titled, open_page, plotly_array, run_inspection_here
 
 def heatmap_spec(app):
     return chart_titled(app, "KV writes")
 
 
-def run_here(app, prompt=PROMPT, chunk_size=0):
-    run_inspection_here(app, "kv", prompt, chunk_size)
-
-
 def test_run_on_the_page_draws_measured_figures(bundled):
     app = open_page("kv_cache")
     assert not app.exception
-    run_here(app, chunk_size=5)
+    run_inspection_here(app, "kv", chunk_size=5)
     assert not app.exception and not app.error
     assert len(app.get("plotly_chart")) == 4
     heatmap = heatmap_spec(app)["data"][0]
@@ -34,26 +26,21 @@ def test_run_on_the_page_draws_measured_figures(bundled):
 
 def test_empty_prompt_gives_an_inline_error_and_keeps_the_last_run(bundled):
     app = open_page("kv_cache")
-    run_here(app)
+    run_inspection_here(app, "kv")
     before = plotly_array(heatmap_spec(app)["data"][0]["z"])
-    run_here(app, prompt="   ")
+    run_inspection_here(app, "kv", prompt="   ")
     assert not app.exception
     assert "empty" in app.error[0].value
     np.testing.assert_array_equal(plotly_array(heatmap_spec(app)["data"][0]["z"]), before)
 
 
 def test_shows_the_prefill_pages_run(bundled):
-    app = AppTest.from_file(APP, default_timeout=240)
-    app.run()
-    app.selectbox(key="sidebar_dtype").set_value("float32").run()
-    app.selectbox(key="prefill_preset").set_value("Short question").run()
-    app.button(key="prefill_run").click().run()
-    app.switch_page("app_pages/kv_cache.py").run()
+    app = after_a_prefill_run("kv_cache")
     assert not app.exception
     assert "the Prefill page's run" in " ".join(c.value for c in app.caption)
     heatmap = heatmap_spec(app)["data"][0]
     assert plotly_array(heatmap["z"]).shape == (30, 5)  # "The capital of France is"
-    run_here(app)  # a run here is shown next, and the Prefill run stays one click away
+    run_inspection_here(app, "kv")  # a run here is shown next, and the Prefill run stays one click away
     assert app.radio(key="kv_source").value == "a run on this page"
     assert plotly_array(heatmap_spec(app)["data"][0]["z"]).shape[1] > 5
     app.radio(key="kv_source").set_value("the Prefill page's last run").run()

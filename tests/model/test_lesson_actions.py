@@ -2,24 +2,16 @@
 every number its questions ask for, and the numbers say what the lessons say they show."""
 
 import math
+import statistics
 
 import pytest
-import torch
 
 from prefillviz import lessons
 from prefillviz.experiments.prefill import PrefillResult
 from prefillviz.prompts import PRESETS
 
 SCALE = 0.05  # token counts x 0.05 (each kind has a floor): seconds per action, not minutes
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Test machines are shared: one intra-op thread avoids OpenMP oversubscription stalls."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def first_action(kind: str) -> dict:
@@ -52,9 +44,14 @@ def test_prefill_is_one_step_and_sets_the_prefill_page(bundled):
 
 
 def test_ttft_ratio_times_a_short_and_a_long_prompt(bundled):
-    measured = run(bundled, "ttft_ratio", runs=1).measured
+    outcome = run(bundled, "ttft_ratio", runs=3)
+    measured, times = outcome.measured, outcome.raw["times"]
     assert (measured["short_tokens"], measured["long_tokens"]) == (4, 26)
-    assert measured["token_ratio"] == 26 / 4 and measured["ttft_ratio"] == measured["long_ttft_ms"] / measured["short_ttft_ms"]
+    assert [len(times[4]), len(times[26])] == [3, 3]  # each shape's warm-up run is left out
+    assert measured["short_ttft_ms"] == pytest.approx(statistics.median(times[4]) * 1e3)  # medians, not a mean or one run
+    assert measured["long_ttft_ms"] == pytest.approx(statistics.median(times[26]) * 1e3)
+    assert sum(times[4]) + sum(times[26]) < outcome.elapsed_s  # real clocks inside the action's own wall time
+    assert dict(outcome.facts)["TTFT: long / short"] == f"{measured['ttft_ratio']:,.1f}×"
 
 
 def test_token_by_token_takes_n_steps_is_slower_and_fills_the_same_cache(bundled):

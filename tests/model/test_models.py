@@ -19,6 +19,7 @@ from prefillviz.errors import ModelLoadError
 from prefillviz.devices import cpu_has_fast_bf16, resolve_device, resolve_dtype
 from prefillviz.model_registry import BUNDLED_MODEL_ID, RECOMMENDED_MODELS
 from prefillviz.models import load_model
+from tests.tiny_models import make_tiny_llama
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = "The capital of France is"
@@ -61,20 +62,9 @@ def _save_tiny(folder: Path, model, tokenizer_dir: Path) -> Path:
     return folder
 
 
-def _tiny_llama(vocab_size=64):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    return LlamaForCausalLM(config)
+def _tiny_llama():
+    """A tiny Llama for the 64-token test tokenizer."""
+    return make_tiny_llama(vocab_size=64, hidden_size=32, intermediate_size=64, max_position_embeddings=128)
 
 
 # --- the bundled model -------------------------------------------------------------------
@@ -300,7 +290,7 @@ def test_dtype_and_device_resolution():
 
 def test_no_remote_code_is_ever_trusted():
     forbidden = "trust_remote_code" + "=True"  # spelled in two parts so this file never matches itself
-    sources = [*(REPO / "prefillviz").rglob("*.py"), *(REPO / "app_pages").glob("*.py"), *(REPO / "kernels").glob("*.py"), REPO / "app.py"]
+    sources = [*(REPO / "prefillviz").rglob("*.py"), *(REPO / "pages").glob("*.py"), *(REPO / "kernels").glob("*.py"), REPO / "app.py"]
     offenders = [
         str(path.relative_to(REPO))
         for path in sources

@@ -6,7 +6,9 @@ from prefillviz.experiments import inspect_run, kv_memory
 from prefillviz.experiments.inspect_run import KV_QUANTITIES
 from prefillviz.figures import kv_cache as figures
 from prefillviz.ui.inspection_source import inspection_source
-from prefillviz.ui.shell import downloads
+from prefillviz.ui.shell import downloads, page_frame
+
+page_frame()
 
 st.title("KV cache: what prefill leaves behind")
 st.markdown(

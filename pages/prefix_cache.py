@@ -16,7 +16,9 @@ from prefillviz.experiments.prefix import (
 from prefillviz.experiments.outputs import compare_outputs
 from prefillviz.figures import prefix as figures
 from prefillviz.ui.output_checks import same_tokens_block
-from prefillviz.ui.shell import downloads, get_result, loaded_model, progress_callback, run_guarded, run_label, save_result
+from prefillviz.ui.shell import downloads, get_result, page_frame, progress_callback, run_guarded, run_label, save_result
+
+loaded = page_frame()
 
 st.title("Prefix cache: compute a shared prefix once")
 st.markdown(
@@ -26,7 +28,6 @@ st.markdown(
     "after them. The requests below run **one after another on one engine**, on the real model, greedy."
 )
 
-loaded = loaded_model()
 
 preset = st.selectbox("Shared prefix", list(SHARED_PREFIXES), key="prefix_preset")
 prefix_text, turn_template = SHARED_PREFIXES[preset]

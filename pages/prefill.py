@@ -7,7 +7,9 @@ from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments.prefill import load_prefill_bundle, prefill_bundle, run_prefill
 from prefillviz.figures import prefill as figures
 from prefillviz.prompts import PRESETS
-from prefillviz.ui.shell import chart, downloads, get_result, loaded_model, run_guarded, save_result
+from prefillviz.ui.shell import chart, downloads, get_result, page_frame, run_guarded, save_result
+
+loaded = page_frame()
 
 st.title("Prefill: the whole prompt in one pass")
 st.markdown(
@@ -22,7 +24,6 @@ def use_preset() -> None:
     st.session_state["prefill_prompt"] = PRESETS[st.session_state["prefill_preset"]]
 
 
-loaded = loaded_model()
 st.selectbox("Preset", list(PRESETS), key="prefill_preset", on_change=use_preset, persist_state="session")
 st.session_state.setdefault("prefill_prompt", PRESETS[st.session_state["prefill_preset"]])
 prompt = st.text_area("Prompt", height=150, key="prefill_prompt", persist_state="session")  # kept across pages

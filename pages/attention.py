@@ -6,7 +6,9 @@ from prefillviz.analysis.attention_maps import causal_chunk_strips
 from prefillviz.experiments import inspect_run
 from prefillviz.figures import attention as figures
 from prefillviz.ui.inspection_source import inspection_source
-from prefillviz.ui.shell import downloads
+from prefillviz.ui.shell import downloads, page_frame
+
+page_frame()
 
 
 def open_clicked_head() -> None:

@@ -14,7 +14,9 @@ from prefillviz.experiments import kernel_bench, timing_rows
 from prefillviz.experiments import kernels as experiments
 from prefillviz.figures import kernels as figures
 from prefillviz.prompts import PRESETS
-from prefillviz.ui.shell import downloads, get_result, loaded_model, run_guarded, save_result
+from prefillviz.ui.shell import downloads, get_result, page_frame, run_guarded, save_result
+
+loaded = page_frame()
 
 st.title("Kernel timings")
 st.markdown(
@@ -24,7 +26,6 @@ st.markdown(
     "three ways and each checked against a naive reference before it is timed."
 )
 
-loaded = loaded_model()
 preset = st.selectbox("Preset", list(PRESETS), key="kernels_preset")
 prompt = st.text_area("Prompt", PRESETS[preset], height=120, key=f"kernels_prompt_{preset}")
 device_type = loaded.device.type if loaded is not None else "cpu"

@@ -10,7 +10,10 @@ import streamlit as st
 
 from prefillviz import lessons
 from prefillviz.experiments.chunked import threads_label
-from prefillviz.ui.shell import get_result, loaded_model, run_guarded, run_label, save_result
+from prefillviz.ui.settings import set_setting
+from prefillviz.ui.shell import get_result, page_frame, run_guarded, run_label, save_result
+
+loaded = page_frame()
 
 st.title("Guided lessons")
 st.markdown(
@@ -44,9 +47,9 @@ def next_lesson(lesson_index: int) -> None:
 
 
 def apply_settings(settings: dict) -> None:
-    """Set the sidebar widgets a step asks for (a callback: it runs before app.py loads the model)."""
+    """Set the sidebar widgets a step asks for (a callback: it runs before page_frame loads the model)."""
     for name, value in settings.items():
-        state[lessons.SETTINGS[name][0]] = value
+        set_setting(lessons.SETTINGS[name][0], value)
 
 
 def record_prediction(sid: str, widget_key: str) -> None:
@@ -124,7 +127,6 @@ else:
 
 # ---------------------------------------------------------------- 2. run
 st.subheader("② Run it on the model")
-loaded = loaded_model()
 in_settings = all(state.get(lessons.SETTINGS[name][0]) == value for name, value in step.settings.items())
 key = lessons.action_key(step.action, loaded, step.settings) if loaded is not None else None
 outcome = runs.get(key) if in_settings else None  # a run in other settings doesn't answer this step

@@ -9,7 +9,9 @@ from prefillviz.experiments.chunked import build_workload, compare_chunking, thr
 from prefillviz.figures import chunked as figures
 from prefillviz.instrument.machine_load import MachineLoad
 from prefillviz.ui.output_checks import same_tokens_block
-from prefillviz.ui.shell import downloads, get_result, loaded_model, progress_callback, run_guarded, run_label, save_result
+from prefillviz.ui.shell import downloads, get_result, page_frame, progress_callback, run_guarded, run_label, save_result
+
+loaded = page_frame()
 
 st.title("Chunked prefill: a long prompt without stalling everyone else")
 st.markdown(
@@ -19,7 +21,6 @@ st.markdown(
     "its **token budget** with a chunk of the prompt. Both runs below use the real model on the same tokens, greedy."
 )
 
-loaded = loaded_model()
 
 st.subheader("Workload")
 row = st.columns(3)

@@ -17,7 +17,9 @@ from prefillviz.experiments.roofline import DEFAULT_DECODE_CONTEXTS, DEFAULT_PRE
 from prefillviz.experiments.ways import WAYS
 from prefillviz.figures import parallel as figures
 from prefillviz.prompts import PRESETS
-from prefillviz.ui.shell import downloads, get_result, loaded_model, run_guarded, save_result
+from prefillviz.ui.shell import downloads, get_result, page_frame, run_guarded, save_result
+
+loaded = page_frame()
 
 PREFILL_PROMPT = "Last prompt of the Prefill page"
 PASSES = {
@@ -53,7 +55,6 @@ st.markdown(
     "Both end with the same KV cache and the same next-token distribution, which is checked below."
 )
 
-loaded = loaded_model()
 
 # ---------------------------------------------------------------- one prompt, both ways
 st.header("One prompt, both ways")

@@ -1,0 +1,37 @@
+"""The sidebar's settings keep their values across pages.
+
+Every page draws the sidebar itself (``shell.page_frame``). Streamlit gives a widget drawn
+by a page an identity of that page, so on a page switch it would start again from its
+default: the dtype picked on one page would be gone on the next, and the model reloaded.
+Streamlit's documented remedy is a copy in ``st.session_state`` under a second key, saved
+when the widget changes and given back to the widget before it is drawn; ``kept`` does that.
+Code that sets a setting (a shared link, a lesson step) calls ``set_setting``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import streamlit as st
+
+KEPT_PREFIX = "kept_"
+
+
+def set_setting(key: str, value: Any) -> None:
+    """Set a sidebar setting before its widget is drawn in this run (the widget shows it)."""
+    st.session_state[key] = value
+    st.session_state[KEPT_PREFIX + key] = value
+
+
+def _save(key: str) -> None:
+    st.session_state[KEPT_PREFIX + key] = st.session_state[key]
+
+
+def kept(widget: Callable[..., Any], *args: Any, key: str, **kwargs: Any) -> Any:
+    """Draw ``widget(*args, key=key, **kwargs)`` with the value it had on any page this session."""
+    if KEPT_PREFIX + key in st.session_state:
+        st.session_state[key] = st.session_state[KEPT_PREFIX + key]
+    value = widget(*args, key=key, on_change=_save, args=(key,), **kwargs)
+    st.session_state[KEPT_PREFIX + key] = value
+    return value

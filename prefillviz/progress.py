@@ -5,7 +5,8 @@ The app turns each into a progress bar (``ui.shell``); the command line prints o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from prefillviz.instrument.trace import StepRecord
@@ -25,3 +26,25 @@ def offset_progress(progress: StepProgress | None, offset: int) -> StepProgress 
     if progress is None:
         return None
     return lambda steps_done, record: progress(offset + steps_done, record)
+
+
+class ProgressCounter:
+    """One fraction over an experiment made of several runs: counts work units done (a one-step
+    run, or one step of a longer run) and reports ``(fraction done, text)`` to a ``FractionProgress``."""
+
+    def __init__(self, progress: FractionProgress | None, total_units: int):
+        self.progress = progress
+        self.total_units = total_units
+        self.num_done = 0
+
+    def advance(self, text: str, units: int = 1) -> None:
+        """``units`` more done (0: only say what is running now)."""
+        self.num_done += units
+        if self.progress is not None:
+            self.progress(min(1.0, self.num_done / self.total_units), text)
+
+    def per_step(self, describe: Callable[[int], str]) -> StepProgress | None:
+        """A run's step callback: each step is one unit, described by ``describe(steps done in the run)``."""
+        if self.progress is None:
+            return None
+        return lambda steps_done, _record: self.advance(describe(steps_done))

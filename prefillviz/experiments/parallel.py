@@ -21,11 +21,10 @@ from prefillviz.analysis.roofline import RooflinePoint
 from prefillviz.errors import ConfigError, RequestError
 from prefillviz.experiments.kv_equality import EqualityCheck, compare_inspections
 from prefillviz.experiments.model_setup import device_and_dtype, model_tokenizer_and_id
-from prefillviz.experiments.progress_counter import ProgressCounter
 from prefillviz.experiments.ways import PARALLEL, REQUEST_ID, TOKEN_BY_TOKEN, run_way, time_to_first_token_s, warm_up_both_ways
 from prefillviz.instrument.machine_load import LoadReading, MachineLoad
 from prefillviz.instrument.trace import Trace
-from prefillviz.progress import FractionProgress, StepProgress
+from prefillviz.progress import FractionProgress, ProgressCounter, StepProgress
 
 
 @dataclass

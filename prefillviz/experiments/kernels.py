@@ -106,13 +106,23 @@ def prefill_pass(loaded: LoadedModel, prompt: str | list[int], capture_level: st
 
 
 def median_layer_times(traces: list[Trace]) -> LayerTimes:
-    """Per-layer median of the first step's LayerTimes over several timing passes."""
+    """Per-layer medians of the first step's LayerTimes over several timing passes.
+
+    Each layer's figures all come from one pass, the one whose layer time is that layer's
+    median (the lower one for an even count), so its parts stay inside it and "other" (the
+    layer minus its parts) is what that pass measured. Medians of each part on its own could
+    mix passes and leave a negative rest.
+    """
     times = [trace.steps[0].layer_times for trace in traces]
     if any(t is None for t in times):
         raise ValueError("Every trace needs a timing capture (layer_times).")
+    num_layers = len(times[0].layer_s)
+    median_pass = [
+        sorted(range(len(times)), key=lambda index: times[index].layer_s[layer])[(len(times) - 1) // 2] for layer in range(num_layers)
+    ]
 
     def per_layer(attribute: str) -> list[float]:
-        return [statistics.median(values) for values in zip(*(getattr(t, attribute) for t in times))]
+        return [getattr(times[median_pass[layer]], attribute)[layer] for layer in range(num_layers)]
 
     return LayerTimes(
         clock=times[0].clock,

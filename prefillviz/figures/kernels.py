@@ -47,7 +47,7 @@ def layer_time_figure(rows: list[dict], subtitle: str = "") -> go.Figure:
     layers = [row["layer"] for row in rows]
     for key, name, colour in LAYER_PARTS:
         fig.add_bar(x=layers, y=[row[key] for row in rows], name=name, marker_color=colour, hovertemplate="layer %{x}: %{y:.3f} ms")
-    fig.update_layout(barmode="relative")  # stacks; a negative "other" (clock noise) shows below zero
+    fig.update_layout(barmode="relative")  # stacks (a negative part would show below zero)
     total = sum(row["layer_ms"] for row in rows)
     return _layout(fig, f"Time per decoder layer · {len(rows)} layers, {total:,.1f} ms in all", subtitle, "decoder layer", "time (ms)")
 

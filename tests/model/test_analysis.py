@@ -1,7 +1,6 @@
 """The analysis numbers against the real thing: torch.profiler, the engine's KV tensors,
 the machine's measured peaks, and timed engine steps on the roofline."""
 
-import math
 
 import pytest
 import torch
@@ -65,8 +64,9 @@ def test_kv_bytes_per_token_match_the_engine_cache_tensors(bundled):
 def test_machine_peaks_measure_then_read_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("PREFILLVIZ_CACHE", str(tmp_path))
     measured = machine_peaks("cpu", "float32")
-    for value in (measured.matmul_gflops, measured.memory_gb_s, measured.gemv_gb_s, measured.copy_gb_s):
-        assert 0 < value < math.inf
+    # plausible for any CPU this runs on: above a laptop core's scalar rate, below a GPU's
+    assert 1 < measured.matmul_gflops < 100_000
+    assert 0.5 < min(measured.gemv_gb_s, measured.copy_gb_s) and measured.memory_gb_s < 5_000
     assert measured.memory_gb_s == max(measured.gemv_gb_s, measured.copy_gb_s)
     assert measured.num_threads == torch.get_num_threads()
     assert list((tmp_path / "peaks").glob("*float32*.json"))
@@ -89,7 +89,6 @@ def test_roofline_points_from_timed_engine_steps(tiny_llama):
     )
     assert [p.label for p in points] == ["prefill N=8", "prefill N=32", "decode ctx=16"]  # 4096, 2048 over the guard
     for p in points:
-        assert 0 < p.measured_time_s < math.inf
         assert p.achieved_gflops == pytest.approx(p.flops / p.measured_time_s / 1e9)
         assert p.intensity == pytest.approx(p.flops / p.bytes)
     prefill_32, decode_16 = points[1], points[2]

@@ -5,7 +5,7 @@ import streamlit as st
 from prefillviz.hosted import hosted_policy
 
 from prefillviz.experiments.budget_sweep import budget_sweep, estimated_sweep_steps
-from prefillviz.experiments.chunked import build_workload, compare_chunking, threads_label
+from prefillviz.experiments.chunked import build_workload, compare_chunking
 from prefillviz.figures import chunked as figures
 from prefillviz.instrument.machine_load import MachineLoad
 from prefillviz.ui.output_checks import same_tokens_block
@@ -50,7 +50,7 @@ if loaded is not None and st.button("Run with chunking off, then on", type="prim
         progress = progress_callback(total, "Chunking off, then on")
         with MachineLoad() as load:
             comparison = compare_chunking(loaded.model, work, progress, loaded.model_id)
-        save_result("chunked", {"comparison": comparison, "label": f"{run_label(loaded, 'none')} · {threads_label()} · {load.reading.label()}"})
+        save_result("chunked", {"comparison": comparison, "label": f"{run_label(loaded, 'none')} · {load.reading.label()}"})
 
 result = get_result("chunked")
 if result is None:
@@ -144,7 +144,7 @@ if loaded is not None and st.button("Run the budget sweep", key="chunked_sweep_r
             work = workload(budget)
             progress = progress_callback(estimated_sweep_steps(work, budgets), "Budget sweep")
             sweep = budget_sweep(loaded.model, work, budgets, progress, loaded.model_id)
-            save_result("chunked_sweep", {"sweep": sweep, "label": f"{run_label(loaded, 'none')} · {threads_label()}"})
+            save_result("chunked_sweep", {"sweep": sweep, "label": f"{run_label(loaded, 'none')}"})
 
 saved = get_result("chunked_sweep")
 if saved is not None:

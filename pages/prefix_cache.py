@@ -4,7 +4,6 @@ import streamlit as st
 
 from prefillviz.hosted import hosted_policy
 
-from prefillviz.experiments.chunked import threads_label
 from prefillviz.experiments.prefix import (
     OTHER_REQUEST_ID,
     QUESTIONS,
@@ -52,7 +51,7 @@ if loaded is not None and st.button("Run the stream", type="primary", key="prefi
         num_blocks = (int(small_blocks) or stream.min_num_blocks) if small_cache else None
         progress = progress_callback(estimated_num_steps(stream, small_cache), "Cache on, cache off" + (", small cache" if small_cache else ""))
         experiment = run_prefix_experiment(loaded.model, stream, num_blocks, progress, loaded.model_id)
-        save_result("prefix", {"experiment": experiment, "label": f"{run_label(loaded, 'none')} · {threads_label()}"})
+        save_result("prefix", {"experiment": experiment, "label": f"{run_label(loaded, 'none')}"})
 
 result = get_result("prefix")
 if result is None:

@@ -9,7 +9,6 @@ and the revealed steps, keyed by lesson and step; no keyboard is needed anywhere
 import streamlit as st
 
 from prefillviz import lessons
-from prefillviz.experiments.chunked import threads_label
 from prefillviz.ui.settings import set_setting
 from prefillviz.ui.shell import get_result, page_frame, run_guarded, run_label, save_result
 
@@ -147,7 +146,7 @@ if clicked and loaded is not None:
         finally:
             bar.empty()
         runs.put(key, outcome, f"lesson {lesson.number}, step {index + 1}")
-        for name, value in lessons.page_results(outcome, f"{run_label(loaded, 'none')} · {threads_label()}").items():
+        for name, value in lessons.page_results(outcome, f"{run_label(loaded, 'none')}").items():
             save_result(name, value)  # the full view shows this same run
         state["lesson_page_state"] = (outcome.raw.get("prefill"), lessons.page_state(outcome))
 if outcome is not None:

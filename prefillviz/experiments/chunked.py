@@ -22,7 +22,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from prefillviz.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
@@ -258,7 +257,3 @@ def compare_chunking(model, workload: ChunkedWorkload, progress: StepProgress | 
     off = run_workload(model, workload, False, progress, model_id)
     on = run_workload(model, workload, True, offset_progress(progress, off.num_steps), model_id)
     return ChunkedComparison(workload, model_id, off.device, off.dtype, off, on)
-
-
-def threads_label() -> str:
-    return f"{torch.get_num_threads()} torch threads"

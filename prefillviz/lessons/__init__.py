@@ -11,7 +11,7 @@ A lesson is two files with the same stem under ``assets/lessons/``:
 A step spec says what the step does to the app and asks:
 
     {"action":   {"kind": "prefill", "preset": "Short question"},   # what runs on the model
-     "view":     "pages/prefill.py",                            # the full view of that run
+     "view":     "pages/prefill.py",                                # the full view of that run
      "figure":   "ttft_breakdown",                                  # optional: which figure
      "settings": {"dtype": "float32"},                              # optional: sidebar settings
      "question": {"kind": "number", "text": "...", "answer": "ttft_ratio",
@@ -39,57 +39,32 @@ The modules, in import order:
 
 from __future__ import annotations
 
-from prefillviz.lessons.actions import TYPE_WORDS, ActionKind, ActionOutcome, check_parameters
-from prefillviz.lessons.loading import load_lesson, load_lessons, parse_markdown, parse_question, parse_step
-from prefillviz.lessons.registry import ACTION_KINDS, PROMPT_PARAMETERS, resolve_parameters, run_action
-from prefillviz.lessons.reveal import Reveal, choice_for, format_reveal, format_value
+# what the walkthrough page and the tests use; the rest is reached through its module
+from prefillviz.lessons.actions import ActionOutcome
+from prefillviz.lessons.loading import load_lessons
+from prefillviz.lessons.registry import ACTION_KINDS, resolve_parameters, run_action
+from prefillviz.lessons.reveal import choice_for, format_reveal, format_value
 from prefillviz.lessons.run_store import RunStore, action_key
-from prefillviz.lessons.spec import (
-    AFTER_REVEAL,
-    LESSONS_DIR,
-    MAX_MINUTES,
-    ROOT,
-    SETTINGS,
-    Choice,
-    Lesson,
-    LessonError,
-    Question,
-    Step,
-)
+from prefillviz.lessons.spec import LESSONS_DIR, ROOT, SETTINGS, Lesson, LessonError, Question
 from prefillviz.lessons.views import page_results, page_state, step_figure
-from prefillviz.progress import FractionProgress
 
 __all__ = [
     "ACTION_KINDS",
-    "AFTER_REVEAL",
-    "ActionKind",
     "ActionOutcome",
-    "Choice",
     "LESSONS_DIR",
     "Lesson",
     "LessonError",
-    "MAX_MINUTES",
-    "PROMPT_PARAMETERS",
-    "FractionProgress",
     "Question",
     "ROOT",
-    "Reveal",
     "RunStore",
     "SETTINGS",
-    "Step",
-    "TYPE_WORDS",
     "action_key",
-    "check_parameters",
     "choice_for",
     "format_reveal",
     "format_value",
-    "load_lesson",
     "load_lessons",
     "page_results",
     "page_state",
-    "parse_markdown",
-    "parse_question",
-    "parse_step",
     "resolve_parameters",
     "run_action",
     "step_figure",

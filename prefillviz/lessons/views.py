@@ -18,7 +18,7 @@ def page_results(outcome: ActionOutcome, label: str) -> dict[str, Any]:
 
     Args:
         outcome: the step's run.
-        label: how the chunked and prefix pages caption their times (``run_label`` + threads).
+        label: how the chunked and prefix pages caption their times (``run_label``).
     """
     raw = outcome.raw
     if outcome.kind in ("prefill", "kv_memory"):

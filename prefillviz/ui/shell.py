@@ -129,9 +129,9 @@ def model_card(loaded: LoadedModel) -> None:
 
 
 def run_label(loaded: LoadedModel, capture: str) -> str:
-    """What a number measured: the pass (``instrument.passes``) and the device, for captions under results."""
+    """What a number measured: the pass (``instrument.passes``), the device and its threads, for captions under results."""
     where = f"{loaded.model_id} on {loaded.device}, {dtype_name(loaded.dtype)}"
-    return f"{pass_label(capture)} · {where} · {linear_weights_label(loaded.model)}"
+    return f"{pass_label(capture)} · {where} · {linear_weights_label(loaded.model)} · {torch.get_num_threads()} torch threads"
 
 
 @contextmanager

@@ -122,7 +122,9 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
         chunked = _chunked_ratios(loaded, 2 * num_tokens, runs, sizes)
         inspect_rss_mb = inspect_peak_rss_mb(model_id, device, dtype, sizes.inspect_rss_tokens)
         cold_starts, cold_exits = zip(*(cold_start_s(model_id, device, dtype) for _ in range(sizes.cold_start_runs)))
-        peer = engine_over_hf_cb(loaded, num_tokens, sizes)  # last: transformers' continuous batching sizes a large cache
+        peer = engine_over_hf_cb(
+            loaded, num_tokens, sizes.peer_prompt_lengths, sizes.peer_new_tokens, sizes.peer_rounds, sizes.peer_cache_blocks
+        )  # last: transformers' continuous batching sizes a large cache
 
     ratios = [p / h for p, h in zip(parallel_times, hf_times)]
     parallel_median = statistics.median(parallel_times)

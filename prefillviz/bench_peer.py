@@ -8,7 +8,6 @@ tokens, so the speed-up is a ratio of wall times, and the outputs are compared t
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING
 
 from prefillviz.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
@@ -16,23 +15,22 @@ from prefillviz.engine.request import SamplingParams
 from prefillviz.instrument.timers import median_and_spread, run_timed
 from prefillviz.prompts import bench_token_ids
 
-if TYPE_CHECKING:
-    from prefillviz.bench import BenchSizes
 
-
-def engine_over_hf_cb(loaded, num_tokens: int, sizes: BenchSizes) -> dict:
+def engine_over_hf_cb(
+    loaded, num_tokens: int, prompt_lengths: tuple[int, ...], new_tokens: int, rounds: int, cache_blocks: int | None
+) -> dict:
     """Our engine vs transformers' own continuous batching (``generate_batch``) on one mixed workload.
 
-    ``sizes.peer_prompt_lengths`` (8 requests, 64 ... 1,024 tokens in full) scaled by N / 512,
-    ``sizes.peer_new_tokens`` new tokens each (32), token budget 512, greedy. Both do the same
-    tokens, so the speed-up is a ratio of wall times. ``sizes.peer_cache_blocks`` caps HF's
-    paged cache (quick); by default it sizes one from the free memory, which takes seconds.
+    ``prompt_lengths`` (8 requests, 64 ... 1,024 tokens in full) scaled by N / 512,
+    ``new_tokens`` new tokens each (32), token budget 512, greedy, timed ``rounds`` times each.
+    Both do the same tokens, so the speed-up is a ratio of wall times. ``cache_blocks`` caps HF's
+    paged cache (quick); None lets HF size one from the free memory, which takes seconds.
     """
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
-    new_tokens, token_budget = sizes.peer_new_tokens, 512
+    token_budget = 512
     scale = num_tokens / 512
-    lengths = [max(8, int(n * scale)) for n in sizes.peer_prompt_lengths]
+    lengths = [max(8, int(n * scale)) for n in prompt_lengths]
     prompts = [bench_token_ids(loaded.tokenizer, n + 7 * i)[7 * i :] for i, n in enumerate(lengths)]
 
     def ours() -> list[list[int]]:
@@ -41,7 +39,7 @@ def engine_over_hf_cb(loaded, num_tokens: int, sizes: BenchSizes) -> dict:
         trace = engine.run()
         return [trace.requests[i].output_token_ids for i in ids]
 
-    cache_config = None if sizes.peer_cache_blocks is None else ContinuousBatchingConfig(num_blocks=sizes.peer_cache_blocks, max_batch_tokens=token_budget)
+    cache_config = None if cache_blocks is None else ContinuousBatchingConfig(num_blocks=cache_blocks, max_batch_tokens=token_budget)
 
     def theirs() -> list[list[int]]:
         config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
@@ -51,7 +49,7 @@ def engine_over_hf_cb(loaded, num_tokens: int, sizes: BenchSizes) -> dict:
 
     ours_out, theirs_out = ours(), theirs()  # warm-up, and the outputs compared
     ours_s, theirs_s = [], []
-    for _ in range(sizes.peer_rounds):
+    for _ in range(rounds):
         ours_s.append(run_timed(ours, loaded.device)[0])
         theirs_s.append(run_timed(theirs, loaded.device)[0])
     num_tokens_done = sum(lengths) + len(prompts) * new_tokens

@@ -14,12 +14,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from prefillviz.engine.sampler import SampleResult
 
 
 class RequestStatus(enum.Enum):
@@ -49,6 +45,16 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+@dataclass
+class SampleResult:
+    """The token the sampler picked, and the distribution it came from (``engine.sampler``)."""
+
+    token_id: int
+    top_token_ids: list[int]  # most likely first, from softmax(logits)
+    top_probs: list[float]
+    entropy_nats: float
 
 
 @dataclass

@@ -21,8 +21,8 @@ import torch
 from prefillviz.engine.attention import AttentionMetadata, engine_attention
 from prefillviz.engine.kv_cache import PagedKVCache
 from prefillviz.engine.packed_weights import packed_linears
-from prefillviz.engine.request import Request
-from prefillviz.engine.sampler import SampleResult, sample
+from prefillviz.engine.request import Request, SampleResult
+from prefillviz.engine.sampler import sample
 from prefillviz.engine.scheduler import SchedulerOutput
 
 

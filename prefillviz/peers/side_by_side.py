@@ -1,0 +1,96 @@
+"""One workload on our engine and on a peer, and what differs between the two runs.
+
+``run_ours`` runs a list of ``PeerRequest`` on our engine the way the vLLM worker runs it on
+vLLM: each request is added before the step it arrives at, greedy, and the run goes on until
+every request is finished. ``compare`` says, request by request and step by step, whether
+the outputs, the prefix-cache hits and the schedules are the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prefillviz.config import EngineConfig
+from prefillviz.engine.engine import LLMEngine
+from prefillviz.engine.request import SamplingParams
+from prefillviz.instrument.trace import Trace
+from prefillviz.peers.vllm_client import BLOCK_SIZE, PeerRequest
+
+
+def run_ours(model, tokenizer, requests: list[PeerRequest], token_budget: int, num_blocks: int | None = None, model_id: str = "") -> Trace:
+    """The workload on a fresh engine of ours at the peer's block size, prefix caching on."""
+    config = EngineConfig(block_size=BLOCK_SIZE, token_budget=token_budget, enable_prefix_caching=True, num_blocks=num_blocks)
+    engine = LLMEngine(model, tokenizer, config, model_id=model_id)
+    pending = sorted(requests, key=lambda r: r.arrival_step)
+    step_index = 0
+    while pending or engine.has_unfinished_requests():
+        while pending and pending[0].arrival_step <= step_index:
+            request = pending.pop(0)
+            engine.add_request(list(request.token_ids), SamplingParams(max_new_tokens=request.max_new_tokens), request_id=request.request_id)
+        if engine.has_unfinished_requests():
+            engine.step()
+        step_index += 1
+    return engine.trace()
+
+
+def schedule(trace: Trace) -> list[dict[str, int]]:
+    """Per step: request id -> tokens it ran (``num_scheduled_tokens`` in vLLM's words)."""
+    return [{chunk.request_id: chunk.num_tokens for chunk in step.chunks} for step in trace.steps]
+
+
+@dataclass
+class Comparison:
+    """Where two runs of one workload agree.
+
+    Attributes:
+        outputs_equal: request ids whose output tokens are the same in both runs.
+        outputs_differ: request ids whose outputs differ.
+        cached_tokens: request id -> (ours, theirs) prefix-cache hits in tokens.
+        schedule_equal: every step ran the same requests with the same token counts.
+        first_schedule_difference: (step, ours, theirs) of the first step that differs.
+    """
+
+    outputs_equal: list[str] = field(default_factory=list)
+    outputs_differ: list[str] = field(default_factory=list)
+    cached_tokens: dict[str, tuple[int, int]] = field(default_factory=dict)
+    schedule_equal: bool = True
+    first_schedule_difference: tuple[int, dict, dict] | None = None
+
+    @property
+    def cached_tokens_equal(self) -> bool:
+        return all(ours == theirs for ours, theirs in self.cached_tokens.values())
+
+    @property
+    def all_equal(self) -> bool:
+        return not self.outputs_differ and self.cached_tokens_equal and self.schedule_equal
+
+    def summary(self) -> str:
+        parts = [f"outputs: {len(self.outputs_equal)} of {len(self.outputs_equal) + len(self.outputs_differ)} the same"]
+        parts.append("cached tokens: " + ("the same for every request" if self.cached_tokens_equal else f"differ ({self.cached_tokens})"))
+        if self.schedule_equal:
+            parts.append("schedule: the same, step by step")
+        else:
+            step, ours, theirs = self.first_schedule_difference
+            parts.append(f"schedule: differs first at step {step} (ours {ours}, vLLM {theirs})")
+        return "; ".join(parts)
+
+
+def compare(ours: Trace, theirs: Trace) -> Comparison:
+    result = Comparison()
+    for request_id, record in ours.requests.items():
+        other = theirs.requests[request_id]
+        (result.outputs_equal if record.output_token_ids == other.output_token_ids else result.outputs_differ).append(request_id)
+        result.cached_tokens[request_id] = (record.num_cached_tokens, other.num_cached_tokens)
+    ours_schedule, theirs_schedule = schedule(ours), schedule(theirs)
+    for step, (a, b) in enumerate(zip(ours_schedule, theirs_schedule)):
+        if a != b:
+            result.schedule_equal, result.first_schedule_difference = False, (step, a, b)
+            break
+    else:
+        if len(ours_schedule) != len(theirs_schedule):
+            step = min(len(ours_schedule), len(theirs_schedule))
+            longer = ours_schedule if len(ours_schedule) > step else theirs_schedule
+            extra = longer[step]
+            result.schedule_equal = False
+            result.first_schedule_difference = (step, extra if longer is ours_schedule else {}, extra if longer is theirs_schedule else {})
+    return result

@@ -1,0 +1,217 @@
+"""Real vLLM as a peer: the same workload on vLLM, returned as our ``Trace``.
+
+vLLM runs in a worker process of its own (``vllm_worker.py``) under ``.venv-vllm``'s
+interpreter, built by ``make vllm``: its transformers is not ours. ``VLLMWorker`` starts it
+once (loading takes about 24 s), runs workloads on it and stops it; every wait has a timeout,
+and a worker that dies or stalls is killed and reported with the end of its log.
+
+A workload is a list of ``PeerRequest`` (token ids, new tokens, the step it arrives at) and a
+token budget, greedy, EOS ignored (our engine's default). vLLM's CPU attention needs a block
+size that is a multiple of 32, so the comparisons run both engines at block size 32.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefillviz.engine.scheduler import ScheduledChunk
+from prefillviz.errors import PrefillVizError
+from prefillviz.instrument.trace import RequestRecord, StepRecord, Trace
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_VENV = Path(os.environ.get("PREFILLVIZ_VLLM_VENV", ROOT / ".venv-vllm"))
+WORKER = Path(__file__).with_name("vllm_worker.py")
+BLOCK_SIZE = 32  # vLLM's CPU attention: a multiple of 32
+START_TIMEOUT_S = 240.0
+RUN_TIMEOUT_S = 600.0
+WORKER_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in the worker's process: its scheduler is readable
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",  # on 2 cores vLLM would keep one for its front end
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
+    "VLLM_NO_USAGE_STATS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+class VLLMUnavailable(PrefillVizError):
+    """vLLM is not installed here, or its worker could not start or stopped answering."""
+
+
+def vllm_python() -> Path | None:
+    """The interpreter of ``.venv-vllm`` when ``make vllm`` has built it, else None."""
+    python = VLLM_VENV / "bin" / "python"
+    return python if python.is_file() else None
+
+
+def unavailable_reason() -> str | None:
+    """Why vLLM can't run here (None when it can)."""
+    if vllm_python() is None:
+        return f"vLLM is not installed: `make vllm` builds it in {VLLM_VENV.name} (about 6 minutes, once)."
+    return None
+
+
+@dataclass(frozen=True)
+class PeerRequest:
+    request_id: str
+    token_ids: list[int]
+    max_new_tokens: int
+    arrival_step: int = 0
+
+
+class VLLMWorker:
+    """One vLLM engine in a worker process, for many workloads. Use it as a context manager.
+
+    ``num_blocks`` caps vLLM's KV cache (``num_gpu_blocks_override``). vLLM counts its null
+    block in it (block 0, which holds nothing), so it keeps ``num_blocks - 1`` blocks of
+    tokens: our engine with that many holds, and evicts, the same (tests/peer). The longest
+    sequence is then what those blocks hold.
+    """
+
+    def __init__(
+        self,
+        model_folder: str | Path,
+        dtype: str = "float32",
+        max_token_budget: int = 4096,
+        max_model_len: int = 4096,
+        num_blocks: int | None = None,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ) -> None:
+        python = vllm_python()
+        if python is None:
+            raise VLLMUnavailable(unavailable_reason())
+        self.model_folder, self.dtype = str(model_folder), dtype
+        self.block_size = BLOCK_SIZE
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="prefillviz-vllm-", suffix=".log", delete=False)
+        if num_blocks is not None:
+            max_model_len = min(max_model_len, (num_blocks - 1) * BLOCK_SIZE)
+            max_token_budget = min(max_token_budget, max_model_len)
+        read_fd, write_fd = os.pipe()
+        command = [
+            str(python), str(WORKER), "--model", self.model_folder, "--dtype", dtype, "--block-size", str(BLOCK_SIZE),
+            "--max-token-budget", str(max_token_budget), "--max-model-len", str(max_model_len), "--reply-fd", str(write_fd),
+        ]
+        if num_blocks is not None:
+            command += ["--num-blocks", str(num_blocks)]
+        env = {**os.environ, **WORKER_ENV}
+        env.pop("PYTHONPATH", None)  # the worker imports vLLM's packages, never ours
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT, pass_fds=(write_fd,), env=env, text=True, cwd=ROOT
+        )
+        os.close(write_fd)
+        self._replies = os.fdopen(read_fd, "r")
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._replies, selectors.EVENT_READ)
+        try:
+            ready = self._read(start_timeout_s, "start")
+        except BaseException:
+            self.close()
+            raise
+        if not ready.get("ready"):
+            self.close()
+            raise VLLMUnavailable(f"vLLM could not start: {ready.get('error')}\n{self.log_tail()}")
+        self.versions = {"vllm": ready.get("vllm"), "torch": ready.get("torch"), "device": ready.get("device")}
+
+    def __enter__(self) -> VLLMWorker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def log_tail(self, num_lines: int = 15) -> str:
+        """The end of the worker's log (vLLM's own messages), for error messages."""
+        if not self.log.closed:
+            self.log.flush()
+        return "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-num_lines:])
+
+    def _read(self, timeout_s: float, what: str) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._selector.select(timeout=min(1.0, max(0.0, deadline - time.monotonic()))):
+                line = self._replies.readline()
+                if line:
+                    return json.loads(line)
+            if self.process.poll() is not None:
+                raise VLLMUnavailable(f"The vLLM worker exited (status {self.process.returncode}) during {what}.\n{self.log_tail()}")
+        self.close()
+        raise VLLMUnavailable(f"The vLLM worker gave no answer within {timeout_s:.0f} s ({what}); it was stopped.\n{self.log_tail()}")
+
+    def run(self, requests: list[PeerRequest], token_budget: int, reset_prefix_cache: bool = True, timeout_s: float = RUN_TIMEOUT_S) -> Trace:
+        """Run one workload on vLLM; its steps and requests as a ``Trace`` (``engine_config`` says it is vLLM's)."""
+        if self.process.poll() is not None:
+            raise VLLMUnavailable(f"The vLLM worker is not running (status {self.process.returncode}).\n{self.log_tail()}")
+        workload = {
+            "token_budget": token_budget,
+            "reset_prefix_cache": reset_prefix_cache,
+            "requests": [
+                {"id": r.request_id, "token_ids": list(r.token_ids), "max_new_tokens": r.max_new_tokens, "arrival_step": r.arrival_step}
+                for r in requests
+            ],
+        }
+        self.process.stdin.write(json.dumps({"op": "run", "workload": workload}) + "\n")
+        self.process.stdin.flush()
+        reply = self._read(timeout_s, "a workload")
+        if not reply.get("ok"):
+            raise VLLMUnavailable(f"vLLM failed on the workload: {reply.get('error')}")
+        return self._trace(reply, requests, token_budget)
+
+    def _trace(self, reply: dict, requests: list[PeerRequest], token_budget: int) -> Trace:
+        prompts = {r.request_id: r.token_ids for r in requests}
+        steps = []
+        for index, step in enumerate(reply["steps"]):
+            chunks = [
+                ScheduledChunk(request_id, start, num_tokens, start < len(prompts[request_id]), start + num_tokens >= len(prompts[request_id]))
+                for request_id, start, num_tokens in step["chunks"]
+            ]
+            steps.append(
+                StepRecord(
+                    step_index=index, chunks=chunks, blocks_hit={}, blocks_allocated={}, blocks_evicted=[], preempted_request_ids=[],
+                    sampled_token_ids={}, num_free_blocks=0, start_time_s=step["start_s"], wall_time_s=step["wall_s"],
+                    schedule_time_s=0.0, prepare_time_s=0.0, forward_time_s=step["wall_s"], sample_time_s=0.0, update_time_s=0.0,
+                )
+            )
+        records = {}
+        for request_id, done in reply["requests"].items():
+            times = done["token_times_s"]
+            records[request_id] = RequestRecord(
+                request_id=request_id,
+                prompt_token_ids=list(prompts[request_id]),
+                output_token_ids=done["output_token_ids"],
+                status="finished_length",
+                num_cached_tokens=done["num_cached_tokens"],
+                num_preemptions=0,
+                arrival_time_s=done.get("arrival_s", 0.0),
+                tokenize_time_s=0.0,
+                time_to_first_token_s=times[0] - done.get("arrival_s", 0.0) if times else None,
+                inter_token_times_s=[b - a for a, b in zip(times, times[1:])],
+            )
+        config = {"engine": f"vLLM {self.versions['vllm']}", "block_size": self.block_size, "token_budget": token_budget, "enable_prefix_caching": True}
+        return Trace(
+            model_id=self.model_folder, device=str(self.versions["device"]), dtype=self.dtype, engine_config=config,
+            num_blocks=0, kv_cache_bytes=0, kv_bytes_per_token=0, steps=steps, requests=records,
+        )
+
+    def close(self) -> None:
+        """Stop the worker (asked first, then killed); nothing is left running."""
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.process.stdin.flush()
+                self.process.wait(timeout=20)
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                self.process.kill()
+                self.process.wait(timeout=20)
+        for stream in (self.process.stdin, self._replies):
+            try:
+                stream.close()
+            except (OSError, AttributeError):
+                pass
+        self._selector.close()
+        self.log.close()

@@ -5,11 +5,13 @@ import streamlit as st
 from prefillviz.hosted import hosted_policy
 
 from prefillviz.experiments.budget_sweep import budget_sweep, estimated_sweep_steps
-from prefillviz.experiments.chunked import build_workload, compare_chunking
+from prefillviz.experiments.chunked import LONG_REQUEST_ID, build_workload, compare_chunking, short_request_id
 from prefillviz.figures import chunked as figures
 from prefillviz.instrument.machine_load import MachineLoad
+from prefillviz.peers.vllm_client import PeerRequest
 from prefillviz.ui.output_checks import same_tokens_block
 from prefillviz.ui.shell import downloads, get_result, page_frame, progress_callback, run_guarded, run_label, save_result
+from prefillviz.ui.vllm_panel import vllm_panel
 
 loaded = page_frame()
 
@@ -103,6 +105,10 @@ for name, trace, summary in [("off", off, summaries["chunking off"]), ("on", on,
         for chunk in step.chunks
     ]
     downloads(f"chunked_timeline_{name}", f"chunked_timeline_{name}_dl", figure=timeline, table=chunk_rows)
+
+peer_requests = [PeerRequest(short_request_id(i), list(prompt), work.short_max_new_tokens) for i, prompt in enumerate(work.short_prompts)]
+peer_requests.append(PeerRequest(LONG_REQUEST_ID, list(work.long_prompt), work.long_max_new_tokens, arrival_step=work.arrival_step))
+vllm_panel("chunked", loaded, peer_requests, work.token_budget, lambda trace, title: figures.timeline_figure(trace, title, "step"))
 
 st.subheader("What the users felt")
 st.markdown(

@@ -60,3 +60,16 @@ def test_small_workload_runs_off_and_on_and_keeps_results_after_a_bad_budget(bun
     assert "token_budget must be a positive whole number, got 0" in app.error[0].value
     assert len(chart_specs(app)) == 4 and "Identical outputs" in app.success[0].value  # earlier results still shown
     assert app.session_state["results"]["chunked"]["comparison"] is comparison
+
+
+def test_without_vllm_the_page_says_how_to_get_it_and_works(bundled, monkeypatch, tmp_path):
+    from prefillviz.peers import vllm_client
+
+    monkeypatch.setattr(vllm_client, "VLLM_VENV", tmp_path / "no-venv")
+    app = open_page("chunked_prefill")
+    app.slider(key="chunked_long_prompt_tokens").set_value(64)
+    app.run()
+    app.button(key="chunked_run").click().run()
+    assert not app.exception and not app.error
+    assert any("make vllm" in info.value for info in app.info)
+    assert not [b for b in app.button if b.key == "chunked_vllm_run"]  # no button that can't work

@@ -1,0 +1,36 @@
+"""The pages' "Run on vLLM too": real vLLM's schedule next to ours, and the diff, in the app."""
+
+import os
+
+import pytest
+
+from prefillviz.peers.vllm_client import unavailable_reason
+from tests.app.pages import chart_specs, open_page
+
+
+@pytest.fixture(autouse=True)
+def needs_vllm():
+    reason = unavailable_reason()
+    if reason:
+        pytest.fail(reason) if os.environ.get("CI") else pytest.skip(reason)
+
+
+def test_the_chunked_page_runs_its_workload_on_vllm_and_says_both_schedules_agree(bundled):
+    app = open_page("chunked_prefill")
+    app.slider(key="chunked_num_short").set_value(2)
+    app.slider(key="chunked_short_prompt_tokens").set_value(8)
+    app.slider(key="chunked_short_new_tokens").set_value(3)
+    app.slider(key="chunked_long_prompt_tokens").set_value(64)
+    app.slider(key="chunked_arrival_step").set_value(1)
+    app.number_input(key="chunked_token_budget").set_value(24)
+    app.run()
+    app.button(key="chunked_run").click().run()
+    before = len(chart_specs(app))
+    app.button(key="chunked_vllm_run").click().run()
+    assert not app.exception and not app.error
+    verdict = next(s.value for s in app.success if "Against vLLM" in s.value)
+    assert "outputs: 3 of 3 the same" in verdict and "schedule: the same, step by step" in verdict
+    vllm_chart = next(spec for spec in chart_specs(app).values() if spec["layout"]["title"]["text"].startswith("vLLM:"))
+    assert len(chart_specs(app)) == before + 1 and vllm_chart["data"]
+    theirs = app.session_state["results"]["chunked_vllm"]["theirs"]
+    assert [c.num_tokens for c in theirs.steps[1].chunks if c.request_id == "long"] == [22]  # 2 decodes + 22 prompt tokens in a budget of 24

@@ -108,7 +108,7 @@ for name, trace, summary in [("off", off, summaries["chunking off"]), ("on", on,
 
 peer_requests = [PeerRequest(short_request_id(i), list(prompt), work.short_max_new_tokens) for i, prompt in enumerate(work.short_prompts)]
 peer_requests.append(PeerRequest(LONG_REQUEST_ID, list(work.long_prompt), work.long_max_new_tokens, arrival_step=work.arrival_step))
-vllm_panel("chunked", loaded, peer_requests, work.token_budget, lambda trace, title: figures.timeline_figure(trace, title, "step"))
+vllm_panel("chunked", loaded, peer_requests, work.token_budget, lambda ours, theirs, title: figures.timeline_figure(theirs, title, "step"))
 
 st.subheader("What the users felt")
 st.markdown(

@@ -14,8 +14,10 @@ from prefillviz.experiments.prefix import (
 )
 from prefillviz.experiments.outputs import compare_outputs
 from prefillviz.figures import prefix as figures
+from prefillviz.peers.vllm_client import PeerRequest
 from prefillviz.ui.output_checks import same_tokens_block
 from prefillviz.ui.shell import downloads, get_result, page_frame, progress_callback, run_guarded, run_label, save_result
+from prefillviz.ui.vllm_panel import vllm_panel
 
 loaded = page_frame()
 
@@ -141,6 +143,13 @@ if small is not None:
     st.markdown(
         f"**Lost their hits:** {', '.join(losers)}." if losers else "**No request lost a hit**: the evicted blocks were not needed again."
     )
+
+arrivals = {rid: steps[0] for rid, steps in on.request_steps.items()}  # each request arrives when the one before is done
+peer_requests = [PeerRequest(rid, list(prompt), stream.max_new_tokens, arrival_step=arrivals[rid]) for rid, prompt in stream.prompts]
+vllm_panel(
+    "prefix", loaded, peer_requests, on.trace.engine_config["token_budget"],
+    lambda ours, theirs, title: figures.cached_tokens_figure(ours, theirs, "Prompt tokens from the prefix cache: ours and vLLM's (block size 32)"),
+)
 
 st.subheader("Same tokens with and without the cache")
 checks = [(run.label, check) for run in experiment.runs if run is not off for check in compare_outputs(off.trace, run.trace)]

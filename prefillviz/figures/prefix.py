@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 
 from prefillviz.experiments.prefix import PrefixExperiment, RequestBlocks, StreamRun
 from prefillviz.figures import style
+from prefillviz.instrument.trace import Trace
 
 BLOCK_STATUSES = [
     ("hit", "cache hit (K/V reused)", style.CACHE_HIT),
@@ -147,3 +148,14 @@ def eviction_figure(run: StreamRun, title: str) -> go.Figure:
             fig.add_annotation(x=indices[0] - 0.5, y=1.0, yref="paper", text=request_id, showarrow=False, xanchor="left", yanchor="bottom")
     fig.update_yaxes(range=[0, run.num_blocks + 0.5])
     return style.apply_layout(fig, title, "engine step (index)", "blocks (count)")
+
+
+def cached_tokens_figure(ours: Trace, theirs: Trace, title: str) -> go.Figure:
+    """Grouped bars per request: prompt tokens served from the prefix cache, our engine and vLLM."""
+    fig = go.Figure()
+    requests = list(ours.requests)
+    for name, trace, color in (("ours", ours, style.CACHE_HIT), ("vLLM", theirs, style.DECODE)):
+        cached = [trace.requests[rid].num_cached_tokens for rid in requests]
+        fig.add_bar(x=requests, y=cached, name=name, marker_color=color, text=[str(c) for c in cached], textposition="outside")
+    fig.update_layout(barmode="group")
+    return style.apply_layout(fig, title, "request (in arrival order)", "prompt tokens from the cache")

@@ -16,6 +16,7 @@ import streamlit as st
 from prefillviz import bundled
 from prefillviz.devices import dtype_name
 from prefillviz.model_registry import BUNDLED_MODEL_ID
+from prefillviz.instrument.trace import Trace
 from prefillviz.models import LoadedModel
 from prefillviz.peers import side_by_side
 from prefillviz.peers.vllm_client import BLOCK_SIZE, PeerRequest, VLLMWorker, unavailable_reason
@@ -44,8 +45,8 @@ def _why_not(loaded: LoadedModel) -> str | None:
     return reason
 
 
-def vllm_panel(page: str, loaded: LoadedModel, requests: list[PeerRequest], token_budget: int, figure: Callable[[object, str], go.Figure]) -> None:
-    """The button, the run on vLLM, the diff and vLLM's schedule drawn by ``figure(trace, title)``."""
+def vllm_panel(page: str, loaded: LoadedModel, requests: list[PeerRequest], token_budget: int, figure: Callable[[Trace, Trace, str], go.Figure]) -> None:
+    """The button, the run on vLLM, the diff, and ``figure(ours, vLLM's, title)`` of the two runs."""
     st.subheader("The same workload on real vLLM")
     reason = _why_not(loaded)
     if reason:
@@ -61,11 +62,11 @@ def vllm_panel(page: str, loaded: LoadedModel, requests: list[PeerRequest], toke
     if result is None:
         st.caption("vLLM runs the same token ids, greedy, at block size 32; the diff compares outputs, prefix hits and the schedule.")
         return
-    comparison, theirs = result["comparison"], result["theirs"]
+    comparison, ours, theirs = result["comparison"], result["ours"], result["theirs"]
     (st.success if comparison.all_equal else st.warning)(
         f"Against {theirs.engine_config['engine']}: {comparison.summary()}.", icon=":material/compare_arrows:"
     )
-    st.plotly_chart(figure(theirs, f"vLLM: {theirs.num_steps} steps (its own SchedulerOutput, every step)"), key=f"{page}_vllm_timeline")
+    st.plotly_chart(figure(ours, theirs, f"vLLM: {theirs.num_steps} steps (its own SchedulerOutput, every step)"), key=f"{page}_vllm_figure")
     st.caption(
         f"vLLM {theirs.engine_config['engine'].split()[-1]} on {theirs.device}, {theirs.dtype}, block size {BLOCK_SIZE}, "
         f"token budget {token_budget}; ours run again at block size {BLOCK_SIZE} for the diff. vLLM's step times are "

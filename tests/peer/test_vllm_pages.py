@@ -5,7 +5,7 @@ import os
 import pytest
 
 from prefillviz.peers.vllm_client import unavailable_reason
-from tests.app.pages import chart_specs, open_page
+from tests.app.pages import chart_specs, open_page, plotly_array
 
 
 @pytest.fixture(autouse=True)
@@ -34,3 +34,18 @@ def test_the_chunked_page_runs_its_workload_on_vllm_and_says_both_schedules_agre
     assert len(chart_specs(app)) == before + 1 and vllm_chart["data"]
     theirs = app.session_state["results"]["chunked_vllm"]["theirs"]
     assert [c.num_tokens for c in theirs.steps[1].chunks if c.request_id == "long"] == [22]  # 2 decodes + 22 prompt tokens in a budget of 24
+
+
+def test_the_prefix_page_finds_the_same_prefix_hits_on_vllm(bundled):
+    app = open_page("prefix_cache")
+    app.slider(key="prefix_new_tokens").set_value(2)
+    app.checkbox(key="prefix_small_cache").set_value(False)
+    app.run()
+    app.button(key="prefix_run").click().run()
+    app.button(key="prefix_vllm_run").click().run()
+    assert not app.exception and not app.error
+    verdict = next(s.value for s in app.success if "Against vLLM" in s.value)
+    assert "cached tokens: the same for every request" in verdict and "schedule: the same" in verdict
+    bars = next(spec for spec in chart_specs(app).values() if spec["layout"]["title"]["text"].startswith("Prompt tokens from the prefix cache"))
+    ours, theirs = (list(plotly_array(bar["y"])) for bar in bars["data"])
+    assert ours == theirs and ours[0] == 0 and max(ours) >= 32  # the first computes the prefix, later ones hit whole blocks of it

@@ -25,6 +25,8 @@ from prefillviz.analysis.peaks import measure_matmul_gflops
 from prefillviz.analysis.peaks_history import machine_peaks
 from prefillviz.bench_fresh_process import cold_start_s, inspect_peak_rss_mb
 from prefillviz.bench_peer import engine_over_hf_cb
+from prefillviz.bench_vllm import KEYS as VLLM_KEYS
+from prefillviz.bench_vllm import vllm_side_by_side
 from prefillviz.config import EngineConfig
 from prefillviz.devices import dtype_name
 from prefillviz.engine.engine import LLMEngine
@@ -124,7 +126,8 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
         cold_starts, cold_exits = zip(*(cold_start_s(model_id, device, dtype) for _ in range(sizes.cold_start_runs)))
         peer = engine_over_hf_cb(
             loaded, num_tokens, sizes.peer_prompt_lengths, sizes.peer_new_tokens, sizes.peer_rounds, sizes.peer_cache_blocks
-        )  # last: transformers' continuous batching sizes a large cache
+        )  # transformers' continuous batching sizes a large cache
+        versus_vllm = vllm_side_by_side(loaded, num_tokens, max(sizes.min_runs, runs // 2), quick)  # last: it starts vLLM
 
     ratios = [p / h for p, h in zip(parallel_times, hf_times)]
     parallel_median = statistics.median(parallel_times)
@@ -152,7 +155,9 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
         "chunked_max_itl_ratio": chunked["max_itl_ratio"],
         "chunked_total_time_ratio": chunked["total_time_ratio"],
         "engine_over_hf_cb": peer["speedup"],
+        **{key: versus_vllm[key] for key in VLLM_KEYS},
         "details": {
+            "vllm": versus_vllm["details"],
             "hf_forward_s": median_and_spread(hf_times),
             "engine_parallel_prefill_s": median_and_spread(parallel_times),
             "engine_token_by_token_s": median_and_spread(sequential_times),

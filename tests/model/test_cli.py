@@ -92,3 +92,10 @@ def test_bench_json_has_the_documented_keys(bundled):
     else:
         assert packing == {"applies": False, "why": why}
     assert data["details"]["cold_start_to_exit_s"]["median"] >= data["details"]["cold_start_s"]["median"]
+    versus_vllm = data["details"]["vllm"]  # real vLLM, when `make vllm` has built it (CI does)
+    if "skipped" in versus_vllm:
+        assert not os.environ.get("CI"), versus_vllm["skipped"]
+        assert data["engine_over_vllm_prefill_512"] is None and "make vllm" in versus_vllm["skipped"]
+    else:
+        assert data["vllm_outputs_equal"] == versus_vllm["outputs_compared"] == 8  # fp32: the same greedy tokens
+        assert all(data[key] > 0 for key in ("engine_over_vllm_prefill_512", "engine_over_vllm_prefix_hit", "engine_over_vllm_decode"))

@@ -108,7 +108,10 @@ for name, trace, summary in [("off", off, summaries["chunking off"]), ("on", on,
 
 peer_requests = [PeerRequest(short_request_id(i), list(prompt), work.short_max_new_tokens) for i, prompt in enumerate(work.short_prompts)]
 peer_requests.append(PeerRequest(LONG_REQUEST_ID, list(work.long_prompt), work.long_max_new_tokens, arrival_step=work.arrival_step))
-vllm_panel("chunked", loaded, peer_requests, work.token_budget, lambda ours, theirs, title: figures.timeline_figure(theirs, title, "step"))
+vllm_panel(
+    "chunked", loaded, {"chunking on": (peer_requests, work.token_budget, 0)},
+    lambda runs: figures.timeline_figure(runs[0].theirs, f"vLLM: {runs[0].theirs.num_steps} steps (its own SchedulerOutput, every step)", "step"),
+)
 
 st.subheader("What the users felt")
 st.markdown(

@@ -14,10 +14,12 @@ from prefillviz.experiments.kv_equality import TOLERANCES
 from prefillviz.experiments.length_sweep import DEFAULT_PARALLEL_SIZES, DEFAULT_SEQUENTIAL_SIZES, run_sweep
 from prefillviz.experiments.parallel import run_both_ways
 from prefillviz.experiments.roofline import DEFAULT_DECODE_CONTEXTS, DEFAULT_PREFILL_SIZES, run_roofline
-from prefillviz.experiments.ways import WAYS
+from prefillviz.experiments.ways import PARALLEL, TOKEN_BY_TOKEN, WAYS
 from prefillviz.figures import parallel as figures
+from prefillviz.peers.vllm_client import PeerRequest
 from prefillviz.prompts import PRESETS
 from prefillviz.ui.shell import downloads, get_result, page_frame, run_guarded, save_result
+from prefillviz.ui.vllm_panel import vllm_panel
 
 loaded = page_frame()
 
@@ -135,6 +137,13 @@ if comparison is not None:
     difference = figures.kv_difference_figure(check)
     st.plotly_chart(difference, key="parallel_difference_chart")
     downloads("parallel_kv_difference", "parallel_difference_dl", figure=difference, table=check.rows(), data=comparison.summary()["equality"])
+
+    token_ids = list(parallel.record.prompt_token_ids)
+    vllm_panel(
+        "parallel", loaded,
+        {PARALLEL: ([PeerRequest("prompt", token_ids, 1)], n, 3), TOKEN_BY_TOKEN: ([PeerRequest("prompt", token_ids, 1)], 1, 0)},
+        figures.engines_ttft_figure,
+    )
 
 # ---------------------------------------------------------------- the N sweep
 st.header("Time to first token against N")

@@ -147,8 +147,8 @@ if small is not None:
 arrivals = {rid: steps[0] for rid, steps in on.request_steps.items()}  # each request arrives when the one before is done
 peer_requests = [PeerRequest(rid, list(prompt), stream.max_new_tokens, arrival_step=arrivals[rid]) for rid, prompt in stream.prompts]
 vllm_panel(
-    "prefix", loaded, peer_requests, on.trace.engine_config["token_budget"],
-    lambda ours, theirs, title: figures.cached_tokens_figure(ours, theirs, "Prompt tokens from the prefix cache: ours and vLLM's (block size 32)"),
+    "prefix", loaded, {"cache on": (peer_requests, on.trace.engine_config["token_budget"], 0)},
+    lambda runs: figures.cached_tokens_figure(runs[0].ours, runs[0].theirs, "Prompt tokens from the prefix cache: ours and vLLM's (block size 32)"),
 )
 
 st.subheader("Same tokens with and without the cache")

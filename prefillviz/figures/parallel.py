@@ -146,3 +146,21 @@ def roofline_figure(peaks: MachinePeaks, points: Sequence[RooflinePoint], prompt
     title = f"Roofline · {peaks.machine} · {peaks.device}, {peaks.dtype}, {peaks.num_threads} threads"
     style.apply_layout(fig, title, "arithmetic intensity (FLOP/byte)", "achieved throughput (GFLOP/s)", height=520)
     return _legend_below(fig, rows=3)
+
+
+def engines_ttft_figure(runs) -> go.Figure:
+    """Grouped bars per way: time to first token on our engine and on vLLM (median ms, spread in the hover).
+
+    ``runs``: ``peers.side_by_side.PeerRun`` per way, labelled with the way.
+    """
+    fig = go.Figure()
+    for name, attribute, color in (("ours", "ours_ttft_s", style.PREFILL), ("vLLM", "theirs_ttft_s", style.DECODE)):
+        times = [getattr(run, attribute) for run in runs]
+        medians = [float(np.median(t)) * 1e3 for t in times]
+        fig.add_bar(
+            x=[WAY_LABELS.get(run.label, run.label) for run in runs], y=medians, name=name, marker_color=color,
+            text=[f"{m:,.0f}" for m in medians], textposition="outside",
+            hovertext=[f"{len(t)} run(s), {min(t) * 1e3:,.1f}-{max(t) * 1e3:,.1f} ms" for t in times],
+        )
+    fig.update_layout(barmode="group")
+    return style.apply_layout(fig, "Time to first token: our engine and vLLM, the same prompt both ways", "", "time to first token (ms)")

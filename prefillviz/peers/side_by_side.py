@@ -3,7 +3,8 @@
 ``run_ours`` runs a list of ``PeerRequest`` on our engine the way the vLLM worker runs it on
 vLLM: each request is added before the step it arrives at, greedy, and the run goes on until
 every request is finished. ``compare`` says, request by request and step by step, whether
-the outputs, the prefix-cache hits and the schedules are the same.
+the outputs, the prefix-cache hits and the schedules are the same. ``run_both`` does both
+for one workload (a ``LoadedModel`` of ours, a ``VLLMWorker``), timed when asked.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from prefillviz.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.instrument.trace import Trace
-from prefillviz.peers.vllm_client import BLOCK_SIZE, PeerRequest
+from prefillviz.peers.vllm_client import BLOCK_SIZE, PeerRequest, VLLMWorker
 
 
 def run_ours(model, tokenizer, requests: list[PeerRequest], token_budget: int, num_blocks: int | None = None, model_id: str = "") -> Trace:
@@ -94,3 +95,29 @@ def compare(ours: Trace, theirs: Trace) -> Comparison:
             result.schedule_equal = False
             result.first_schedule_difference = (step, extra if longer is ours_schedule else {}, extra if longer is theirs_schedule else {})
     return result
+
+
+@dataclass
+class PeerRun:
+    """One workload on both engines: the last run of each, the diff, and (when timed) every TTFT."""
+
+    label: str
+    token_budget: int
+    ours: Trace
+    theirs: Trace
+    comparison: Comparison
+    ours_ttft_s: list[float] = field(default_factory=list)
+    theirs_ttft_s: list[float] = field(default_factory=list)
+
+
+def run_both(loaded, worker: VLLMWorker, label: str, requests: list[PeerRequest], budget: int, timed_runs: int) -> PeerRun:
+    """Both engines on one workload; with ``timed_runs``, one warm-up each, then that many alternated runs
+    (without, the one run's TTFT is kept)."""
+    ours_ttft, theirs_ttft = [], []
+    for run in range(1 + timed_runs if timed_runs else 1):
+        ours = run_ours(loaded.model, loaded.tokenizer, requests, budget, model_id=loaded.model_id)
+        theirs = worker.run(requests, budget)
+        if run > 0 or not timed_runs:
+            ours_ttft.append(ours.requests[requests[0].request_id].time_to_first_token_s)
+            theirs_ttft.append(theirs.requests[requests[0].request_id].time_to_first_token_s)
+    return PeerRun(label, budget, ours, theirs, compare(ours, theirs), ours_ttft, theirs_ttft)

@@ -16,7 +16,6 @@ import streamlit as st
 from prefillviz import bundled
 from prefillviz.devices import dtype_name
 from prefillviz.model_registry import BUNDLED_MODEL_ID
-from prefillviz.instrument.trace import Trace
 from prefillviz.models import LoadedModel
 from prefillviz.peers import side_by_side
 from prefillviz.peers.vllm_client import BLOCK_SIZE, PeerRequest, VLLMWorker, unavailable_reason
@@ -45,8 +44,19 @@ def _why_not(loaded: LoadedModel) -> str | None:
     return reason
 
 
-def vllm_panel(page: str, loaded: LoadedModel, requests: list[PeerRequest], token_budget: int, figure: Callable[[Trace, Trace, str], go.Figure]) -> None:
-    """The button, the run on vLLM, the diff, and ``figure(ours, vLLM's, title)`` of the two runs."""
+def vllm_panel(
+    page: str,
+    loaded: LoadedModel,
+    workloads: dict[str, tuple[list[PeerRequest], int, int]],
+    figure: Callable[[list[side_by_side.PeerRun]], go.Figure],
+) -> None:
+    """The button, the runs on vLLM, a diff per workload, and ``figure(runs)`` of them.
+
+    Args:
+        workloads: label -> (requests, token budget, timed runs); each runs on both engines.
+            Timed runs 0: one run each (the schedule and hits are what is compared); otherwise
+            a warm-up and that many alternated runs, whose first request's TTFTs are kept.
+    """
     st.subheader("The same workload on real vLLM")
     reason = _why_not(loaded)
     if reason:
@@ -54,23 +64,27 @@ def vllm_panel(page: str, loaded: LoadedModel, requests: list[PeerRequest], toke
         return
     if st.button("Run on vLLM too", key=f"{page}_vllm_run", help="Starts vLLM once per app process (10-25 s), then runs this workload on it"):
         with run_guarded("The vLLM run"):
-            with st.spinner("Starting vLLM (once per app process) and running the workload…"):
-                theirs = _worker(dtype_name(loaded.dtype)).run(requests, token_budget)
-            ours = side_by_side.run_ours(loaded.model, loaded.tokenizer, requests, token_budget, model_id=loaded.model_id)
-            save_result(f"{page}_vllm", {"ours": ours, "theirs": theirs, "comparison": side_by_side.compare(ours, theirs)})
-    result = get_result(f"{page}_vllm")
-    if result is None:
+            with st.spinner("Starting vLLM (once per app process) and running the workload on both engines…"):
+                worker = _worker(dtype_name(loaded.dtype))
+                runs = [side_by_side.run_both(loaded, worker, label, *workload) for label, workload in workloads.items()]
+            save_result(f"{page}_vllm", runs)
+    runs = get_result(f"{page}_vllm")
+    if runs is None:
         st.caption("vLLM runs the same token ids, greedy, at block size 32; the diff compares outputs, prefix hits and the schedule.")
         return
-    comparison, ours, theirs = result["comparison"], result["ours"], result["theirs"]
-    (st.success if comparison.all_equal else st.warning)(
-        f"Against {theirs.engine_config['engine']}: {comparison.summary()}.", icon=":material/compare_arrows:"
+    engine = runs[0].theirs.engine_config["engine"]
+    for run in runs:
+        where = f"{run.label}: " if len(runs) > 1 else ""
+        (st.success if run.comparison.all_equal else st.warning)(f"{where}against {engine}: {run.comparison.summary()}.", icon=":material/compare_arrows:")
+    st.plotly_chart(figure(runs), key=f"{page}_vllm_figure")
+    timing = "; ".join(
+        f"{run.label}: " * (len(runs) > 1) + (f"medians of {len(run.ours_ttft_s)} alternated runs after a warm-up of each" if len(run.ours_ttft_s) > 1 else "one run each")
+        for run in runs
     )
-    st.plotly_chart(figure(ours, theirs, f"vLLM: {theirs.num_steps} steps (its own SchedulerOutput, every step)"), key=f"{page}_vllm_figure")
+    theirs = runs[0].theirs
     st.caption(
-        f"vLLM {theirs.engine_config['engine'].split()[-1]} on {theirs.device}, {theirs.dtype}, block size {BLOCK_SIZE}, "
-        f"token budget {token_budget}; ours run again at block size {BLOCK_SIZE} for the diff. vLLM's step times are "
-        "the wall time of its `LLMEngine.step` (schedule, forward, sample, outputs)."
+        f"{engine} on {theirs.device}, {theirs.dtype}, block size {BLOCK_SIZE}; ours run again at block size {BLOCK_SIZE} for the "
+        f"diff. Times: {timing}; vLLM's step time is the wall time of its `LLMEngine.step` (schedule, forward, sample, outputs)."
     )
-    if not comparison.schedule_equal:
+    if not all(run.comparison.schedule_equal for run in runs):
         st.markdown(POLICY_NOTE)

@@ -28,11 +28,11 @@ def test_the_chunked_page_runs_its_workload_on_vllm_and_says_both_schedules_agre
     before = len(chart_specs(app))
     app.button(key="chunked_vllm_run").click().run()
     assert not app.exception and not app.error
-    verdict = next(s.value for s in app.success if "Against vLLM" in s.value)
+    verdict = next(s.value for s in app.success if "against vLLM" in s.value)
     assert "outputs: 3 of 3 the same" in verdict and "schedule: the same, step by step" in verdict
     vllm_chart = next(spec for spec in chart_specs(app).values() if spec["layout"]["title"]["text"].startswith("vLLM:"))
     assert len(chart_specs(app)) == before + 1 and vllm_chart["data"]
-    theirs = app.session_state["results"]["chunked_vllm"]["theirs"]
+    theirs = app.session_state["results"]["chunked_vllm"][0].theirs
     assert [c.num_tokens for c in theirs.steps[1].chunks if c.request_id == "long"] == [22]  # 2 decodes + 22 prompt tokens in a budget of 24
 
 
@@ -44,8 +44,24 @@ def test_the_prefix_page_finds_the_same_prefix_hits_on_vllm(bundled):
     app.button(key="prefix_run").click().run()
     app.button(key="prefix_vllm_run").click().run()
     assert not app.exception and not app.error
-    verdict = next(s.value for s in app.success if "Against vLLM" in s.value)
+    verdict = next(s.value for s in app.success if "against vLLM" in s.value)
     assert "cached tokens: the same for every request" in verdict and "schedule: the same" in verdict
     bars = next(spec for spec in chart_specs(app).values() if spec["layout"]["title"]["text"].startswith("Prompt tokens from the prefix cache"))
     ours, theirs = (list(plotly_array(bar["y"])) for bar in bars["data"])
     assert ours == theirs and ours[0] == 0 and max(ours) >= 32  # the first computes the prefix, later ones hit whole blocks of it
+
+
+def test_the_parallel_page_runs_the_prompt_both_ways_on_vllm(bundled):
+    app = open_page("parallel_vs_sequential")
+    app.text_area(key="parallel_prompt_Chat with a system prompt").set_value("Prefill reads the whole prompt at once. Decode makes one token at a time.")
+    app.button(key="parallel_run").click().run()
+    app.button(key="parallel_vllm_run").click().run()
+    assert not app.exception and not app.error
+    verdicts = [s.value for s in app.success if "against vLLM" in s.value]
+    assert len(verdicts) == 2 and all("schedule: the same, step by step" in v and "outputs: 1 of 1 the same" in v for v in verdicts)
+    runs = app.session_state["results"]["parallel_vllm"]
+    n = len(runs[0].ours.requests["prompt"].prompt_token_ids)
+    assert [run.theirs.num_steps for run in runs] == [1, n]  # vLLM too: one step of N tokens, or N steps of one (budget 1)
+    assert [len(run.theirs_ttft_s) for run in runs] == [3, 1]
+    bars = next(spec for spec in chart_specs(app).values() if spec["layout"]["title"]["text"].startswith("Time to first token: our engine and vLLM"))
+    assert [bar["name"] for bar in bars["data"]] == ["ours", "vLLM"]

@@ -119,6 +119,10 @@ class VLLMWorker:
             raise VLLMUnavailable(f"vLLM could not start: {ready.get('error')}\n{self.log_tail()}")
         self.versions = {"vllm": ready.get("vllm"), "torch": ready.get("torch"), "device": ready.get("device")}
 
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
     def __enter__(self) -> VLLMWorker:
         return self
 

@@ -31,8 +31,17 @@ POLICY_NOTE = (
 
 
 @st.cache_resource(show_spinner=False, max_entries=1)
-def _worker(dtype: str) -> VLLMWorker:
+def _cached_worker(dtype: str) -> VLLMWorker:
     return VLLMWorker(bundled.bundled_cache_dir(), dtype=dtype)
+
+
+def _worker(dtype: str) -> VLLMWorker:
+    """The app process's vLLM worker for this dtype, started again if it has died or was stopped."""
+    worker = _cached_worker(dtype)
+    if not worker.alive:
+        _cached_worker.clear()
+        worker = _cached_worker(dtype)
+    return worker
 
 
 def _why_not(loaded: LoadedModel) -> str | None:

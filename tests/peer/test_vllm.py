@@ -100,3 +100,20 @@ def test_chunked_workloads_schedule_the_same_tokens_every_step(bundled, vllm, bu
     ours, theirs, comparison = both(bundled, vllm, [*short, long], token_budget=budget)
     assert comparison.schedule_equal, comparison.summary()
     assert comparison.outputs_differ == [], comparison.summary()
+
+
+def test_a_worker_that_stalls_or_dies_is_reported_and_nothing_is_left_running(bundled):
+    reason = unavailable_reason()
+    if reason:
+        pytest.fail(reason) if os.environ.get("CI") else pytest.skip(reason)
+    from prefillviz.peers.vllm_client import VLLMUnavailable
+
+    worker = VLLMWorker(bundled_model.bundled_cache_dir(), dtype="float32")
+    with pytest.raises(VLLMUnavailable, match="no answer within"):  # a stall: the wait has a timeout
+        worker.run([PeerRequest("long", bench_token_ids(bundled.tokenizer, 2048), 8)], 2048, timeout_s=0.05)
+    assert not worker.alive  # it was stopped, not left running
+    with pytest.raises(VLLMUnavailable, match="not running"):  # a dead worker says so
+        worker.run([PeerRequest("a", [1, 2, 3], 1)], 64)
+    worker.close()  # a second close is harmless
+    with pytest.raises(VLLMUnavailable, match="could not start|exited"):
+        VLLMWorker("/nonexistent/model-folder", dtype="float32")  # the worker's own error, and it is gone

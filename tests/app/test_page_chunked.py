@@ -2,7 +2,7 @@
 sweep, and a bad token budget shown inline with the earlier results kept."""
 
 
-from tests.app.pages import chart_specs, open_page
+from tests.app.pages import chart_specs, open_page, small_chunked_workload
 
 
 def timeline_steps(spec):
@@ -13,12 +13,7 @@ def timeline_steps(spec):
 def test_small_workload_runs_off_and_on_and_keeps_results_after_a_bad_budget(bundled):
     app = open_page("chunked_prefill")
     assert not app.exception
-    app.slider(key="chunked_num_short").set_value(2)
-    app.slider(key="chunked_short_prompt_tokens").set_value(8)
-    app.slider(key="chunked_short_new_tokens").set_value(3)
-    app.slider(key="chunked_long_prompt_tokens").set_value(64)
-    app.slider(key="chunked_arrival_step").set_value(1)
-    app.number_input(key="chunked_token_budget").set_value(24)
+    small_chunked_workload(app)
     app.radio(key="chunked_timeline_x").set_value("engine step")
     app.run()
     app.button(key="chunked_run").click().run()

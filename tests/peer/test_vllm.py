@@ -6,25 +6,21 @@ schedule step by step must be the same; a difference is a finding, asserted exac
 Without ``.venv-vllm`` these tests skip locally and fail in CI (which builds it).
 """
 
-import os
-
 import pytest
 
 from prefillviz import bundled as bundled_model
 from prefillviz.peers import side_by_side
-from prefillviz.peers.vllm_client import PeerRequest, VLLMWorker, unavailable_reason
+from prefillviz.peers.vllm_client import PeerRequest, VLLMWorker
 from prefillviz.prompts import PRESETS, bench_token_ids
 
 NEW_TOKENS = 16
 
 
+pytestmark = pytest.mark.usefixtures("needs_vllm")
+
+
 @pytest.fixture(scope="module")
-def vllm(bundled):
-    reason = unavailable_reason()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+def vllm(bundled, needs_vllm):
     with VLLMWorker(bundled_model.bundled_cache_dir(), dtype="float32") as worker:
         yield worker
 
@@ -72,9 +68,6 @@ SMALL_CACHE_BLOCKS = 10  # vLLM's count, its null block included: 9 blocks of 32
 
 
 def test_evictions_in_a_small_cache_leave_the_same_hits(bundled):
-    reason = unavailable_reason()
-    if reason:
-        pytest.fail(reason) if os.environ.get("CI") else pytest.skip(reason)
     tokens = bench_token_ids(bundled.tokenizer, 800)
     a, c, d = tokens[:96], tokens[200:296], tokens[400:496]  # three 3-block prefixes; the cache holds 9 blocks
     requests = [
@@ -103,9 +96,6 @@ def test_chunked_workloads_schedule_the_same_tokens_every_step(bundled, vllm, bu
 
 
 def test_a_worker_that_stalls_or_dies_is_reported_and_nothing_is_left_running(bundled):
-    reason = unavailable_reason()
-    if reason:
-        pytest.fail(reason) if os.environ.get("CI") else pytest.skip(reason)
     from prefillviz.peers.vllm_client import VLLMUnavailable
 
     worker = VLLMWorker(bundled_model.bundled_cache_dir(), dtype="float32")

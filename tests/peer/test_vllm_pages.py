@@ -1,28 +1,16 @@
 """The pages' "Run on vLLM too": real vLLM's schedule next to ours, and the diff, in the app."""
 
-import os
-
 import pytest
 
-from prefillviz.peers.vllm_client import unavailable_reason
-from tests.app.pages import chart_specs, open_page, plotly_array
+from tests.app.pages import chart_specs, open_page, plotly_array, small_chunked_workload
 
 
-@pytest.fixture(autouse=True)
-def needs_vllm():
-    reason = unavailable_reason()
-    if reason:
-        pytest.fail(reason) if os.environ.get("CI") else pytest.skip(reason)
+pytestmark = pytest.mark.usefixtures("needs_vllm")
 
 
 def test_the_chunked_page_runs_its_workload_on_vllm_and_says_both_schedules_agree(bundled):
     app = open_page("chunked_prefill")
-    app.slider(key="chunked_num_short").set_value(2)
-    app.slider(key="chunked_short_prompt_tokens").set_value(8)
-    app.slider(key="chunked_short_new_tokens").set_value(3)
-    app.slider(key="chunked_long_prompt_tokens").set_value(64)
-    app.slider(key="chunked_arrival_step").set_value(1)
-    app.number_input(key="chunked_token_budget").set_value(24)
+    small_chunked_workload(app)
     app.run()
     app.button(key="chunked_run").click().run()
     before = len(chart_specs(app))

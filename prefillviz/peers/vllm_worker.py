@@ -121,19 +121,15 @@ def main() -> None:
         import vllm
         from vllm import LLM
 
-        llm = LLM(
-            model=args.model,
-            dtype=args.dtype,
-            enforce_eager=True,
-            enable_prefix_caching=True,
-            enable_chunked_prefill=True,
-            block_size=args.block_size,
-            max_num_batched_tokens=args.max_token_budget,
-            max_model_len=args.max_model_len,
-            num_gpu_blocks_override=args.num_blocks,
-            scheduler_cls=RecordingScheduler,
-            seed=0,
-        )
+        engine_args = {  # vLLM's EngineArgs
+            "model": args.model, "dtype": args.dtype, "seed": 0,
+            "enforce_eager": True,  # no graph capture: the same kernels every step
+            "enable_prefix_caching": True, "enable_chunked_prefill": True,
+            "block_size": args.block_size, "max_num_batched_tokens": args.max_token_budget, "max_model_len": args.max_model_len,
+            "num_gpu_blocks_override": args.num_blocks,
+            "scheduler_cls": RecordingScheduler,
+        }
+        llm = LLM(**engine_args)
     except Exception as error:  # the client shows this line, and the log has the rest
         traceback.print_exc()
         reply({"ready": False, "error": f"{type(error).__name__}: {error}"})

@@ -20,9 +20,8 @@ import statistics
 from prefillviz import bundled
 from prefillviz.devices import dtype_name
 from prefillviz.instrument.timers import median_and_spread
-from prefillviz.model_registry import BUNDLED_MODEL_ID
 from prefillviz.peers import side_by_side
-from prefillviz.peers.vllm_client import PeerRequest, VLLMUnavailable, VLLMWorker, unavailable_reason
+from prefillviz.peers.vllm_client import PeerRequest, VLLMUnavailable, VLLMWorker, unavailable_for
 from prefillviz.prompts import bench_token_ids
 
 KEYS = ("engine_over_vllm_prefill_512", "engine_over_vllm_prefill_2048", "engine_over_vllm_prefix_hit", "engine_over_vllm_decode", "vllm_outputs_equal")
@@ -34,11 +33,7 @@ def _skipped(reason: str) -> dict:
 
 def vllm_side_by_side(loaded, num_tokens: int, runs: int, quick: bool) -> dict:
     """The five keys, and ``details`` with every median, spread and the versions."""
-    reason = unavailable_reason()
-    if reason is None and loaded.model_id != BUNDLED_MODEL_ID:
-        reason = "the vLLM comparison runs the bundled model (vLLM loads its safetensors copy)"
-    if reason is None and loaded.device.type != "cpu":
-        reason = "the vLLM comparison here runs on a CPU (scripts/gpu_check.sh covers CUDA)"
+    reason = unavailable_for(loaded.model_id, loaded.device.type)
     if reason:
         return _skipped(reason)
     tokenizer = loaded.tokenizer

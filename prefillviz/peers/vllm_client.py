@@ -24,6 +24,7 @@ from pathlib import Path
 from prefillviz.engine.scheduler import ScheduledChunk
 from prefillviz.errors import PrefillVizError
 from prefillviz.instrument.trace import RequestRecord, StepRecord, Trace
+from prefillviz.model_registry import BUNDLED_MODEL_ID
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_VENV = Path(os.environ.get("PREFILLVIZ_VLLM_VENV", ROOT / ".venv-vllm"))
@@ -55,6 +56,17 @@ def unavailable_reason() -> str | None:
     """Why vLLM can't run here (None when it can)."""
     if vllm_python() is None:
         return f"vLLM is not installed: `make vllm` builds it in {VLLM_VENV.name} (about 6 minutes, once)."
+    return None
+
+
+def unavailable_for(model_id: str, device_type: str) -> str | None:
+    """Why this model on this device can't be compared with vLLM here (None when it can)."""
+    if reason := unavailable_reason():
+        return reason
+    if model_id != BUNDLED_MODEL_ID:
+        return "The vLLM comparison runs the bundled model (vLLM loads its safetensors copy of the same weights)."
+    if device_type != "cpu":
+        return "The vLLM comparison runs on a CPU here (on a GPU machine, `make vllm` installs vLLM's CUDA build, not wired in yet)."
     return None
 
 

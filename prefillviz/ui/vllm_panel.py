@@ -15,10 +15,9 @@ import streamlit as st
 
 from prefillviz import bundled
 from prefillviz.devices import dtype_name
-from prefillviz.model_registry import BUNDLED_MODEL_ID
 from prefillviz.models import LoadedModel
 from prefillviz.peers import side_by_side
-from prefillviz.peers.vllm_client import BLOCK_SIZE, PeerRequest, VLLMWorker, unavailable_reason
+from prefillviz.peers.vllm_client import BLOCK_SIZE, PeerRequest, VLLMWorker, unavailable_for
 from prefillviz.ui.shell import get_result, run_guarded, save_result
 
 POLICY_NOTE = (
@@ -44,15 +43,6 @@ def _worker(dtype: str) -> VLLMWorker:
     return worker
 
 
-def _why_not(loaded: LoadedModel) -> str | None:
-    reason = unavailable_reason()
-    if reason is None and loaded.model_id != BUNDLED_MODEL_ID:
-        reason = "The vLLM comparison runs the bundled model (vLLM loads its safetensors copy): pick it in the sidebar."
-    if reason is None and loaded.device.type != "cpu":
-        reason = "The vLLM comparison runs on a CPU here (its CUDA build is `make vllm` on a GPU machine)."
-    return reason
-
-
 def vllm_panel(
     page: str,
     loaded: LoadedModel,
@@ -67,7 +57,7 @@ def vllm_panel(
             a warm-up and that many alternated runs, whose first request's TTFTs are kept.
     """
     st.subheader("The same workload on real vLLM")
-    reason = _why_not(loaded)
+    reason = unavailable_for(loaded.model_id, loaded.device.type)
     if reason:
         st.info(reason, icon=":material/info:")
         return

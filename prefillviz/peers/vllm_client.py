@@ -105,6 +105,7 @@ class VLLMWorker:
         if num_blocks is not None:
             max_model_len = min(max_model_len, (num_blocks - 1) * BLOCK_SIZE)
             max_token_budget = min(max_token_budget, max_model_len)
+        self.failed = False  # set when it could not start or stopped answering: its log is then kept
         read_fd, write_fd = os.pipe()
         command = [
             str(python), str(WORKER), "--model", self.model_folder, "--dtype", dtype, "--block-size", str(BLOCK_SIZE),
@@ -127,8 +128,10 @@ class VLLMWorker:
             self.close()
             raise
         if not ready.get("ready"):
+            message = f"vLLM could not start: {ready.get('error')}\n{self.log_tail()}"
+            self.failed = True  # its log stays
             self.close()
-            raise VLLMUnavailable(f"vLLM could not start: {ready.get('error')}\n{self.log_tail()}")
+            raise VLLMUnavailable(message)
         self.versions = {"vllm": ready.get("vllm"), "torch": ready.get("torch"), "device": ready.get("device")}
 
     @property
@@ -145,7 +148,10 @@ class VLLMWorker:
         """The end of the worker's log (vLLM's own messages), for error messages."""
         if not self.log.closed:
             self.log.flush()
-        return "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-num_lines:])
+        log = Path(self.log.name)
+        if not log.exists():
+            return ""
+        return "\n".join([*log.read_text(errors="replace").splitlines()[-num_lines:], f"(the whole log: {log})"])
 
     def _read(self, timeout_s: float, what: str) -> dict:
         deadline = time.monotonic() + timeout_s
@@ -155,7 +161,9 @@ class VLLMWorker:
                 if line:
                     return json.loads(line)
             if self.process.poll() is not None:
+                self.failed = True
                 raise VLLMUnavailable(f"The vLLM worker exited (status {self.process.returncode}) during {what}.\n{self.log_tail()}")
+        self.failed = True
         self.close()
         raise VLLMUnavailable(f"The vLLM worker gave no answer within {timeout_s:.0f} s ({what}); it was stopped.\n{self.log_tail()}")
 
@@ -215,7 +223,8 @@ class VLLMWorker:
         )
 
     def close(self) -> None:
-        """Stop the worker (asked first, then killed); nothing is left running."""
+        """Stop the worker (asked first, then killed); nothing is left running. Its log is kept
+        only when it did not stop cleanly (its path is in the error messages)."""
         if self.process.poll() is None:
             try:
                 self.process.stdin.write(json.dumps({"op": "quit"}) + "\n")
@@ -231,3 +240,5 @@ class VLLMWorker:
                 pass
         self._selector.close()
         self.log.close()
+        if self.process.returncode == 0 and not self.failed:
+            Path(self.log.name).unlink(missing_ok=True)

@@ -1,10 +1,11 @@
-"""Command line: ``python -m prefillviz run|trace|bench|kernels``.
+"""Command line: ``python -m prefillviz run|trace|bench|kernels|probe-server``.
 
 ``run`` prefills one prompt on the engine and prints what came out (``--json`` for one JSON
 object). ``trace`` runs it at a capture level and writes the trace (JSON + NPZ) to a folder.
 ``bench`` prints the benchmark figures as one JSON object (see ``bench.py``). ``kernels``
 prints the attention-kernel benchmark, time and peak memory vs N for every kernel in
-``kernels/`` (see ``experiments/kernel_bench.py``).
+``kernels/`` (see ``experiments/kernel_bench.py``). ``probe-server`` measures an
+OpenAI-compatible server from outside (see ``probe/``).
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     kernels.add_argument("--runs", type=int, default=3, help="timed runs per kernel and N, after warm-up")
     kernels.add_argument("--no-flex", action="store_true", help="leave out FlexAttention (it compiles per shape)")
     kernels.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
+
+    from prefillviz.probe.command import add_parser as add_probe_parser
+
+    add_probe_parser(commands)
     return parser
 
 
@@ -170,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(trace_command(args)))
         elif args.command == "kernels":
             print(json.dumps(kernels_command(args), indent=2))
+        elif args.command == "probe-server":
+            from prefillviz.probe.command import print_summary, probe_command
+
+            result = probe_command(args)
+            print(json.dumps(result, indent=2)) if args.json else print_summary(result)
         else:
             from prefillviz.bench import run_bench
 

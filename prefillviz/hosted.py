@@ -5,7 +5,10 @@ Switched on by one environment variable, ``PREFILLVIZ_HOSTED=1``. Then:
 * only allow-listed model ids load (no local paths, no other hub downloads);
 * prompts, requests per workload, new tokens and sweep sizes have upper limits (the engine
   applies its two through ``EngineConfig``, which the app's engine builders fill from
-  ``engine_limits``).
+  ``engine_limits``);
+* the server probe ("Your server") reaches only the URLs whoever runs the demo lists in
+  ``PREFILLVIZ_PROBE_URLS`` (comma-separated), and is off when that is empty: a public page
+  that fetches any URL it is given would let strangers reach the host's private network.
 
 Off (the default), a user on their own machine may load any causal LM by id or folder.
 """
@@ -15,10 +18,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from prefillviz.errors import ModelLoadError
+from prefillviz.errors import ConfigError, ModelLoadError
 from prefillviz.model_registry import BUNDLED_HUB_ID, BUNDLED_MODEL_ID
 
 HOSTED_ENV = "PREFILLVIZ_HOSTED"
+PROBE_URLS_ENV = "PREFILLVIZ_PROBE_URLS"
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,9 @@ class HostedPolicy:
     max_requests_per_workload: int = 8
     max_new_tokens: int = 64
     max_sweep_points: int = 8
+    allowed_probe_urls: tuple[str, ...] = ()
+    max_probe_requests: int = 60
+    max_probe_prompt_tokens: int = 40_000
 
     def check_model(self, model_id: str) -> None:
         """Raise ``ModelLoadError`` if hosted mode may not load ``model_id``."""
@@ -41,6 +48,20 @@ class HostedPolicy:
             "Run prefillviz on your own machine to load other models."
         )
 
+    def check_probe_url(self, url: str) -> None:
+        """Raise ``ConfigError`` if hosted mode may not probe ``url`` (only the allow-listed URLs)."""
+        if not self.enabled:
+            return
+        if not self.allowed_probe_urls:
+            raise ConfigError(
+                "Probing a server is off in this hosted demo (a public page that fetches any URL is a request-forgery hole). "
+                f"Whoever runs the demo can allow URLs in {PROBE_URLS_ENV}; or run prefillviz on your own machine."
+            )
+        from prefillviz.probe.client import normalized_url
+
+        if normalized_url(url) not in {normalized_url(u) for u in self.allowed_probe_urls}:
+            raise ConfigError(f"This hosted demo probes only {', '.join(self.allowed_probe_urls)}; {url!r} is not one of them.")
+
     def engine_limits(self) -> dict[str, int]:
         """The ``EngineConfig`` fields that bound each request: ``EngineConfig(..., **policy.engine_limits())``."""
         return {"max_prompt_tokens": self.max_prompt_tokens, "max_new_tokens": self.max_new_tokens} if self.enabled else {}
@@ -52,4 +73,5 @@ class HostedPolicy:
 
 def hosted_policy() -> HostedPolicy:
     """The policy in force now (read from the environment on each call)."""
-    return HostedPolicy(enabled=os.environ.get(HOSTED_ENV, "").strip().lower() in {"1", "true", "yes", "on"})
+    urls = tuple(u.strip() for u in os.environ.get(PROBE_URLS_ENV, "").split(",") if u.strip())
+    return HostedPolicy(enabled=os.environ.get(HOSTED_ENV, "").strip().lower() in {"1", "true", "yes", "on"}, allowed_probe_urls=urls)

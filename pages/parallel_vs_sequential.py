@@ -1,7 +1,6 @@
 """Parallel vs token-by-token: the same prompt in one step or in N steps, timed and proven equal."""
 
 import statistics
-from contextlib import contextmanager
 from dataclasses import asdict
 
 import pandas as pd
@@ -18,7 +17,7 @@ from prefillviz.experiments.ways import PARALLEL, TOKEN_BY_TOKEN, WAYS
 from prefillviz.figures import parallel as figures
 from prefillviz.peers.vllm_client import PeerRequest
 from prefillviz.prompts import PRESETS
-from prefillviz.ui.shell import downloads, get_result, page_frame, run_guarded, save_result
+from prefillviz.ui.shell import downloads, get_result, page_frame, progress_bar, run_guarded, save_result
 from prefillviz.ui.vllm_panel import vllm_panel
 
 loaded = page_frame()
@@ -37,16 +36,6 @@ def source(result, capture: str) -> str:
 
 def rate(tokens_per_s: float) -> str:
     return f"{tokens_per_s:,.0f}" if tokens_per_s >= 100 else f"{tokens_per_s:.3g}"
-
-
-@contextmanager
-def progress_bar(label: str):
-    """A progress bar driven by the experiments' (fraction, text) callback; gone when the run ends or fails."""
-    bar = st.progress(0.0, text=f"{label}: starting")
-    try:
-        yield lambda fraction, text: bar.progress(fraction, text=f"{label}: {text}")
-    finally:
-        bar.empty()
 
 
 st.title("Parallel vs token-by-token")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator
 
 import pandas as pd
@@ -135,16 +135,18 @@ def run_label(loaded: LoadedModel, capture: str) -> str:
 
 
 @contextmanager
-def run_guarded(what: str) -> Iterator[None]:
+def run_guarded(what: str, queue: bool = True) -> Iterator[None]:
     """Wait for the shared model's turn, then run; show an inline error instead of a crash.
 
     Sessions queue for the model one run at a time (``RUN_QUEUE``) and see their place in
-    line. After an out-of-memory error the caches are freed. Earlier results stay in
-    ``st.session_state`` untouched, so the page keeps showing them.
+    line; ``queue=False`` for runs that don't use it (the server probe). After an
+    out-of-memory error the caches are freed. Earlier results stay in ``st.session_state``
+    untouched, so the page keeps showing them.
     """
     waiting = st.empty()
     try:
-        with RUN_QUEUE.turn(on_wait=lambda ahead: waiting.info(f"Waiting for the shared model: {ahead} run(s) ahead of yours…")) as waited_s:
+        turn = RUN_QUEUE.turn(on_wait=lambda ahead: waiting.info(f"Waiting for the shared model: {ahead} run(s) ahead of yours…")) if queue else nullcontext(0.0)
+        with turn as waited_s:
             st.session_state["last_queue_wait_s"] = waited_s
             if waited_s >= 0.1:
                 waiting.caption(f"Waited {waited_s:.1f} s for the shared model")
@@ -183,6 +185,16 @@ def progress_callback(total_steps: int, label: str) -> Callable[[int, Any], None
         bar.progress(fraction, text=f"{label}: step {steps_done} of ~{total_steps} ({phase}, {record.num_scheduled_tokens} tokens)")
 
     return update
+
+
+@contextmanager
+def progress_bar(label: str) -> Iterator[Callable[[float, str], None]]:
+    """A progress bar driven by an experiment's (fraction, text) callback; gone when the run ends or fails."""
+    bar = st.progress(0.0, text=f"{label}: starting")
+    try:
+        yield lambda fraction, text: bar.progress(fraction, text=f"{label}: {text}")
+    finally:
+        bar.empty()
 
 
 def save_result(page: str, value: Any) -> None:

@@ -1,0 +1,122 @@
+"""Your server: the prefill views for any OpenAI-compatible server (vLLM, SGLang, TGI, llama.cpp), measured from outside."""
+
+import pandas as pd
+import streamlit as st
+
+from prefillviz.errors import ConfigError
+from prefillviz.figures import probe as figures
+from prefillviz.hosted import hosted_policy
+from prefillviz.probe.client import ProbeBudget
+from prefillviz.probe.report import DEFAULT_SIZES, EXPERIMENTS, WHAT_OUTSIDE_CAN_MEASURE, ProbeSettings, probe_server
+from prefillviz.ui.shell import chart, downloads, get_result, page_frame, progress_bar, run_guarded, save_result
+
+page_frame()  # the sidebar; the probe itself doesn't use the local model
+
+st.title("Your server: prefill, chunking and the prefix cache in your own deployment")
+st.markdown(
+    "The other pages run a small engine here. Your real one runs elsewhere: **vLLM, SGLang, TGI or llama.cpp's server**, "
+    "often on GPUs and many machines. Give its OpenAI-compatible URL and the probe measures it from outside, with the "
+    "same experiments: **time to first token against prompt length**, a **prefix-cache** miss and hit, and what a "
+    "long prompt does to the **gaps between other users' tokens**, next to what the server counted itself at `/metrics`."
+)
+with st.expander("What can and can't be measured from outside"):
+    st.markdown(WHAT_OUTSIDE_CAN_MEASURE)
+    st.markdown(
+        "No server at hand? `make vllm-serve` starts real vLLM with the bundled model on http://127.0.0.1:8000 "
+        "(after `make vllm`)."
+    )
+
+policy = hosted_policy()
+if policy.enabled and not policy.allowed_probe_urls:
+    st.info(
+        "Probing a server is off in this hosted demo: a public page that fetched any URL it is given would let "
+        "strangers reach the host's private network. Run prefillviz on your own machine to probe yours."
+    )
+    st.stop()
+
+st.subheader("Server")
+row = st.columns([3, 2, 2])
+default_url = policy.allowed_probe_urls[0] if policy.enabled else "http://127.0.0.1:8000"
+if policy.enabled:
+    url = row[0].selectbox("Server URL (this demo's allow-list)", policy.allowed_probe_urls, key="probe_url")
+else:
+    url = row[0].text_input("Server URL", value=default_url, key="probe_url", help="with or without /v1, e.g. http://127.0.0.1:8000")
+model = row[1].text_input("Model name", value="", key="probe_model", help="as the server names it; empty: the first it lists")
+api_key = row[2].text_input("API key (if it needs one)", value="", type="password", key="probe_api_key")
+
+st.subheader("Experiments")
+row = st.columns(4)
+chosen = row[0].multiselect("Run", EXPERIMENTS, default=list(EXPERIMENTS), key="probe_experiments",
+                            format_func={"ttft": "TTFT vs N", "prefix": "prefix cache", "interference": "interference"}.get)
+sizes = row[1].multiselect("Prompt lengths N (tokens)", DEFAULT_SIZES, default=[64, 128, 256, 512, 1024], key="probe_sizes",
+                           help="those that fit the server's context are run")
+runs = row[2].slider("Runs per point (medians)", 1, 7, 3, key="probe_runs")
+streams = row[3].slider("Streams generating when the long prompt arrives", 1, 6, 3, key="probe_streams")
+
+if st.button("Probe the server", type="primary", key="probe_run"):
+    with run_guarded("The probe", queue=False):
+        if not chosen:
+            raise ConfigError("Pick at least one experiment.")
+        policy.check_probe_url(url)
+        settings = ProbeSettings(sizes=tuple(sizes) or None, runs=runs, num_streams=streams, experiments=tuple(chosen))
+        budget = ProbeBudget(max_requests=policy.limit("probe_requests", 200))
+        budget.max_prompt_tokens = policy.limit("probe_prompt_tokens", budget.max_prompt_tokens)
+        with progress_bar("Probing") as update:
+            report = probe_server(url, model.strip() or None, settings, progress=update, budget=budget, api_key=api_key or None)
+        save_result("probe", report)
+
+report = get_result("probe")
+if report is None:
+    st.stop()
+
+server = report.server
+st.success(
+    f"Measured **{server['model']}** at {server['url']} ({server.get('version') and 'version ' + server['version'] or 'version not reported'}"
+    f"{', server ' + server['server_header'] if server.get('server_header') else ''}): {report.requests_sent} requests, "
+    f"{report.prompt_tokens_sent:,} prompt tokens. Times are this machine's clock, network included: streamed answers "
+    "timed chunk by chunk, medians over the runs, after two warm-up requests."
+)
+
+if report.ttft:
+    st.subheader("Time to first token against prompt length")
+    st.caption("Unique prompts (each starts with its own tag), so no prefix cache helps; `max_tokens=1`, streamed. "
+               "A straight line is a fixed cost plus a cost per token; an upward bend is attention's N² share.")
+    figure = figures.ttft_figure(report)
+    chart(figure, key="probe_ttft_chart")
+    table = [{"num_tokens": p.num_tokens, "target_tokens": p.target_tokens, "ttft_ms_median": p.ttft_s_median * 1e3,
+              "runs_ms": [round(t * 1e3, 2) for t in p.runs]} for p in report.ttft]
+    st.dataframe(pd.DataFrame(table), hide_index=True)
+    downloads("server_ttft", "probe_ttft", figure=figure, table=table)
+
+if report.prefix:
+    st.subheader("The prefix cache")
+    st.caption("One long prefix, twice, with different suffixes. A server with prefix caching computes the prefix only the "
+               "first time; whole cached blocks are reused, so the hit covers the prefix rounded down to its block size.")
+    figure = figures.prefix_figure(report)
+    chart(figure, key="probe_prefix_chart")
+    downloads("server_prefix", "probe_prefix", figure=figure, data=report.to_json())
+
+if report.interference:
+    result = report.interference
+    st.subheader("A long prompt arrives while others are decoding")
+    st.caption("The streams' gaps between tokens, before and while the long prompt is prefilled. A server that runs the "
+               "whole prompt in one step stalls every stream for that long; chunked prefill caps the stall at one chunk.")
+    figure = figures.interference_figure(report)
+    chart(figure, key="probe_interference_chart")
+    cols = st.columns(3)
+    cols[0].metric("Worst gap before (ms)", f"{result.itl_max_ms(False):,.0f}")
+    cols[1].metric("Worst gap during (ms)", f"{result.itl_max_ms(True):,.0f}")
+    cols[2].metric("Long prompt's TTFT (ms)", f"{result.ttft_long_s * 1e3:,.0f}")
+    if not result.streams_outlived_long_prompt:
+        st.warning("A stream ended before the long prompt's first token: the 'during' gap may miss part of its prefill.")
+    gaps = [{"stream": i + 1, "end_s": end, "gap_ms": length * 1e3} for i, end, length in result.gaps()]
+    downloads("server_interference", "probe_interference", figure=figure, table=gaps)
+
+st.subheader("What the server counted itself (/metrics)")
+if not server["metrics_available"]:
+    st.info("This server has no Prometheus /metrics page, so only the client's view is shown.")
+else:
+    rows = [row for name, delta in report.metrics.items() for row in delta.rows(name)]
+    st.caption("Counters by how much each experiment raised them; gauges before and after. vLLM's prefill counters first.")
+    st.dataframe(pd.DataFrame(rows), hide_index=True)
+    downloads("server_metrics", "probe_metrics", table=rows, data=report.metrics_delta())

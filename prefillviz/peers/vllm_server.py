@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -112,6 +113,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` stops vLLM too, through the context manager
     if not (bundled.bundled_cache_dir() / "config.json").is_file():  # vLLM reads the safetensors copy the first load writes
         from prefillviz.models import load_model
 

@@ -13,6 +13,7 @@ from prefillviz.peers.vllm_server import LocalVLLMServer
 from prefillviz.probe.client import ProbeError
 from prefillviz.probe.report import ProbeSettings, probe_server
 from tests.app.pages import chart_titled, open_page
+from tests.browser.test_browser import CHROMIUM, CHROMIUM_FLAGS, SCREENSHOTS, app_url  # noqa: F401 (a fixture)
 
 REQUIRED_KEYS = {
     "server", "ttft_by_tokens", "prefix_miss_ttft_s", "prefix_hit_ttft_s", "prefix_hit_speedup", "cached_tokens_reported",
@@ -87,6 +88,30 @@ def test_the_page_draws_the_experiments_and_keeps_them_after_an_error(vllm_serve
     assert not app.exception
     assert any("Could not reach http://127.0.0.1:9" in e.value for e in app.error)
     assert chart_titled(app, "Time to first token against prompt length N")  # the earlier result stays
+
+
+def test_the_page_in_a_real_browser(vllm_server, app_url):  # noqa: F811
+    from playwright.sync_api import expect, sync_playwright
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{app_url}/your_server")
+        expect(page.locator("h1").first).to_contain_text("Your server", timeout=120_000)
+        url_box = page.get_by_role("textbox", name="Server URL")
+        url_box.fill(vllm_server.url)
+        url_box.press("Enter")
+        page.wait_for_timeout(1000)
+        page.get_by_role("button", name="Probe the server").click()
+        page.wait_for_timeout(500)
+        expect(page.get_by_text("Probing:").first).to_be_visible(timeout=30_000)  # the progress bar
+        expect(page.locator(".js-plotly-plot")).to_have_count(3, timeout=240_000)  # TTFT, prefix, interference
+        page.wait_for_timeout(1500)
+        assert not page.locator('[data-testid="stException"]').count()
+        assert not page.locator('[data-testid="stAlertContentError"]').count()
+        page.screenshot(path=str(SCREENSHOTS / "your_server_vllm.png"), full_page=True)
+        browser.close()
 
 
 def test_a_server_that_dies_mid_probe_is_a_clear_error_within_a_bounded_time(vllm_server):

@@ -116,6 +116,51 @@ class LLMEngine:
         self.scheduler.add_request(request)
         return request
 
+    def add_prefilled_request(
+        self,
+        prompt_token_ids: list[int],
+        first_token_id: int,
+        sampling_params: SamplingParams,
+        request_id: str,
+        arrival_time: float,
+        first_token_time: float,
+    ) -> Request:
+        """Admit a request whose prompt another engine prefilled (disaggregated serving).
+
+        Its first token is already sampled; blocks for the prompt's K/V are allocated here and
+        the caller writes that K/V through ``request.block_table`` before the next step, which
+        decodes it like any running request. Times are the prefilling engine's (same host clock).
+
+        Raises:
+            RequestError: the checks of ``add_request``, or no free blocks for the prompt.
+        """
+        token_ids = [int(t) for t in prompt_token_ids]
+        self._check_request(request_id, token_ids, sampling_params)
+        num_prompt_blocks = -(-len(token_ids) // self.config.block_size)
+        if not self.block_pool.can_allocate(num_prompt_blocks):
+            raise RequestError(f"No room for {request_id!r}: its {len(token_ids):,}-token prompt needs {num_prompt_blocks} free KV blocks.")
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=token_ids,
+            sampling_params=sampling_params,
+            arrival_time=arrival_time,
+            output_token_ids=[int(first_token_id)],
+            status=RequestStatus.RUNNING,
+            num_computed_tokens=len(token_ids),
+            block_table=self.block_pool.allocate(num_prompt_blocks),
+            first_scheduled_time=arrival_time,
+            first_token_time=first_token_time,
+            token_times=[first_token_time],
+        )
+        self.request_records[request_id] = None
+        self.scheduler.add_running_request(request)
+        return request
+
+    @property
+    def start_time(self) -> float | None:
+        """When the first step started (host ``perf_counter`` seconds); step times count from it."""
+        return self._start_time
+
     def _check_request(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
         if not token_ids:
             raise RequestError("The prompt is empty: it has no tokens.")

@@ -71,6 +71,12 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
+    def add_running_request(self, request: Request) -> None:
+        """A request that arrives with its prompt computed elsewhere (``LLMEngine.add_prefilled_request``):
+        it joins the running set at once; ``update`` hashes its full blocks after its first step, as for any request."""
+        self.requests[request.request_id] = request
+        self.running.append(request)
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 

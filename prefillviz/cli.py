@@ -73,7 +73,30 @@ def build_parser() -> argparse.ArgumentParser:
     from prefillviz.probe.command import add_parser as add_probe_parser
 
     add_probe_parser(commands)
+    disagg = commands.add_parser("disagg", help="the chunked-prefill workload on one engine (chunking off, on) and on a prefill + a decode worker")
+    _add_model_arguments(disagg)
+    disagg.add_argument("--num-short", type=int, default=3, help="short requests decoding when the long prompt arrives")
+    disagg.add_argument("--short-prompt-tokens", type=int, default=16)
+    disagg.add_argument("--short-new-tokens", type=int, default=16)
+    disagg.add_argument("--long-prompt-tokens", type=int, default=512)
+    disagg.add_argument("--long-new-tokens", type=int, default=4)
+    disagg.add_argument("--arrival-step", type=int, default=2)
+    disagg.add_argument("--token-budget", type=int, default=64)
+    disagg.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     return parser
+
+
+def disagg_command(args: argparse.Namespace) -> dict:
+    from prefillviz.disagg.experiment import compare_setups
+    from prefillviz.experiments.chunked import build_workload
+    from prefillviz.models import load_model
+
+    loaded = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
+    workload = build_workload(
+        loaded.tokenizer, args.num_short, args.short_prompt_tokens, args.short_new_tokens, args.long_prompt_tokens,
+        args.long_new_tokens, args.arrival_step, args.token_budget,
+    )
+    return compare_setups(loaded, workload).as_json()
 
 
 def _run_prompt(args: argparse.Namespace, capture_level: str = "none", profile_dir: str | None = None):
@@ -173,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{key}: {value!r}" if key == "first_token" else f"{key}: {value}")
         elif args.command == "trace":
             print(json.dumps(trace_command(args)))
+        elif args.command == "disagg":
+            print(json.dumps(disagg_command(args), indent=2), flush=True)
         elif args.command == "kernels":
             print(json.dumps(kernels_command(args), indent=2))
         elif args.command == "probe-server":

@@ -1,0 +1,125 @@
+"""Disaggregated prefill: a prefill worker and a decode worker (two real processes, gloo), the
+oracle (same greedy tokens as one engine in fp32, the K/V received bit for bit as sent, the bytes
+the formula says), the CLI's JSON, and the faults: a worker killed mid-transfer or a stalled
+transfer is a clear error within seconds, with no process left behind and the next run working."""
+
+import contextlib
+import io
+import json
+import multiprocessing
+import time
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from prefillviz.cli import main
+from prefillviz.disagg.launch import run_disaggregated
+from prefillviz.disagg.spec import DisaggError, DisaggTimeouts, model_loader
+from prefillviz.experiments.chunked import ChunkedWorkload, build_workload, run_workload
+from tests.tiny_models import make_tiny_llama
+
+BUNDLED_FP32_KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4  # K and V x 30 layers x 3 KV heads x head dim 64 x fp32
+FAST = DisaggTimeouts(start_s=60, transfer_s=3, idle_s=20, run_s=90)
+
+
+def load_tiny(device):
+    """The workers' loader in the fault tests (module level: the spawned processes import it)."""
+    return make_tiny_llama().to(device)
+
+
+TINY_WORKLOAD = ChunkedWorkload(
+    short_prompts=((1, 2, 3, 4, 5), (6, 7, 8, 9, 10, 11)), short_max_new_tokens=5, long_prompt=tuple(range(1, 41)),
+    long_max_new_tokens=3, arrival_step=2, token_budget=24,
+)
+
+
+def worker_processes_alive() -> list[psutil.Process]:
+    """Children of this test process started by multiprocessing's spawn (not its resource tracker)."""
+    return [
+        child for child in psutil.Process().children(recursive=True)
+        if child.is_running() and child.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(child.cmdline())
+    ]
+
+
+def test_disaggregated_run_matches_one_engine_and_moves_the_kv_bit_for_bit(bundled):
+    workload = build_workload(bundled.tokenizer, 2, 8, 4, 64, 3, arrival_step=2, token_budget=24)
+    run = run_disaggregated(model_loader(bundled.model_id, "float32"), workload, keep_payloads=True)
+    reference = run_workload(bundled.model, workload, enable_chunked_prefill=False)
+
+    decoded = run.decode.trace.requests
+    assert {rid: r.output_token_ids for rid, r in decoded.items()} == {rid: r.output_token_ids for rid, r in reference.requests.items()}
+    # the prefill worker ran whole prompts (both short ones in one step, then the long one) and
+    # sampled each first token; the decode worker never ran a prompt token
+    assert [[c.num_tokens for c in step.chunks] for step in run.prefill.trace.steps] == [[8, 8], [64]]
+    assert all(not c.is_prefill and c.num_tokens == 1 for step in run.decode.trace.steps for c in step.chunks)
+    assert run.prefill.num_threads == run.decode.num_threads == max(1, len(psutil.Process().cpu_affinity()) // 2)
+
+    transfers = {t.request_id: t for t in run.transfers}
+    assert list(transfers) == ["short-1", "short-2", "long"]
+    for rid, transfer in transfers.items():
+        num_prompt_tokens = len(reference.requests[rid].prompt_token_ids)
+        assert transfer.num_tokens == num_prompt_tokens
+        assert transfer.num_bytes == BUNDLED_FP32_KV_BYTES_PER_TOKEN * num_prompt_tokens == run.prefill.payloads[rid].size
+        assert np.array_equal(run.prefill.payloads[rid], run.decode.payloads[rid])  # bit for bit
+        assert transfer.bit_identical and 0 < transfer.transfer_s < 5
+        assert transfer.send_start_time < transfer.recv_end_time <= transfer.written_time
+
+    # what was sent is the prompt's K/V as the plain HF forward computes it: (2, L, T, KVH, D)
+    sent = torch.from_numpy(run.prefill.payloads["long"].copy()).view(torch.float32).view(2, 30, 64, 3, 64)
+    with torch.inference_mode():
+        cache = bundled.model(torch.tensor([workload.long_prompt]), use_cache=True).past_key_values
+    for layer in (0, 29):
+        hf_keys, hf_values = cache.layers[layer].keys[0].transpose(0, 1), cache.layers[layer].values[0].transpose(0, 1)  # (T, KVH, D)
+        assert (sent[0, layer] - hf_keys).abs().max() < 1e-3 and (sent[1, layer] - hf_values).abs().max() < 1e-3
+    assert not worker_processes_alive()
+
+
+def test_cli_disagg_json_has_the_three_setups(bundled):
+    out = io.StringIO()
+    arguments = ["disagg", "--json", "--dtype", "float32", "--num-short", "2", "--short-prompt-tokens", "8", "--short-new-tokens", "4"]
+    with contextlib.redirect_stdout(out):
+        assert main([*arguments, "--long-prompt-tokens", "64", "--long-new-tokens", "3", "--token-budget", "24"]) == 0
+    result = json.loads(out.getvalue())
+    assert result["outputs_equal"] is True and result["kv_bit_identical"] is True and result["kv_bytes_match_formula"] is True
+    assert result["kv_bytes_per_token"] == BUNDLED_FP32_KV_BYTES_PER_TOKEN
+    assert result["kv_bytes_sent"] == BUNDLED_FP32_KV_BYTES_PER_TOKEN * (8 + 8 + 64)
+    assert 0 < result["transfer_s_median"] < 5 and result["transfer_gb_s"] > 0
+    assert set(result["setups"]) == {"one_engine_chunking_off", "one_engine_chunking_on", "disaggregated"}
+    for setup in result["setups"].values():
+        assert 0 < setup["itl_p50_ms"] <= setup["itl_max_ms"] < 60_000 and 0 < setup["ttft_long_ms"] < 60_000
+    # chunking off runs the 64-token prompt in one step that pauses both decodes
+    assert result["setups"]["one_engine_chunking_off"]["num_paused_decode_steps"] >= 1
+    assert result["setups"]["disaggregated"]["num_paused_decode_steps"] == 0
+    assert result["threads"]["prefill_worker"] == result["threads"]["decode_worker"] == max(1, result["cores"] // 2)
+
+
+@pytest.mark.parametrize(
+    "fault, message",
+    [
+        ("decode_killed_mid_transfer", "The decode worker died"),
+        ("transfer_stalls", "did not complete within 3 s: the other worker stalled"),
+    ],
+)
+def test_a_worker_killed_or_stalled_mid_transfer_is_an_error_in_bounded_time_and_nothing_is_left(fault, message):
+    start = time.perf_counter()
+    with pytest.raises(DisaggError, match=message) as raised:
+        run_disaggregated(load_tiny, TINY_WORKLOAD, timeouts=FAST, fault=fault)
+    assert time.perf_counter() - start < 45  # spawn + imports + the 3 s transfer timeout, never the 90 s deadline
+    assert "nothing is left running" in str(raised.value)
+    assert not multiprocessing.active_children() and not worker_processes_alive()
+
+
+def test_the_prefill_worker_killed_mid_transfer_is_an_error_and_the_next_run_works():
+    start = time.perf_counter()
+    with pytest.raises(DisaggError, match=r"The prefill worker died mid-run \(killed by SIGKILL\)\. The decode worker was stopped"):
+        run_disaggregated(load_tiny, TINY_WORKLOAD, timeouts=FAST, fault="prefill_killed_mid_transfer")
+    assert time.perf_counter() - start < 45
+    assert not multiprocessing.active_children() and not worker_processes_alive()
+    run = run_disaggregated(load_tiny, TINY_WORKLOAD, timeouts=FAST)
+    reference = run_workload(make_tiny_llama(), TINY_WORKLOAD, enable_chunked_prefill=False)
+    assert {rid: r.output_token_ids for rid, r in run.decode.trace.requests.items()} == {
+        rid: r.output_token_ids for rid, r in reference.requests.items()
+    }
+    assert all(t.bit_identical for t in run.transfers) and not worker_processes_alive()

@@ -20,6 +20,7 @@ PAGES = [
     st.Page("pages/attention.py", title="Attention", icon=":material/visibility:"),
     st.Page("pages/kernels.py", title="Kernel timings", icon=":material/timer:"),
     st.Page("pages/chunked_prefill.py", title="Chunked prefill", icon=":material/view_timeline:"),
+    st.Page("pages/disaggregated.py", title="Disaggregated prefill", icon=":material/call_split:"),
     st.Page("pages/prefix_cache.py", title="Prefix cache", icon=":material/recycling:"),
     st.Page("pages/your_server.py", title="Your server", icon=":material/dns:"),
     st.Page("pages/walkthrough.py", title="Guided lessons", icon=":material/school:"),

@@ -8,7 +8,7 @@ from prefillviz.experiments.budget_sweep import budget_sweep, estimated_sweep_st
 from prefillviz.experiments.chunked import LONG_REQUEST_ID, build_workload, compare_chunking, short_request_id
 from prefillviz.figures import chunked as figures
 from prefillviz.instrument.machine_load import MachineLoad
-from prefillviz.peers.vllm_client import PeerRequest
+from prefillviz.peers.workload import PeerRequest
 from prefillviz.ui.output_checks import same_tokens_block
 from prefillviz.ui.shell import downloads, get_result, page_frame, progress_callback, run_guarded, run_label, save_result
 from prefillviz.ui.vllm_panel import vllm_panel
@@ -108,9 +108,17 @@ for name, trace, summary in [("off", off, summaries["chunking off"]), ("on", on,
 
 peer_requests = [PeerRequest(short_request_id(i), list(prompt), work.short_max_new_tokens) for i, prompt in enumerate(work.short_prompts)]
 peer_requests.append(PeerRequest(LONG_REQUEST_ID, list(work.long_prompt), work.long_max_new_tokens, arrival_step=work.arrival_step))
+whole_prompt_budget = max(work.token_budget, len(work.long_prompt) + len(work.short_prompts))  # vLLM: the prompt must fit one step
 vllm_panel(
-    "chunked", loaded, {"chunking on": (peer_requests, work.token_budget, 0)},
-    lambda runs: figures.timeline_figure(runs[0].theirs, f"vLLM: {runs[0].theirs.num_steps} steps (its own SchedulerOutput, every step)", "step"),
+    "chunked", loaded,
+    {
+        "chunking off": (peer_requests, whole_prompt_budget, 0, {"chunking": False, "prefix_caching": False}),
+        "chunking on": (peer_requests, work.token_budget, 0, {"prefix_caching": False}),
+    },
+    lambda runs: [
+        figures.timeline_figure(run.theirs, f"vLLM, {run.label}: {run.theirs.num_steps} steps (its own SchedulerOutput, every step)", "step")
+        for run in runs
+    ],
 )
 
 st.subheader("What the users felt")

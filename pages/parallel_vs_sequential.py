@@ -15,7 +15,7 @@ from prefillviz.experiments.parallel import run_both_ways
 from prefillviz.experiments.roofline import DEFAULT_DECODE_CONTEXTS, DEFAULT_PREFILL_SIZES, run_roofline
 from prefillviz.experiments.ways import PARALLEL, TOKEN_BY_TOKEN, WAYS
 from prefillviz.figures import parallel as figures
-from prefillviz.peers.vllm_client import PeerRequest
+from prefillviz.peers.workload import PeerRequest
 from prefillviz.prompts import PRESETS
 from prefillviz.ui.shell import downloads, get_result, page_frame, progress_bar, run_guarded, save_result
 from prefillviz.ui.vllm_panel import vllm_panel

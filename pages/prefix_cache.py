@@ -14,7 +14,7 @@ from prefillviz.experiments.prefix import (
 )
 from prefillviz.experiments.outputs import compare_outputs
 from prefillviz.figures import prefix as figures
-from prefillviz.peers.vllm_client import PeerRequest
+from prefillviz.peers.workload import PeerRequest
 from prefillviz.ui.output_checks import same_tokens_block
 from prefillviz.ui.shell import downloads, get_result, page_frame, progress_callback, run_guarded, run_label, save_result
 from prefillviz.ui.vllm_panel import vllm_panel

@@ -21,7 +21,8 @@ from prefillviz import bundled
 from prefillviz.devices import dtype_name
 from prefillviz.instrument.timers import median_and_spread
 from prefillviz.peers import side_by_side
-from prefillviz.peers.vllm_client import PeerRequest, VLLMUnavailable, VLLMWorker, unavailable_for
+from prefillviz.peers.vllm_client import VLLMUnavailable, VLLMWorker, unavailable_for
+from prefillviz.peers.workload import PeerRequest
 from prefillviz.prompts import bench_token_ids
 
 KEYS = ("engine_over_vllm_prefill_512", "engine_over_vllm_prefill_2048", "engine_over_vllm_prefix_hit", "engine_over_vllm_decode", "vllm_outputs_equal")
@@ -56,7 +57,7 @@ def vllm_side_by_side(loaded, num_tokens: int, runs: int, quick: bool) -> dict:
                         if side == "ours":
                             trace = side_by_side.run_ours(loaded.model, tokenizer, requests, budget, model_id=loaded.model_id)
                         else:
-                            trace = worker.run(requests, budget)
+                            trace = worker.run(requests, budget, record_blocks=False)  # no pool walk in its timed steps
                         record = trace.requests[request_id]
                         value = record.time_to_first_token_s if what == "ttft" else statistics.mean(record.inter_token_times_s)
                         if round_index > 0:

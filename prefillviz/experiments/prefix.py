@@ -167,6 +167,23 @@ class RequestBlocks:
     num_cached_tokens: int
 
 
+def request_blocks(trace: Trace, request_id: str) -> RequestBlocks:
+    """A request's prompt blocks in a trace (ours or a peer's): the physical block of each, in
+    the order its steps took them (hits, then allocations), and what caching did with each."""
+    record = trace.requests[request_id]
+    block_size = trace.engine_config["block_size"]
+    physical: list[int] = []
+    for step in trace.steps:
+        physical += step.blocks_hit.get(request_id, []) + step.blocks_allocated.get(request_id, [])
+    num_blocks = math.ceil(record.num_prompt_tokens / block_size)
+    num_hit = record.num_cached_tokens // block_size
+    statuses = [
+        "hit" if i < num_hit else "computed" if (i + 1) * block_size <= record.num_prompt_tokens else "partial"
+        for i in range(num_blocks)
+    ]
+    return RequestBlocks(request_id, physical[:num_blocks], statuses, record.num_prompt_tokens, record.num_cached_tokens)
+
+
 @dataclass
 class StreamRun:
     label: str  # "cache on", "cache off", "small cache"
@@ -177,19 +194,7 @@ class StreamRun:
     request_steps: dict[str, list[int]]  # step indices each request ran in
 
     def request_blocks(self, request_id: str) -> RequestBlocks:
-        record = self.trace.requests[request_id]
-        block_size = self.trace.engine_config["block_size"]
-        physical: list[int] = []
-        for index in self.request_steps[request_id]:
-            step = self.trace.steps[index]
-            physical += step.blocks_hit.get(request_id, []) + step.blocks_allocated.get(request_id, [])
-        num_blocks = math.ceil(record.num_prompt_tokens / block_size)
-        num_hit = record.num_cached_tokens // block_size
-        statuses = [
-            "hit" if i < num_hit else "computed" if (i + 1) * block_size <= record.num_prompt_tokens else "partial"
-            for i in range(num_blocks)
-        ]
-        return RequestBlocks(request_id, physical[:num_blocks], statuses, record.num_prompt_tokens, record.num_cached_tokens)
+        return request_blocks(self.trace, request_id)
 
     def evictions(self) -> list[tuple[int, str, list[int]]]:
         """(step index, the request that step ran for, evicted block ids) for every step."""

@@ -9,29 +9,52 @@ for one workload (a ``LoadedModel`` of ours, a ``VLLMWorker``), timed when asked
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from prefillviz.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.instrument.trace import Trace
-from prefillviz.peers.vllm_client import BLOCK_SIZE, PeerRequest, VLLMWorker
+from prefillviz.peers.vllm_client import BLOCK_SIZE, VLLMWorker
+from prefillviz.peers.workload import PeerRequest, check_workload
 
 
-def run_ours(model, tokenizer, requests: list[PeerRequest], token_budget: int, num_blocks: int | None = None, model_id: str = "") -> Trace:
-    """The workload on a fresh engine of ours at the peer's block size, prefix caching on."""
-    config = EngineConfig(block_size=BLOCK_SIZE, token_budget=token_budget, enable_prefix_caching=True, num_blocks=num_blocks)
+def run_ours(
+    model, tokenizer, requests: list[PeerRequest], token_budget: int, num_blocks: int | None = None, model_id: str = "",
+    chunking: bool = True, prefix_caching: bool = True,
+) -> Trace:
+    """The workload on a fresh engine of ours at the peer's block size, as the vLLM worker runs it:
+    each request is added before the step it arrives at (or the first step boundary after its
+    ``arrival_s``), with its own sampling, until every request is finished."""
+    check_workload(requests, token_budget, chunking)
+    config = EngineConfig(
+        block_size=BLOCK_SIZE, token_budget=token_budget, enable_prefix_caching=prefix_caching, enable_chunked_prefill=chunking,
+        num_blocks=num_blocks,
+    )
     engine = LLMEngine(model, tokenizer, config, model_id=model_id)
-    pending = sorted(requests, key=lambda r: r.arrival_step)
-    step_index = 0
+    pending = list(requests)
+    step_index, start = 0, time.perf_counter()
     while pending or engine.has_unfinished_requests():
-        while pending and pending[0].arrival_step <= step_index:
-            request = pending.pop(0)
-            engine.add_request(list(request.token_ids), SamplingParams(max_new_tokens=request.max_new_tokens), request_id=request.request_id)
+        for request in [r for r in pending if arrived(r, step_index, time.perf_counter() - start)]:
+            pending.remove(request)
+            params = SamplingParams(
+                max_new_tokens=request.max_new_tokens, temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
+            )
+            engine.add_request(list(request.token_ids), params, request_id=request.request_id)
         if engine.has_unfinished_requests():
             engine.step()
-        step_index += 1
+            step_index += 1
+        elif pending and all(r.arrival_s is not None for r in pending):  # idle until the next arrival by time
+            time.sleep(max(0.0, min(r.arrival_s for r in pending) - (time.perf_counter() - start)))
+        else:
+            step_index += 1
     return engine.trace()
+
+
+def arrived(request: PeerRequest, step_index: int, elapsed_s: float) -> bool:
+    """It arrives at its step, or (``arrival_s``) at the first step boundary after that time."""
+    return elapsed_s >= request.arrival_s if request.arrival_s is not None else request.arrival_step <= step_index
 
 
 def schedule(trace: Trace) -> list[dict[str, int]]:
@@ -110,13 +133,17 @@ class PeerRun:
     theirs_ttft_s: list[float] = field(default_factory=list)
 
 
-def run_both(loaded, worker: VLLMWorker, label: str, requests: list[PeerRequest], budget: int, timed_runs: int) -> PeerRun:
+def run_both(
+    loaded, worker: VLLMWorker, label: str, requests: list[PeerRequest], budget: int, timed_runs: int,
+    chunking: bool = True, prefix_caching: bool = True,
+) -> PeerRun:
     """Both engines on one workload; with ``timed_runs``, one warm-up each, then that many alternated runs
     (without, the one run's TTFT is kept)."""
     ours_ttft, theirs_ttft = [], []
+    options = {"chunking": chunking, "prefix_caching": prefix_caching}
     for run in range(1 + timed_runs if timed_runs else 1):
-        ours = run_ours(loaded.model, loaded.tokenizer, requests, budget, model_id=loaded.model_id)
-        theirs = worker.run(requests, budget)
+        ours = run_ours(loaded.model, loaded.tokenizer, requests, budget, model_id=loaded.model_id, **options)
+        theirs = worker.run(requests, budget, **options)
         if run > 0 or not timed_runs:
             ours_ttft.append(ours.requests[requests[0].request_id].time_to_first_token_s)
             theirs_ttft.append(theirs.requests[requests[0].request_id].time_to_first_token_s)

@@ -18,13 +18,13 @@ import selectors
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from prefillviz.engine.scheduler import ScheduledChunk
 from prefillviz.errors import PrefillVizError
 from prefillviz.instrument.trace import RequestRecord, StepRecord, Trace
 from prefillviz.model_registry import BUNDLED_MODEL_ID
+from prefillviz.peers.workload import PeerRequest, check_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_VENV = Path(os.environ.get("PREFILLVIZ_VLLM_VENV", ROOT / ".venv-vllm"))
@@ -68,14 +68,6 @@ def unavailable_for(model_id: str, device_type: str) -> str | None:
     if device_type != "cpu":
         return "The vLLM comparison runs on a CPU here (on a GPU machine, `make vllm` installs vLLM's CUDA build, not wired in yet)."
     return None
-
-
-@dataclass(frozen=True)
-class PeerRequest:
-    request_id: str
-    token_ids: list[int]
-    max_new_tokens: int
-    arrival_step: int = 0
 
 
 class VLLMWorker:
@@ -133,6 +125,7 @@ class VLLMWorker:
             self.close()
             raise VLLMUnavailable(message)
         self.versions = {"vllm": ready.get("vllm"), "torch": ready.get("torch"), "device": ready.get("device")}
+        self.num_blocks = int(ready.get("num_blocks") or 0)  # vLLM's pool, its null block (0) included
 
     @property
     def alive(self) -> bool:
@@ -167,37 +160,46 @@ class VLLMWorker:
         self.close()
         raise VLLMUnavailable(f"The vLLM worker gave no answer within {timeout_s:.0f} s ({what}); it was stopped.\n{self.log_tail()}")
 
-    def run(self, requests: list[PeerRequest], token_budget: int, reset_prefix_cache: bool = True, timeout_s: float = RUN_TIMEOUT_S) -> Trace:
-        """Run one workload on vLLM; its steps and requests as a ``Trace`` (``engine_config`` says it is vLLM's)."""
+    def run(
+        self, requests: list[PeerRequest], token_budget: int, reset_prefix_cache: bool = True, timeout_s: float = RUN_TIMEOUT_S,
+        chunking: bool = True, prefix_caching: bool = True, record_blocks: bool = True,
+    ) -> Trace:
+        """Run one workload on vLLM; its steps and requests as a ``Trace`` (``engine_config`` says it is vLLM's).
+
+        Args:
+            chunking: vLLM's chunked prefill (off: a prompt runs whole, so the budget must hold it).
+            prefix_caching: off, no request reads vLLM's prefix cache.
+            record_blocks: keep vLLM's block map of every step (off for the bench: it walks the pool each step).
+        """
+        check_workload(requests, token_budget, chunking)
         if self.process.poll() is not None:
             raise VLLMUnavailable(f"The vLLM worker is not running (status {self.process.returncode}).\n{self.log_tail()}")
         workload = {
-            "token_budget": token_budget,
-            "reset_prefix_cache": reset_prefix_cache,
-            "requests": [
-                {"id": r.request_id, "token_ids": list(r.token_ids), "max_new_tokens": r.max_new_tokens, "arrival_step": r.arrival_step}
-                for r in requests
-            ],
+            "token_budget": token_budget, "reset_prefix_cache": reset_prefix_cache, "chunking": chunking,
+            "prefix_caching": prefix_caching, "record_blocks": record_blocks, "requests": [r.to_json() for r in requests],
         }
         self.process.stdin.write(json.dumps({"op": "run", "workload": workload}) + "\n")
         self.process.stdin.flush()
         reply = self._read(timeout_s, "a workload")
         if not reply.get("ok"):
             raise VLLMUnavailable(f"vLLM failed on the workload: {reply.get('error')}")
-        return self._trace(reply, requests, token_budget)
+        return self._trace(reply, requests, token_budget, chunking, prefix_caching)
 
-    def _trace(self, reply: dict, requests: list[PeerRequest], token_budget: int) -> Trace:
+    def _trace(self, reply: dict, requests: list[PeerRequest], token_budget: int, chunking: bool, prefix_caching: bool) -> Trace:
         prompts = {r.request_id: r.token_ids for r in requests}
-        steps = []
+        steps, known_blocks = [], {}  # request id -> the block ids it held after the last step it ran in
         for index, step in enumerate(reply["steps"]):
             chunks = [
                 ScheduledChunk(request_id, start, num_tokens, start < len(prompts[request_id]), start + num_tokens >= len(prompts[request_id]))
                 for request_id, start, num_tokens in step["chunks"]
             ]
+            hit, allocated = self._block_changes(step, chunks, known_blocks)
+            blocks = step.get("blocks") or {}
             steps.append(
                 StepRecord(
-                    step_index=index, chunks=chunks, blocks_hit={}, blocks_allocated={}, blocks_evicted=[], preempted_request_ids=[],
-                    sampled_token_ids={}, num_free_blocks=0, start_time_s=step["start_s"], wall_time_s=step["wall_s"],
+                    step_index=index, chunks=chunks, blocks_hit=hit, blocks_allocated=allocated, blocks_evicted=list(blocks.get("evicted", [])),
+                    preempted_request_ids=[], sampled_token_ids={}, num_free_blocks=blocks.get("num_free_blocks") or 0,
+                    start_time_s=step["start_s"], wall_time_s=step["wall_s"],
                     schedule_time_s=0.0, prepare_time_s=0.0, forward_time_s=step["wall_s"], sample_time_s=0.0, update_time_s=0.0,
                 )
             )
@@ -216,11 +218,33 @@ class VLLMWorker:
                 time_to_first_token_s=times[0] - done.get("arrival_s", 0.0) if times else None,
                 inter_token_times_s=[b - a for a, b in zip(times, times[1:])],
             )
-        config = {"engine": f"vLLM {self.versions['vllm']}", "block_size": self.block_size, "token_budget": token_budget, "enable_prefix_caching": True}
+        config = {
+            "engine": f"vLLM {self.versions['vllm']}", "block_size": self.block_size, "token_budget": token_budget,
+            "enable_prefix_caching": prefix_caching, "enable_chunked_prefill": chunking,
+        }
         return Trace(
             model_id=self.model_folder, device=str(self.versions["device"]), dtype=self.dtype, engine_config=config,
-            num_blocks=0, kv_cache_bytes=0, kv_bytes_per_token=0, steps=steps, requests=records,
+            num_blocks=self.num_blocks, kv_cache_bytes=0, kv_bytes_per_token=0, steps=steps, requests=records,
         )
+
+    def _block_changes(self, step: dict, chunks: list[ScheduledChunk], known: dict[str, list[int]]) -> tuple[dict, dict]:
+        """vLLM's block tables after a step as our ``blocks_hit`` / ``blocks_allocated``: a request's first
+        chunk that starts past 0 found that many tokens' blocks in the cache; blocks new to its table were allocated."""
+        tables = (step.get("blocks") or {}).get("tables", {})
+        hit, allocated = {}, {}
+        for chunk in chunks:
+            table = tables.get(chunk.request_id)
+            if table is None:
+                continue
+            before = known.get(chunk.request_id)
+            if before is None:  # its first step: the blocks before its first computed token were hits
+                num_hit = chunk.start_position // self.block_size
+                before = table[:num_hit]
+                if num_hit:
+                    hit[chunk.request_id] = before
+            allocated[chunk.request_id] = table[len(before):]
+            known[chunk.request_id] = table
+        return hit, allocated
 
     def close(self) -> None:
         """Stop the worker (asked first, then killed); nothing is left running. Its log is kept

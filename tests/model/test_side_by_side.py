@@ -4,7 +4,7 @@ kind of difference, or the peer tier's "the same" would mean nothing."""
 import copy
 
 from prefillviz.peers import side_by_side
-from prefillviz.peers.vllm_client import PeerRequest
+from prefillviz.peers.workload import PeerRequest
 
 
 def workload(arrival=1):

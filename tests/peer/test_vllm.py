@@ -8,9 +8,13 @@ Without ``.venv-vllm`` these tests skip locally and fail in CI (which builds it)
 
 import pytest
 
+from prefillviz.errors import ConfigError
+
 from prefillviz import bundled as bundled_model
+from prefillviz.experiments.prefix import request_blocks
 from prefillviz.peers import side_by_side
-from prefillviz.peers.vllm_client import PeerRequest, VLLMWorker
+from prefillviz.peers.vllm_client import VLLMWorker
+from prefillviz.peers.workload import PeerRequest
 from prefillviz.prompts import PRESETS, bench_token_ids
 
 NEW_TOKENS = 16
@@ -25,10 +29,26 @@ def vllm(bundled, needs_vllm):
         yield worker
 
 
-def both(bundled, vllm, requests, token_budget):
-    ours = side_by_side.run_ours(bundled.model, bundled.tokenizer, requests, token_budget)
-    theirs = vllm.run(requests, token_budget)
+def both(bundled, vllm, requests, token_budget, **options):
+    ours = side_by_side.run_ours(bundled.model, bundled.tokenizer, requests, token_budget, **options)
+    theirs = vllm.run(requests, token_budget, **options)
     return ours, theirs, side_by_side.compare(ours, theirs)
+
+
+def blocks_in_use(trace, pool_blocks):
+    return [pool_blocks - step.num_free_blocks for step in trace.steps]
+
+
+def assert_same_block_maps(ours, theirs):
+    """Each request's prompt blocks: as many, each hit / computed / partial alike; the blocks in use and
+    the evictions, step by step, alike. (Physical ids differ: vLLM's block 0 is its null block, and its
+    free queue's order carries over from earlier workloads on the same worker.)"""
+    for request_id in ours.requests:
+        a, b = request_blocks(ours, request_id), request_blocks(theirs, request_id)
+        assert a.statuses == b.statuses and len(a.physical_blocks) == len(b.physical_blocks), (request_id, a, b)
+        assert len(set(b.physical_blocks)) == len(b.physical_blocks) and 0 not in b.physical_blocks  # distinct, never the null block
+    assert blocks_in_use(ours, ours.num_blocks) == blocks_in_use(theirs, theirs.num_blocks - 1)
+    assert [len(s.blocks_evicted) for s in ours.steps] == [len(s.blocks_evicted) for s in theirs.steps]
 
 
 def prompt_ids(bundled, text):
@@ -62,6 +82,46 @@ def test_a_shared_prefix_hits_the_same_blocks_including_a_block_boundary(bundled
     assert comparison.cached_tokens["whole"] == (32, 32)  # a whole-prompt hit recomputes its last block (its last token needs logits)
     assert comparison.outputs_differ == [], comparison.summary()
     assert comparison.schedule_equal, comparison.summary()
+    assert_same_block_maps(ours, theirs)
+    assert request_blocks(theirs, "q0").statuses == ["hit", "hit", "partial"]
+
+
+def test_prefix_caching_off_and_chunking_off_run_the_same_on_both(bundled, vllm):
+    prefix = bench_token_ids(bundled.tokenizer, 64)
+    requests = [PeerRequest("first", prefix + [100, 200], 4), PeerRequest("again", prefix + [300], 4, arrival_step=6)]
+    ours, theirs, comparison = both(bundled, vllm, requests, 256, prefix_caching=False)
+    assert comparison.cached_tokens == {"first": (0, 0), "again": (0, 0)}  # vLLM's skip_reading_prefix_cache
+    assert comparison.all_equal, comparison.summary()
+    assert theirs.engine_config["enable_prefix_caching"] is False
+
+    short = [PeerRequest(f"short-{i}", bench_token_ids(bundled.tokenizer, 12 + i)[i:], 6) for i in range(2)]
+    long = PeerRequest("long", bench_token_ids(bundled.tokenizer, 350)[50:], 3, arrival_step=2)
+    ours, theirs, comparison = both(bundled, vllm, [*short, long], 512, chunking=False)
+    assert comparison.outputs_differ == [] and comparison.cached_tokens_equal, comparison.summary()
+    # A policy difference, asserted exactly: with chunking off our engine runs the old way, a prefill-only
+    # step that stalls the decodes; vLLM V1 only refuses to split a prompt, and still runs the running
+    # requests' decodes in the same step when the budget holds them (scheduler.py: running first, then a
+    # waiting prompt is admitted whole or not at all).
+    decode = {"short-0": 1, "short-1": 1}
+    assert side_by_side.schedule(ours)[2:4] == [{"long": 300}, {**decode, "long": 1}]
+    assert side_by_side.schedule(theirs)[2:4] == [{**decode, "long": 300}, {**decode, "long": 1}]
+    assert len(ours.steps) == len(theirs.steps) + 1  # the decodes it stalled cost ours one more step
+    with pytest.raises(ConfigError, match="must hold the longest prompt"):
+        vllm.run([*short, long], 64, chunking=False)  # it would never fit a step: refused, not hung
+
+
+def test_arrival_by_time_and_seeded_sampling(bundled, vllm):
+    prompt = bench_token_ids(bundled.tokenizer, 200)
+    requests = [PeerRequest("now", prompt, 3), PeerRequest("later", prompt[:60], 3, arrival_s=0.4)]
+    ours, theirs, comparison = both(bundled, vllm, requests, 64)
+    for trace in (ours, theirs):
+        assert trace.requests["later"].arrival_time_s - trace.requests["now"].arrival_time_s >= 0.4
+    assert comparison.outputs_differ == [] and comparison.cached_tokens_equal  # the schedules may part: timing decides arrivals
+
+    sampled = [PeerRequest("s", prompt, 12, temperature=0.9, top_k=40, top_p=0.95, seed=7)]
+    first, second = (vllm.run(sampled, 256).requests["s"].output_token_ids for _ in range(2))
+    greedy = vllm.run([PeerRequest("s", prompt, 12)], 256).requests["s"].output_token_ids
+    assert first == second and first != greedy  # vLLM's seeded sampler: repeatable, and not greedy
 
 
 SMALL_CACHE_BLOCKS = 10  # vLLM's count, its null block included: 9 blocks of 32 tokens hold requests
@@ -81,6 +141,8 @@ def test_evictions_in_a_small_cache_leave_the_same_hits(bundled):
     # a's last block was evicted to make room for d (a freed request's tail blocks go first, as in vLLM); d's three stayed
     assert comparison.cached_tokens == {"a1": (0, 0), "c": (0, 0), "d": (0, 0), "a2": (64, 64), "d2": (96, 96)}
     assert comparison.all_equal, comparison.summary()
+    assert_same_block_maps(ours, theirs)
+    assert sum(len(s.blocks_evicted) for s in theirs.steps) > 0
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from tests.app.pages import chart_specs, open_page, plotly_array, small_chunked_
 pytestmark = pytest.mark.usefixtures("needs_vllm")
 
 
-def test_the_chunked_page_runs_its_workload_on_vllm_and_says_both_schedules_agree(bundled):
+def test_the_chunked_page_runs_both_ways_on_vllm_and_explains_where_chunking_off_differs(bundled):
     app = open_page("chunked_prefill")
     small_chunked_workload(app)
     app.run()
@@ -16,12 +16,17 @@ def test_the_chunked_page_runs_its_workload_on_vllm_and_says_both_schedules_agre
     before = len(chart_specs(app))
     app.button(key="chunked_vllm_run").click().run()
     assert not app.exception and not app.error
-    verdict = next(s.value for s in app.success if "against vLLM" in s.value)
-    assert "outputs: 3 of 3 the same" in verdict and "schedule: the same, step by step" in verdict
-    vllm_chart = next(spec for spec in chart_specs(app).values() if spec["layout"]["title"]["text"].startswith("vLLM:"))
-    assert len(chart_specs(app)) == before + 1 and vllm_chart["data"]
-    theirs = app.session_state["results"]["chunked_vllm"][0].theirs
-    assert [c.num_tokens for c in theirs.steps[1].chunks if c.request_id == "long"] == [22]  # 2 decodes + 22 prompt tokens in a budget of 24
+    on = next(s.value for s in app.success if "chunking on: against vLLM" in s.value)
+    assert "outputs: 3 of 3 the same" in on and "schedule: the same, step by step" in on
+    off = next(w.value for w in app.warning if "chunking off: against vLLM" in w.value)
+    assert "outputs: 3 of 3 the same" in off and "schedule: differs first at step 1 (ours {'long': 64}" in off
+    assert any("With chunking off" in m.value for m in app.markdown)  # what differs and why, from vLLM's scheduler
+    titles = [spec["layout"]["title"]["text"] for spec in chart_specs(app).values()]
+    assert len(titles) == before + 4  # vLLM's two timelines, and both block maps
+    assert sum(t.startswith("vLLM, chunking") for t in titles) == 2 and sum(t.startswith("Blocks, ") for t in titles) >= 2
+    off_run, on_run = app.session_state["results"]["chunked_vllm"]
+    assert [c.num_tokens for c in on_run.theirs.steps[1].chunks if c.request_id == "long"] == [22]  # 2 decodes + 22 prompt tokens in a budget of 24
+    assert {c.request_id: c.num_tokens for c in off_run.theirs.steps[1].chunks} == {"short-1": 1, "short-2": 1, "long": 64}
 
 
 def test_the_prefix_page_finds_the_same_prefix_hits_on_vllm(bundled):
@@ -37,6 +42,10 @@ def test_the_prefix_page_finds_the_same_prefix_hits_on_vllm(bundled):
     bars = next(spec for spec in chart_specs(app).values() if spec["layout"]["title"]["text"].startswith("Prompt tokens from the prefix cache"))
     ours, theirs = (list(plotly_array(bar["y"])) for bar in bars["data"])
     assert ours == theirs and ours[0] == 0 and max(ours) >= 32  # the first computes the prefix, later ones hit whole blocks of it
+    grids = {spec["layout"]["title"]["text"]: spec for spec in chart_specs(app).values() if spec["layout"]["title"]["text"].startswith("Blocks, ")}
+    ours_grid, theirs_grid = grids["Blocks, ours (cache on)"], grids["Blocks, vLLM (cache on)"]
+    cells = lambda grid: {bar["name"]: list(bar["y"]) for bar in grid["data"]}  # noqa: E731 status -> the request of each cell
+    assert cells(ours_grid) == cells(theirs_grid) and cells(theirs_grid)["cache hit (K/V reused)"]
 
 
 def test_the_parallel_page_runs_the_prompt_both_ways_on_vllm(bundled):

@@ -92,20 +92,24 @@ def _collect(results, got: dict[str, WorkerResult], timeout_s: float, processes=
             return
         if isinstance(item, WorkerFailure):
             other_rank = DECODE_RANK if item.role == ROLES[PREFILL_RANK] else PREFILL_RANK
-            other, cause = ROLES[other_rank], ""
             exit_code = processes[other_rank].exitcode if len(processes) > other_rank else None
-            if exit_code is not None and exit_code < 0:
-                cause = f"The {other} worker died first (killed by {signal.Signals(-exit_code).name}). "
-            raise DisaggError(f"{cause}The {item.role} worker failed: {item.message} The {other} worker was stopped; nothing is left running.")
+            if exit_code is not None and exit_code < 0:  # the other one was killed first: that is the news
+                how = f"killed by {signal.Signals(-exit_code).name}"
+                raise DisaggError(f"{_died_message(other_rank, how)} (The {item.role} worker saw: {item.message})")
+            raise DisaggError(f"The {item.role} worker failed: {item.message} The {ROLES[other_rank]} worker was stopped; nothing is left running.")
         got[item.role] = item
         deadline = time.perf_counter()  # drain what is there, then return
 
 
-def _died_message(error: mp.ProcessExitedException | mp.ProcessRaisedException) -> str:
-    role = ROLES.get(error.error_index, f"rank {error.error_index}")
-    other = ROLES[DECODE_RANK if error.error_index == PREFILL_RANK else PREFILL_RANK]
-    how = f"killed by {error.signal_name}" if getattr(error, "signal_name", None) else f"exit code {getattr(error, 'exit_code', '?')}"
-    return f"The {role} worker died mid-run ({how}). The {other} worker was stopped; nothing is left running. Run again."
+def _died_message(rank: int, how: str) -> str:
+    other = ROLES[DECODE_RANK if rank == PREFILL_RANK else PREFILL_RANK]
+    return f"The {ROLES[rank]} worker died mid-run ({how}). The {other} worker was stopped; nothing is left running. Run again."
+
+
+def _how_it_exited(error: mp.ProcessExitedException | mp.ProcessRaisedException) -> str:
+    if getattr(error, "signal_name", None):
+        return f"killed by {error.signal_name}"
+    return f"exit code {getattr(error, 'exit_code', '?')}"
 
 
 def stop_processes(processes) -> None:
@@ -163,7 +167,7 @@ def run_disaggregated(
                 all_exited = processes.join(timeout=0.05)
             except (mp.ProcessExitedException, mp.ProcessRaisedException) as error:
                 _collect(results, got, 2.0, processes.processes)  # its own message, when it had time to send one
-                raise DisaggError(_died_message(error)) from None
+                raise DisaggError(_died_message(error.error_index, _how_it_exited(error))) from None
             if all_exited and len(got) < 2:
                 _collect(results, got, 2.0)
                 if len(got) < 2:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from prefillviz.lessons.actions import ActionKind, ActionOutcome, check_parameters
+from prefillviz.lessons.disagg_step import DISAGG_MEASURED, _disagg_gaps_figure, _disagg_latency_figure, _run_disagg
 from prefillviz.lessons.runs import (
     SMALLEST_SCALED_PREFIX_TOKENS,
     _run_chunked,
@@ -104,6 +105,18 @@ ACTION_KINDS: dict[str, ActionKind] = {
             figures={"latency": _chunked_latency_figure},
             run=_run_chunked,
             description="A long prompt arriving while short requests decode, with chunked prefill off and on.",
+        ),
+        ActionKind(
+            name="disagg",
+            parameters={
+                "num_short_requests": (int, 3), "short_prompt_tokens": (int, 16), "short_max_new_tokens": (int, 12),
+                "long_prompt_tokens": (int, 512), "long_max_new_tokens": (int, 2), "arrival_step": (int, 2), "token_budget": (int, 64),
+            },
+            scaled={"short_max_new_tokens": 4, "long_prompt_tokens": 16, "token_budget": 8},
+            measured=DISAGG_MEASURED,
+            figures={"gaps": _disagg_gaps_figure, "latency": _disagg_latency_figure},
+            run=_run_disagg,
+            description="The chunked workload on one engine (chunking off, on), then on a prefill worker and a decode worker.",
         ),
         ActionKind(
             name="prefix",

@@ -29,6 +29,8 @@ def page_results(outcome: ActionOutcome, label: str) -> dict[str, Any]:
         return {"parallel_roofline": raw["roofline"]}
     if outcome.kind == "chunked":
         return {"chunked": {"comparison": raw["chunked"], "label": label}}
+    if outcome.kind == "disagg":
+        return {"disagg": {"comparison": raw["disagg"], "label": label}}
     if outcome.kind == "prefix":
         return {"prefix": {"experiment": raw["prefix"], "label": label}}
     return {}

@@ -123,3 +123,17 @@ def test_the_prefill_worker_killed_mid_transfer_is_an_error_and_the_next_run_wor
         rid: r.output_token_ids for rid, r in reference.requests.items()
     }
     assert all(t.bit_identical for t in run.transfers) and not worker_processes_alive()
+
+
+def test_the_lesson_step_measures_every_number_and_its_question_gets_a_reveal(bundled):
+    from prefillviz import lessons
+
+    step = next(step for lesson in lessons.load_lessons() for step in lesson.steps if step.action["kind"] == "disagg")
+    outcome = lessons.run_action(bundled, step.action, scale=0.05)
+    assert set(outcome.measured) == set(lessons.ACTION_KINDS["disagg"].measured) and outcome.measured["outputs_identical"] == 1.0
+    long_tokens = len(outcome.raw["disagg"].workload.long_prompt)
+    assert outcome.measured["kv_mb_sent_long"] == BUNDLED_FP32_KV_BYTES_PER_TOKEN * long_tokens / 1e6
+    assert 0.5 < outcome.measured["disagg_itl_growth"] < 50  # a ratio of two measured gaps (its value is the lesson's question)
+    reveal = lessons.format_reveal(step.question, outcome.measured[step.question.answer], 0)
+    assert reveal.measured_text and reveal.verdict and lessons.step_figure(step, outcome).data
+    assert lessons.page_results(outcome, "label")["disagg"]["comparison"] is outcome.raw["disagg"]

@@ -1,0 +1,64 @@
+"""The ``disagg`` action: the chunked-prefill workload on one engine (chunking off, on) and on a
+prefill worker + a decode worker (``disagg.experiment``), and the figures its step can show."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from prefillviz.disagg.experiment import SETUPS, compare_setups
+from prefillviz.experiments import chunked
+from prefillviz.figures import chunked as chunked_figures
+from prefillviz.figures import disagg as disagg_figures
+from prefillviz.lessons.actions import ActionOutcome
+from prefillviz.lessons.runs import _outcome
+from prefillviz.progress import FractionProgress
+
+DISAGG_MEASURED = (
+    "itl_max_off_ms", "itl_max_on_ms", "itl_max_disagg_ms", "long_ttft_off_ms", "long_ttft_on_ms", "long_ttft_disagg_ms",
+    "disagg_itl_growth", "kv_mb_sent_long", "transfer_ms_long", "outputs_identical",
+)
+
+
+def _run_disagg(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:
+    workload = chunked.build_workload(
+        loaded.tokenizer,
+        num_short_requests=parameters["num_short_requests"],
+        short_prompt_tokens=parameters["short_prompt_tokens"],
+        short_max_new_tokens=parameters["short_max_new_tokens"],
+        long_prompt_tokens=parameters["long_prompt_tokens"],
+        long_max_new_tokens=parameters["long_max_new_tokens"],
+        arrival_step=parameters["arrival_step"],
+        token_budget=parameters["token_budget"],
+    )
+    total = workload.estimated_num_steps(False) + workload.estimated_num_steps(True)
+
+    def progress(done: int, record) -> None:
+        report(min(0.5, done / total / 2), f"one engine, chunking off, then on: step {done} of ~{total}")
+
+    comparison = compare_setups(loaded, workload, progress)
+    report(1.0, "the prefill and decode workers are done")
+    off, on, disagg = (comparison.summaries[name] for name in SETUPS)
+    long = next(t for t in comparison.disagg.transfers if t.request_id == chunked.LONG_REQUEST_ID)
+    measured = {
+        "itl_max_off_ms": off.itl_max_ms, "itl_max_on_ms": on.itl_max_ms, "itl_max_disagg_ms": disagg.itl_max_ms,
+        "long_ttft_off_ms": off.long_ttft_ms, "long_ttft_on_ms": on.long_ttft_ms, "long_ttft_disagg_ms": disagg.long_ttft_ms,
+        "disagg_itl_growth": comparison.itl_growth(), "kv_mb_sent_long": long.num_bytes / 1e6, "transfer_ms_long": long.transfer_s * 1000,
+        "outputs_identical": float(comparison.outputs_equal),
+    }
+    facts = [
+        ("Worst gap of a decoding user: chunking off, on, disaggregated", f"{off.itl_max_ms:,.0f} ms, {on.itl_max_ms:,.0f} ms, {disagg.itl_max_ms:,.0f} ms"),
+        ("Disaggregated: worst gap after the long prompt arrived, over the median gap", f"{measured['disagg_itl_growth']:.1f}×"),
+        ("Long prompt's TTFT: chunking off, on, disaggregated", f"{off.long_ttft_ms:,.0f} ms, {on.long_ttft_ms:,.0f} ms, {disagg.long_ttft_ms:,.0f} ms"),
+        ("Its KV cache sent to the decode worker", f"{measured['kv_mb_sent_long']:,.1f} MB in {measured['transfer_ms_long']:,.1f} ms"),
+        ("Threads", comparison.threads_label),
+        ("Same tokens generated", "yes" if measured["outputs_identical"] else "no"),
+    ]
+    return _outcome("disagg", loaded, parameters, measured, facts, {"disagg": comparison})
+
+
+def _disagg_gaps_figure(outcome: ActionOutcome) -> go.Figure:
+    return disagg_figures.gaps_figure(outcome.raw["disagg"], "The decoding users' gaps between tokens, around the long prompt's arrival")
+
+
+def _disagg_latency_figure(outcome: ActionOutcome) -> go.Figure:
+    return chunked_figures.latency_figure(outcome.raw["disagg"].summaries, "One engine (chunking off, on) vs disaggregated (ms)")

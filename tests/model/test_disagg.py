@@ -43,6 +43,41 @@ def worker_processes_alive() -> list[psutil.Process]:
     ]
 
 
+def test_a_request_prefilled_by_one_engine_decodes_on_another_through_its_own_blocks(tiny_llama):
+    """The engine hook alone, in one process: gather from engine A's blocks, write into B's, decode on B."""
+    from prefillviz.config import EngineConfig
+    from prefillviz.disagg.kv_transfer import gather_request_kv, write_request_kv
+    from prefillviz.engine.engine import LLMEngine
+    from prefillviz.engine.request import SamplingParams
+    from prefillviz.errors import RequestError
+
+    prompt, params = list(range(3, 40)), SamplingParams(max_new_tokens=6)
+    whole_engine = LLMEngine(tiny_llama, None, EngineConfig(block_size=8, num_blocks=8))
+    whole_engine.add_request(prompt, params, request_id="r")
+    expected = whole_engine.run().requests["r"].output_token_ids
+
+    prefill = LLMEngine(tiny_llama, None, EngineConfig(block_size=8, num_blocks=8))
+    sent = prefill.add_request(prompt, SamplingParams(max_new_tokens=2), request_id="r")
+    prefill.step()
+    payload = gather_request_kv(prefill.kv_cache, sent.block_table, 37)  # (2, L, T, KVH, D)
+    assert payload.shape == (2, 2, 37, 2, 16)
+
+    decode = LLMEngine(tiny_llama, None, EngineConfig(block_size=8, num_blocks=12))
+    decode.block_pool.allocate(3)  # so the decode engine's physical blocks differ from the prefill engine's
+    received = decode.add_prefilled_request(prompt, sent.output_token_ids[0], params, "r", sent.arrival_time, sent.first_token_time)
+    assert received.block_table != sent.block_table and len(received.block_table) == 5
+    write_request_kv(decode.kv_cache, received.block_table, payload)
+    assert torch.equal(gather_request_kv(decode.kv_cache, received.block_table, 37), payload)
+    trace = decode.run()
+    assert trace.requests["r"].output_token_ids == expected
+    assert all(not chunk.is_prefill for step in trace.steps for chunk in step.chunks) and trace.num_steps == 5
+
+    full = LLMEngine(tiny_llama, None, EngineConfig(block_size=8, num_blocks=12))
+    full.block_pool.allocate(10)
+    with pytest.raises(RequestError, match="needs 5 free KV blocks"):
+        full.add_prefilled_request(prompt, 1, params, "r", 0.0, 0.0)
+
+
 def test_disaggregated_run_matches_one_engine_and_moves_the_kv_bit_for_bit(bundled):
     workload = build_workload(bundled.tokenizer, 2, 8, 4, 64, 3, arrival_step=2, token_budget=24)
     run = run_disaggregated(model_loader(bundled.model_id, "float32"), workload, keep_payloads=True)

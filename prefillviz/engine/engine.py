@@ -25,6 +25,7 @@ from prefillviz.engine.block_pool import BlockPool
 from prefillviz.engine.kv_cache import PagedKVCache
 from prefillviz.engine.records import request_record, since
 from prefillviz.engine.request import Request, RequestStatus, SamplingParams
+from prefillviz.engine.request_checks import check_request
 from prefillviz.engine.runner import ModelRunner, RunnerOutput
 from prefillviz.engine.scheduler import Scheduler, SchedulerOutput
 from prefillviz.errors import OutOfMemory, RequestError, is_out_of_memory
@@ -117,40 +118,20 @@ class LLMEngine:
         return request
 
     def add_prefilled_request(
-        self,
-        prompt_token_ids: list[int],
-        first_token_id: int,
-        sampling_params: SamplingParams,
-        request_id: str,
-        arrival_time: float,
-        first_token_time: float,
+        self, prompt_token_ids: list[int], first_token_id: int, sampling_params: SamplingParams, request_id: str,
+        arrival_time: float, first_token_time: float,
     ) -> Request:
-        """Admit a request whose prompt another engine prefilled (disaggregated serving).
-
-        Its first token is already sampled; blocks for the prompt's K/V are allocated here and
-        the caller writes that K/V through ``request.block_table`` before the next step, which
-        decodes it like any running request. Times are the prefilling engine's (same host clock).
-
-        Raises:
-            RequestError: the checks of ``add_request``, or no free blocks for the prompt.
-        """
+        """Admit a request whose prompt another engine prefilled (disaggregated serving): it runs
+        at once with its first token sampled; the caller writes the prompt's K/V through
+        ``request.block_table`` before the next step. Raises ``RequestError`` as ``add_request``
+        does, or when there are no free blocks for the prompt."""
         token_ids = [int(t) for t in prompt_token_ids]
         self._check_request(request_id, token_ids, sampling_params)
         num_prompt_blocks = -(-len(token_ids) // self.config.block_size)
         if not self.block_pool.can_allocate(num_prompt_blocks):
             raise RequestError(f"No room for {request_id!r}: its {len(token_ids):,}-token prompt needs {num_prompt_blocks} free KV blocks.")
-        request = Request(
-            request_id=request_id,
-            prompt_token_ids=token_ids,
-            sampling_params=sampling_params,
-            arrival_time=arrival_time,
-            output_token_ids=[int(first_token_id)],
-            status=RequestStatus.RUNNING,
-            num_computed_tokens=len(token_ids),
-            block_table=self.block_pool.allocate(num_prompt_blocks),
-            first_scheduled_time=arrival_time,
-            first_token_time=first_token_time,
-            token_times=[first_token_time],
+        request = Request.prefilled(
+            request_id, token_ids, sampling_params, int(first_token_id), self.block_pool.allocate(num_prompt_blocks), arrival_time, first_token_time,
         )
         self.request_records[request_id] = None
         self.scheduler.add_running_request(request)
@@ -162,34 +143,7 @@ class LLMEngine:
         return self._start_time
 
     def _check_request(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
-        if not token_ids:
-            raise RequestError("The prompt is empty: it has no tokens.")
-        if request_id in self.request_records:
-            raise RequestError(f"A request named {request_id!r} already exists.")
-        if params.max_new_tokens < 1:
-            raise RequestError(f"max_new_tokens must be at least 1, got {params.max_new_tokens}.")
-        if params.temperature < 0 or not 0 < params.top_p <= 1 or params.top_k < 0:
-            raise RequestError("Sampling needs temperature >= 0, 0 < top_p <= 1 and top_k >= 0.")
-        if min(token_ids) < 0 or max(token_ids) >= self.info.vocab_size:
-            raise RequestError(f"Token ids must lie in 0..{self.info.vocab_size - 1}.")
-        max_prompt, max_new = self.config.max_prompt_tokens, self.config.max_new_tokens
-        if (max_prompt is not None and len(token_ids) > max_prompt) or (max_new is not None and params.max_new_tokens > max_new):
-            limits = [f"prompts of up to {max_prompt:,} tokens"] * (max_prompt is not None) + [f"{max_new} new tokens"] * (max_new is not None)
-            raise RequestError(
-                f"This engine serves {' and '.join(limits)}; this one has {len(token_ids):,} and asks for {params.max_new_tokens}."
-            )
-        total = len(token_ids) + params.max_new_tokens
-        if self.info.max_context and total > self.info.max_context:
-            raise RequestError(
-                f"The prompt has {len(token_ids):,} tokens; with {params.max_new_tokens} new token(s) that is "
-                f"{total:,}, more than this model's context of {self.info.max_context:,} tokens. Shorten the prompt."
-            )
-        capacity = self.num_blocks * self.config.block_size
-        if total > capacity:
-            raise RequestError(
-                f"The prompt needs {total:,} token slots but the KV cache holds {capacity:,} "
-                f"({self.num_blocks} blocks of {self.config.block_size}). Shorten the prompt or raise the KV memory budget."
-            )
+        check_request(request_id, token_ids, params, self.config, self.info, self.num_blocks, self.request_records)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request and free its blocks (a no-op once it has finished)."""

@@ -82,6 +82,18 @@ class Request:
     first_token_text: str | None = None  # detokenized; None without a tokenizer
     detokenize_time_s: float = 0.0  # the decode of that text, after the step
 
+    @classmethod
+    def prefilled(
+        cls, request_id: str, token_ids: list[int], params: SamplingParams, first_token_id: int, block_table: list[int],
+        arrival_time: float, first_token_time: float,
+    ) -> Request:
+        """A request whose prompt another engine computed: running, its first token sampled (disaggregation)."""
+        return cls(
+            request_id=request_id, prompt_token_ids=token_ids, sampling_params=params, arrival_time=arrival_time,
+            output_token_ids=[first_token_id], status=RequestStatus.RUNNING, num_computed_tokens=len(token_ids),
+            block_table=block_table, first_scheduled_time=arrival_time, first_token_time=first_token_time, token_times=[first_token_time],
+        )
+
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)

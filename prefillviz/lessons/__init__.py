@@ -11,7 +11,7 @@ A lesson is two files with the same stem under ``assets/lessons/``:
 A step spec says what the step does to the app and asks:
 
     {"action":   {"kind": "prefill", "preset": "Short question"},   # what runs on the model
-     "view":     "pages/prefill.py",                                # the full view of that run
+     "view":     "views/prefill.py",                                # the full view of that run
      "figure":   "ttft_breakdown",                                  # optional: which figure
      "settings": {"dtype": "float32"},                              # optional: sidebar settings
      "question": {"kind": "number", "text": "...", "answer": "ttft_ratio",
@@ -22,7 +22,7 @@ Every action runs the real model through the experiments the pages use (``experi
 name**; a question names the number that answers it (``ACTION_KINDS[kind].measured``). A
 "choice" question sorts the measured number into the first option whose ``up_to`` it does not
 exceed (the last option takes the rest). Nothing is hard-coded: the reveal shows what this run
-measured. This package does not import streamlit; ``pages/walkthrough.py`` draws it.
+measured. This package does not import streamlit; ``views/walkthrough.py`` draws it.
 
 The modules, in import order:
 

@@ -109,8 +109,8 @@ def parse_step(spec: Any, index: int, section: tuple[str, str, str], where: str)
     check_parameters(kind, action, where)
     view = spec.get("view")
     _require(
-        isinstance(view, str) and view.startswith("pages/") and (ROOT / view).is_file(), where,
-        f"'view' must name a page file under pages/ (got {view!r}).",
+        isinstance(view, str) and view.startswith("views/") and (ROOT / view).is_file(), where,
+        f"'view' must name a page file under views/ (got {view!r}).",
     )
     figure = spec.get("figure", next(iter(kind.figures)))
     _require(figure in kind.figures, where, f"figure {figure!r} is not one that {kind.name!r} draws ({', '.join(kind.figures)}).")

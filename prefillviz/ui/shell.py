@@ -237,8 +237,8 @@ def page_frame() -> LoadedModel | None:
     """The first call of every page: the shared link's settings, the sidebar and its model,
     and the share box. Returns the loaded model (None, with a hint, when none could be).
 
-    Pages call it themselves, once, so a page works when it runs without ``app.py`` (as
-    AppTest runs a page in ``pages/``); ``app.py`` only navigates.
+    Pages call it themselves, once, so a page works when it runs without ``app.py``
+    (``AppTest.from_file("views/x.py")``); ``app.py`` only navigates.
     """
     ignored = apply_link_parameters()  # before any widget: a shared link sets them
     loaded = current_model()

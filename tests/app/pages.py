@@ -11,12 +11,12 @@ APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
 
 def open_page(page: str | None = None) -> AppTest:
-    """The app with the sidebar dtype set to float32, switched to ``pages/<page>.py``."""
+    """The app with the sidebar dtype set to float32, switched to ``views/<page>.py``."""
     app = AppTest.from_file(APP, default_timeout=240)
     app.run()
     app.selectbox(key="sidebar_dtype").set_value("float32").run()
     if page is not None:
-        app.switch_page(f"pages/{page}.py").run()
+        app.switch_page(f"views/{page}.py").run()
     return app
 
 
@@ -56,7 +56,7 @@ def after_a_prefill_run(page: str) -> AppTest:
     app = open_page()
     app.selectbox(key="prefill_preset").set_value("Short question").run()
     app.button(key="prefill_run").click().run()
-    app.switch_page(f"pages/{page}.py").run()
+    app.switch_page(f"views/{page}.py").run()
     return app
 
 

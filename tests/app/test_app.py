@@ -25,11 +25,19 @@ def test_every_page_draws_the_sidebar_and_its_settings_follow_the_user_across_pa
     app = make_app()  # float32 picked on the Prefill page
     app.toggle(key="presenter_mode").set_value(True).run()
     for page in ("kv_cache", "kernels", "prefill"):
-        app.switch_page(f"pages/{page}.py").run()  # the page alone, without app.py
+        app.switch_page(f"views/{page}.py").run()
         assert not app.exception
         assert app.selectbox(key="sidebar_dtype").value == "float32" and app.toggle(key="presenter_mode").value
         assert "46,080 B per token" in " ".join(m.value for m in app.sidebar.markdown)  # fp32's 4-byte KV, not bf16's
         assert any("Share this view" in e.label for e in app.sidebar.expander)
+
+
+def test_a_view_runs_on_its_own_without_app_py(bundled):
+    view = AppTest.from_file(str(Path(APP).parent / "views" / "kv_cache.py"), default_timeout=240)
+    view.run()
+    assert not view.exception
+    assert view.title[0].value.startswith("KV cache") and any("B per token" in m.value for m in view.sidebar.markdown)
+    assert view.selectbox(key="sidebar_dtype").value == "auto"  # its own sidebar, from page_frame
 
 
 def test_run_prefill_shows_measured_figures(bundled):

@@ -16,7 +16,7 @@ from prefillviz.analysis import peaks_history
 from prefillviz.analysis.peaks import MachinePeaks, machine_name
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
-PAGE = "pages/kernels.py"
+PAGE = "views/kernels.py"
 
 
 def kernels_page():

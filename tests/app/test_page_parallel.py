@@ -7,7 +7,7 @@ from pathlib import Path
 from streamlit.testing.v1 import AppTest
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
-PAGE = "pages/parallel_vs_sequential.py"
+PAGE = "views/parallel_vs_sequential.py"
 PROMPT_KEY = "parallel_prompt_Chat with a system prompt"
 PROMPT = "Prefill reads the whole prompt at once, while decode makes one token at a time. Which is faster?"
 

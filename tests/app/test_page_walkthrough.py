@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 from prefillviz.prompts import PRESETS
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
-PAGE = "pages/walkthrough.py"
+PAGE = "views/walkthrough.py"
 LESSON = "01_prefill_and_ttft"
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -55,7 +55,7 @@ def test_lesson_one_predict_run_reveal_navigate_and_the_prefill_page(bundled):
     app.button(key="lesson_back_bottom").click().run()
     assert app.header[0].value == "1. One forward pass over the whole prompt" and app.success  # still revealed
 
-    app.switch_page("pages/prefill.py").run()
+    app.switch_page("views/prefill.py").run()
     assert not app.exception
     assert app.text_area(key="prefill_prompt").value == PRESETS["Chat with a system prompt"]
     assert "Last run: “<|im_start|>system" in texts(app.caption)  # the lesson's run, not a new one
@@ -96,9 +96,9 @@ def test_the_full_views_show_the_lessons_runs(bundled):
     app.run()
     app.session_state["results"] = results
     for page, expected in [
-        ("pages/parallel_vs_sequential.py", "Last run: 20 prompt tokens (the first 20 of"),
-        ("pages/chunked_prefill.py", "Last run: 3 short request(s)"),
-        ("pages/prefix_cache.py", "Last run: 3 requests"),
+        ("views/parallel_vs_sequential.py", "Last run: 20 prompt tokens (the first 20 of"),
+        ("views/chunked_prefill.py", "Last run: 3 short request(s)"),
+        ("views/prefix_cache.py", "Last run: 3 requests"),
     ]:
         app.switch_page(page).run()
         assert not app.exception and expected in texts(app.caption), page

@@ -1,6 +1,7 @@
 """One real-browser run: Debian's chromium driven by playwright against `streamlit run`.
 
-Starts the app on 127.0.0.1, runs a prefill twice (the first press of a fresh app must show a
+Starts the app on 127.0.0.1, opens a shared link to a page first (the app's navigation, not
+Streamlit's pages-folder one), runs a prefill twice (the first press of a fresh app must show a
 TTFT within 1.5x of the second's: no user sees a cold run), waits for the plotly charts to
 render, visits every page and saves a screenshot of each to out/screenshots/ (git-ignored).
 For three pages it also saves the view of their first chart to out/screenshots/readme/: the
@@ -29,7 +30,9 @@ PAGES = [
     ("Attention", "Attention"),
     ("Kernel timings", "Kernel"),
     ("Chunked prefill", "Chunked prefill"),
+    ("Disaggregated prefill", "Disaggregated"),
     ("Prefix cache", "Prefix cache"),
+    ("Your server", "Your server"),
     ("Guided lessons", "Guided lessons"),
 ]
 README_SHOTS = {  # page title -> (file name, what the picture starts at)
@@ -108,6 +111,13 @@ def test_prefill_then_every_page_in_a_real_browser(app_url):
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        # a fresh server's first visit is a shared link to a page: it opens that page with the app's own
+        # navigation (page titles), not Streamlit's pages-folder one (file names, and an "app" entry)
+        page.goto(f"{app_url}/kv_cache")
+        expect(page.locator("h1").first).to_contain_text("KV cache", timeout=120_000)
+        navigation = page.locator('[data-testid="stSidebarNav"]')
+        expect(navigation.get_by_text("Parallel vs token-by-token", exact=True)).to_be_visible(timeout=30_000)
+        assert navigation.get_by_text("app", exact=True).count() == 0
         page.goto(app_url)
         page.get_by_role("button", name="Run prefill").click(timeout=120_000)
         page.wait_for_selector(".js-plotly-plot .main-svg", timeout=180_000)

@@ -92,7 +92,7 @@ def lesson_copy(tmp_path):
         (lambda s: s.update(minutes=25), "'minutes' (the estimated time to complete) must be a whole number from 1 to 10"),
         (lambda s: s["steps"][2]["action"].update(long_token=512), "action 'ttft_ratio' has no parameter(s) ['long_token']"),
         (lambda s: s["steps"][0]["action"].update(preset="Poem"), "unknown preset 'Poem'"),
-        (lambda s: s["steps"][0].update(view="pages/nowhere.py"), "'view' must name a page file under pages/"),
+        (lambda s: s["steps"][0].update(view="views/nowhere.py"), "'view' must name a page file under views/"),
         (lambda s: s["steps"][0]["question"]["options"][0].pop("up_to"), "every choice but the last needs a number 'up_to'"),
         (lambda s: s["steps"][2]["question"].update(default=7), "the 'default' 7 is not one of the slider's options"),
         (lambda s: s["steps"][0].update(settings={"dtype": "int3"}), "setting dtype must be one of"),

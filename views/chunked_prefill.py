@@ -12,6 +12,7 @@ from prefillviz.peers.workload import PeerRequest
 from prefillviz.ui.output_checks import same_tokens_block
 from prefillviz.ui.shell import downloads, get_result, page_frame, progress_callback, run_guarded, run_label, save_result
 from prefillviz.ui.vllm_panel import vllm_panel
+from prefillviz.ui.workload_controls import workload_controls
 
 loaded = page_frame()
 
@@ -25,29 +26,22 @@ st.markdown(
 
 
 st.subheader("Workload")
-row = st.columns(3)
-num_short = row[0].slider("Short requests already decoding", 1, 6, 3, key="chunked_num_short")
-short_tokens = row[1].slider("Their prompt length (tokens)", 4, 64, 16, key="chunked_short_prompt_tokens")
-short_new = row[2].slider("Their new tokens (each)", 2, 64, 16, key="chunked_short_new_tokens")
-row = st.columns(3)
-long_tokens = row[0].slider("Long prompt length (tokens)", 64, 2048, 512, step=64, key="chunked_long_prompt_tokens")
-arrival = row[1].slider("The long prompt arrives at step", 0, 16, 2, key="chunked_arrival_step")
-budget = row[2].number_input(
-    "Token budget per step", value=64, step=16, key="chunked_token_budget",
-    help="Most tokens one step may run (vLLM's max_num_batched_tokens). Decodes take 1 each; the long prompt gets the rest.",
+choice = workload_controls(
+    "chunked", budget_help="Most tokens one step may run (vLLM's max_num_batched_tokens). Decodes take 1 each; the long prompt gets the rest."
 )
 x_axis = st.radio("Timeline x axis", ["time (ms)", "engine step"], horizontal=True, key="chunked_timeline_x")
 
 
 def workload(token_budget):
     return build_workload(
-        loaded.tokenizer, num_short, short_tokens, short_new, long_tokens, arrival_step=arrival, token_budget=int(token_budget)
+        loaded.tokenizer, choice.num_short, choice.short_tokens, choice.short_new, choice.long_tokens, arrival_step=choice.arrival,
+        token_budget=int(token_budget),
     )
 
 
 if loaded is not None and st.button("Run with chunking off, then on", type="primary", key="chunked_run"):
     with run_guarded("The chunked-prefill run"):
-        work = workload(budget)
+        work = workload(choice.budget)
         total = work.estimated_num_steps(False) + work.estimated_num_steps(True)
         progress = progress_callback(total, "Chunking off, then on")
         with MachineLoad() as load:
@@ -158,7 +152,7 @@ if loaded is not None and st.button("Run the budget sweep", key="chunked_sweep_r
         if not budgets:
             st.error("Pick at least one token budget for the sweep.")
         else:
-            work = workload(budget)
+            work = workload(choice.budget)
             progress = progress_callback(estimated_sweep_steps(work, budgets), "Budget sweep")
             sweep = budget_sweep(loaded.model, work, budgets, progress, loaded.model_id)
             save_result("chunked_sweep", {"sweep": sweep, "label": f"{run_label(loaded, 'none')}"})

@@ -8,6 +8,7 @@ from prefillviz.figures import chunked as chunked_figures
 from prefillviz.figures import disagg as figures
 from prefillviz.ui.output_checks import same_tokens_block
 from prefillviz.ui.shell import downloads, get_result, page_frame, progress_callback, run_guarded, run_label, save_result
+from prefillviz.ui.workload_controls import workload_controls
 
 loaded = page_frame()
 
@@ -22,21 +23,13 @@ st.markdown(
 )
 
 st.subheader("Workload")
-row = st.columns(3)
-num_short = row[0].slider("Short requests already decoding", 1, 6, 3, key="disagg_num_short")
-short_tokens = row[1].slider("Their prompt length (tokens)", 4, 64, 16, key="disagg_short_prompt_tokens")
-short_new = row[2].slider("Their new tokens (each)", 2, 64, 16, key="disagg_short_new_tokens")
-row = st.columns(3)
-long_tokens = row[0].slider("Long prompt length (tokens)", 64, 2048, 512, step=64, key="disagg_long_prompt_tokens")
-arrival = row[1].slider(
-    "The long prompt arrives at step", 0, 16, 2, key="disagg_arrival_step",
-    help="One engine: after this many steps. Disaggregated: once every short request has this many tokens.",
+choice = workload_controls(
+    "disagg", arrival_help="One engine: after this many steps. Disaggregated: once every short request has this many tokens."
 )
-budget = row[2].number_input("Token budget per step", value=64, step=16, key="disagg_token_budget")
 
 if loaded is not None and st.button("Run one engine (chunking off, on), then disaggregated", type="primary", key="disagg_run"):
     with run_guarded("The disaggregated run"):
-        work = build_workload(loaded.tokenizer, num_short, short_tokens, short_new, long_tokens, 4, arrival, int(budget))
+        work = build_workload(loaded.tokenizer, choice.num_short, choice.short_tokens, choice.short_new, choice.long_tokens, 4, choice.arrival, choice.budget)
         progress = progress_callback(work.estimated_num_steps(False) + work.estimated_num_steps(True), "One engine, chunking off, then on")
         with st.spinner("Starting the prefill and decode workers (each loads the model) and running the workload…"):
             comparison = compare_setups(loaded, work, progress)

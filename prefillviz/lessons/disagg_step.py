@@ -10,7 +10,7 @@ from prefillviz.experiments import chunked
 from prefillviz.figures import chunked as chunked_figures
 from prefillviz.figures import disagg as disagg_figures
 from prefillviz.lessons.actions import ActionOutcome
-from prefillviz.lessons.runs import _outcome
+from prefillviz.lessons.runs import _outcome, chunked_workload
 from prefillviz.progress import FractionProgress
 
 DISAGG_MEASURED = (
@@ -20,16 +20,7 @@ DISAGG_MEASURED = (
 
 
 def _run_disagg(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:
-    workload = chunked.build_workload(
-        loaded.tokenizer,
-        num_short_requests=parameters["num_short_requests"],
-        short_prompt_tokens=parameters["short_prompt_tokens"],
-        short_max_new_tokens=parameters["short_max_new_tokens"],
-        long_prompt_tokens=parameters["long_prompt_tokens"],
-        long_max_new_tokens=parameters["long_max_new_tokens"],
-        arrival_step=parameters["arrival_step"],
-        token_budget=parameters["token_budget"],
-    )
+    workload = chunked_workload(loaded, parameters)
     total = workload.estimated_num_steps(False) + workload.estimated_num_steps(True)
 
     def progress(done: int, record) -> None:

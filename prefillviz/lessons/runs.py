@@ -205,17 +205,14 @@ def _side_of_ridge(intensity: float, ridge: float) -> str:
 
 
 # --- chunked: a long prompt arrives while short requests decode; chunking off vs on
+def chunked_workload(loaded, parameters: dict) -> chunked.ChunkedWorkload:
+    """The chunked-prefill workload a lesson step names (also the disaggregation step's)."""
+    names = ("num_short_requests", "short_prompt_tokens", "short_max_new_tokens", "long_prompt_tokens", "long_max_new_tokens", "arrival_step", "token_budget")
+    return chunked.build_workload(loaded.tokenizer, **{name: parameters[name] for name in names})
+
+
 def _run_chunked(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:
-    workload = chunked.build_workload(
-        loaded.tokenizer,
-        num_short_requests=parameters["num_short_requests"],
-        short_prompt_tokens=parameters["short_prompt_tokens"],
-        short_max_new_tokens=parameters["short_max_new_tokens"],
-        long_prompt_tokens=parameters["long_prompt_tokens"],
-        long_max_new_tokens=parameters["long_max_new_tokens"],
-        arrival_step=parameters["arrival_step"],
-        token_budget=parameters["token_budget"],
-    )
+    workload = chunked_workload(loaded, parameters)
     total = workload.estimated_num_steps(False) + workload.estimated_num_steps(True)
 
     def progress(done: int, record) -> None:

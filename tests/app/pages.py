@@ -37,15 +37,15 @@ def plotly_array(value) -> np.ndarray:
     return np.array(value)
 
 
-def small_chunked_workload(app: AppTest) -> None:
-    """The Chunked prefill page's controls set to a workload small enough to check by hand:
-    2 short requests of 8 tokens + 3 new, a 64-token prompt arriving at step 1, budget 24."""
-    app.slider(key="chunked_num_short").set_value(2)
-    app.slider(key="chunked_short_prompt_tokens").set_value(8)
-    app.slider(key="chunked_short_new_tokens").set_value(3)
-    app.slider(key="chunked_long_prompt_tokens").set_value(64)
-    app.slider(key="chunked_arrival_step").set_value(1)
-    app.number_input(key="chunked_token_budget").set_value(24)
+def small_chunked_workload(app: AppTest, prefix: str = "chunked") -> None:
+    """A page's chunked-prefill workload controls (``ui.workload_controls``) set to a workload small
+    enough to check by hand: 2 short requests of 8 tokens + 3 new, a 64-token prompt arriving at step 1, budget 24."""
+    app.slider(key=f"{prefix}_num_short").set_value(2)
+    app.slider(key=f"{prefix}_short_prompt_tokens").set_value(8)
+    app.slider(key=f"{prefix}_short_new_tokens").set_value(3)
+    app.slider(key=f"{prefix}_long_prompt_tokens").set_value(64)
+    app.slider(key=f"{prefix}_arrival_step").set_value(1)
+    app.number_input(key=f"{prefix}_token_budget").set_value(24)
 
 
 INSPECTION_PROMPT = "The capital of France is Paris, and the capital of Italy is"

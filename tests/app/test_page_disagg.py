@@ -6,24 +6,14 @@ import functools
 import multiprocessing
 
 from prefillviz.disagg import experiment
-from tests.app.pages import chart_titled, open_page, plotly_array
-
-
-def small_workload(app):
-    """2 short requests of 8 tokens + 3 new, a 64-token prompt arriving at step 1, budget 24."""
-    app.slider(key="disagg_num_short").set_value(2)
-    app.slider(key="disagg_short_prompt_tokens").set_value(8)
-    app.slider(key="disagg_short_new_tokens").set_value(3)
-    app.slider(key="disagg_long_prompt_tokens").set_value(64)
-    app.slider(key="disagg_arrival_step").set_value(1)
-    app.number_input(key="disagg_token_budget").set_value(24)
-    app.run()
+from tests.app.pages import chart_titled, open_page, plotly_array, small_chunked_workload
 
 
 def test_page_runs_three_setups_then_a_killed_worker_is_an_inline_error(bundled, monkeypatch):
     app = open_page("disaggregated")
     assert not app.exception
-    small_workload(app)
+    small_chunked_workload(app, "disagg")
+    app.run()
     app.button(key="disagg_run").click().run()
     assert not app.exception and not app.error
     successes = " ".join(s.value for s in app.success)

@@ -32,7 +32,7 @@ def vllm_server(needs_vllm, bundled):  # bundled: its first load writes the safe
 def probe_json(vllm_server):
     command = [
         sys.executable, "-m", "prefillviz", "probe-server", "--url", f"{vllm_server.url}/v1", "--json",
-        "--sizes", "32,128,256,512", "--runs", "2", "--prefix-tokens", "512", "--long-tokens", "1024", "--streams", "2",
+        "--sizes", "32,128,512", "--runs", "2", "--prefix-tokens", "512", "--long-tokens", "768", "--streams", "2",
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -45,7 +45,7 @@ def test_probe_json_has_every_key_and_the_servers_own_counts(probe_json, vllm_se
     assert server["model"] == vllm_server.model_name and server["version"] and server["metrics_available"]
     assert server["max_model_len"] == 2048
     points = probe_json["ttft_by_tokens"]
-    assert [p["target_tokens"] for p in points] == [32, 128, 256, 512]
+    assert [p["target_tokens"] for p in points] == [32, 128, 512]
     for point in points:  # prompts sized by the server's own tokenizer, through one calibration request
         assert abs(point["num_tokens"] - point["target_tokens"]) <= 0.15 * point["target_tokens"] + 4
         assert len(point["runs"]) == 2 and point["ttft_s_median"] > 0
@@ -65,7 +65,7 @@ def test_the_prefix_hit_is_faster_and_the_server_says_it_reused_blocks(probe_jso
 def test_a_long_prompt_stalls_the_other_streams(probe_json):
     before, during = probe_json["itl_max_ms_before"], probe_json["itl_max_ms_during"]
     assert before > 0 and during > before, (before, during)
-    assert probe_json["ttft_long_ms"] > 0 and probe_json["long_prompt_tokens"] > 900
+    assert probe_json["ttft_long_ms"] > 0 and probe_json["long_prompt_tokens"] > 650
     assert probe_json["metrics_delta"]["interference"]["vllm:request_success_total{finished_reason=\"length\"}"] >= 1
 
 
@@ -103,6 +103,9 @@ def test_the_page_in_a_real_browser(vllm_server, app_url):  # noqa: F811
         url_box.fill(vllm_server.url)
         url_box.press("Enter")
         page.wait_for_timeout(1000)
+        for slider in page.get_by_role("slider").all():  # runs per point and streams: their least (1), to keep it short
+            slider.press("Home")
+            page.wait_for_timeout(500)
         page.get_by_role("button", name="Probe the server").click()
         page.wait_for_timeout(500)
         expect(page.get_by_text("Probing:").first).to_be_visible(timeout=30_000)  # the progress bar

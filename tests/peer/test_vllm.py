@@ -157,10 +157,11 @@ def test_chunked_workloads_schedule_the_same_tokens_every_step(bundled, vllm, bu
     assert comparison.outputs_differ == [], comparison.summary()
 
 
-def test_a_worker_that_stalls_or_dies_is_reported_and_nothing_is_left_running(bundled):
+def test_a_worker_that_stalls_or_dies_is_reported_and_nothing_is_left_running(bundled, vllm):
+    """The last test of the module: it stalls the module's worker, which is then stopped."""
     from prefillviz.peers.vllm_client import VLLMUnavailable
 
-    worker = VLLMWorker(bundled_model.bundled_cache_dir(), dtype="float32")
+    worker = vllm
     with pytest.raises(VLLMUnavailable, match="no answer within"):  # a stall: the wait has a timeout
         worker.run([PeerRequest("long", bench_token_ids(bundled.tokenizer, 2048), 8)], 2048, timeout_s=0.05)
     assert not worker.alive  # it was stopped, not left running

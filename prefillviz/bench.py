@@ -26,6 +26,7 @@ from prefillviz.analysis.peaks_history import machine_peaks
 from prefillviz.bench_fresh_process import cold_start_s, inspect_peak_rss_mb
 from prefillviz.bench_peer import engine_over_hf_cb
 from prefillviz.bench_vllm import KEYS as VLLM_KEYS
+from prefillviz.bench_vllm import skipped as vllm_skipped
 from prefillviz.bench_vllm import vllm_side_by_side
 from prefillviz.config import EngineConfig
 from prefillviz.devices import dtype_name
@@ -63,11 +64,12 @@ QUICK_SIZES = BenchSizes(  # bench --quick: the test of the JSON's keys and shap
 )
 
 
-def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, runs: int = 7, quick: bool = False) -> dict:
+def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, runs: int = 7, quick: bool = False, with_vllm: bool = True) -> dict:
     """Measure and return the benchmark figures (see the README for each key).
 
     Args:
         quick: every part on ``QUICK_SIZES``: the same keys, no figures to read.
+        with_vllm: False leaves out the side-by-side with vLLM (its keys are None, with the reason).
     """
     sizes = QUICK_SIZES if quick else FULL_SIZES
     loaded = load_model(model_id, device=device, dtype=dtype)
@@ -127,7 +129,9 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
         peer = engine_over_hf_cb(
             loaded, num_tokens, sizes.peer_prompt_lengths, sizes.peer_new_tokens, sizes.peer_rounds, sizes.peer_cache_blocks
         )  # transformers' continuous batching sizes a large cache
-        versus_vllm = vllm_side_by_side(loaded, num_tokens, max(sizes.min_runs, runs // 2), quick)  # last: it starts vLLM
+        versus_vllm = (  # last: it starts vLLM
+            vllm_side_by_side(loaded, num_tokens, max(sizes.min_runs, runs // 2), quick) if with_vllm else vllm_skipped("--no-vllm: the comparison with vLLM was left out")
+        )
 
     ratios = [p / h for p, h in zip(parallel_times, hf_times)]
     parallel_median = statistics.median(parallel_times)

@@ -15,6 +15,7 @@ Without ``.venv-vllm`` every key is None and ``details.vllm.skipped`` says why.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 
 from prefillviz import bundled
@@ -28,15 +29,19 @@ from prefillviz.prompts import bench_token_ids
 KEYS = ("engine_over_vllm_prefill_512", "engine_over_vllm_prefill_2048", "engine_over_vllm_prefix_hit", "engine_over_vllm_decode", "vllm_outputs_equal")
 
 
-def _skipped(reason: str) -> dict:
+def skipped(reason: str) -> dict:
     return {**dict.fromkeys(KEYS), "details": {"skipped": reason}}
 
 
-def vllm_side_by_side(loaded, num_tokens: int, runs: int, quick: bool) -> dict:
-    """The five keys, and ``details`` with every median, spread and the versions."""
+def vllm_side_by_side(loaded, num_tokens: int, runs: int, quick: bool, worker: VLLMWorker | None = None) -> dict:
+    """The five keys, and ``details`` with every median, spread and the versions.
+
+    Args:
+        worker: a running vLLM worker to use (left running); None starts one and stops it after.
+    """
     reason = unavailable_for(loaded.model_id, loaded.device.type)
     if reason:
-        return _skipped(reason)
+        return skipped(reason)
     tokenizer = loaded.tokenizer
     sizes = (64, 256) if quick else (num_tokens, 4 * num_tokens)
     prefix_tokens, new_tokens = (64 if quick else 2 * num_tokens), 32
@@ -49,7 +54,10 @@ def vllm_side_by_side(loaded, num_tokens: int, runs: int, quick: bool) -> dict:
     workloads["prefix_hit"] = ([PeerRequest("first", prefix + [7], 1), hit_request], "hit", "ttft", 2048)
     workloads["decode"] = ([PeerRequest("decoder", bench_token_ids(tokenizer, 64), 8 if quick else 64)], "decoder", "itl", 2048)
     try:
-        with VLLMWorker(bundled.bundled_cache_dir(), dtype=dtype, max_token_budget=max(2048, 4 * num_tokens), max_model_len=max(4096, 4 * num_tokens + 64)) as worker:
+        started = worker is None
+        if started:
+            worker = VLLMWorker(bundled.bundled_cache_dir(), dtype=dtype, max_token_budget=max(2048, 4 * num_tokens), max_model_len=max(4096, 4 * num_tokens + 64))
+        with worker if started else contextlib.nullcontext(worker):
             times = {name: {"ours": [], "vllm": []} for name in workloads}
             for round_index in range(1 + (1 if quick else runs)):  # round 0 warms both up
                 for name, (requests, request_id, what, budget) in workloads.items():
@@ -62,11 +70,12 @@ def vllm_side_by_side(loaded, num_tokens: int, runs: int, quick: bool) -> dict:
                         value = record.time_to_first_token_s if what == "ttft" else statistics.mean(record.inter_token_times_s)
                         if round_index > 0:
                             times[name][side].append(value)
-            batch = [PeerRequest(f"r{i}", bench_token_ids(tokenizer, n + 7 * i)[7 * i :], 8 if quick else 32) for i, n in enumerate((64, 128, 256, 384, 512, 640, 768, 1024))]
+            lengths = (16, 32, 48, 64, 80, 96, 112, 128) if quick else (64, 128, 256, 384, 512, 640, 768, 1024)
+            batch = [PeerRequest(f"r{i}", bench_token_ids(tokenizer, n + 7 * i)[7 * i :], 8 if quick else 32) for i, n in enumerate(lengths)]
             comparison = side_by_side.compare(side_by_side.run_ours(loaded.model, tokenizer, batch, 512), worker.run(batch, 512))
             versions = worker.versions
     except VLLMUnavailable as error:
-        return _skipped(str(error).splitlines()[0])
+        return skipped(str(error).splitlines()[0])
     ratio = {name: statistics.median(t["vllm"]) / statistics.median(t["ours"]) for name, t in times.items()}
     return {
         "engine_over_vllm_prefill_512": ratio[f"prefill_{sizes[0]}"],

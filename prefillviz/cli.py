@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--runs", type=int, default=7, help="timed runs per figure, after warm-up")
     bench.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     bench.add_argument("--quick", action="store_true", help="the least work that fills every key, to check the JSON (its figures mean nothing)")
+    bench.add_argument("--no-vllm", action="store_true", help="leave out the side-by-side with vLLM (its keys are null)")
 
     kernels = commands.add_parser("kernels", help="time and peak memory vs N of every attention kernel")
     kernels.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES), help="whose attention heads")
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from prefillviz.bench import run_bench
 
-            print(json.dumps(run_bench(args.model, args.device, args.dtype, args.num_tokens, args.runs, args.quick), indent=2))
+            print(json.dumps(run_bench(args.model, args.device, args.dtype, args.num_tokens, args.runs, args.quick, not args.no_vllm), indent=2))
     except PrefillVizError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -60,3 +60,37 @@ def assert_matches_hf(model, token_ids, engine_logits, tolerance=FP32_TOLERANCE)
     assert difference < tolerance, f"max |engine - HF| = {difference:.2e} > {tolerance}"
     assert int(engine_logits.argmax()) == int(reference.argmax())
     return difference
+
+
+@pytest.fixture(scope="session")
+def app_url(bundled):
+    """``streamlit run app.py`` on 127.0.0.1, started once for the real-browser tests (tests/browser,
+    and tests/peer's page against a real vllm serve). Its first visitor sees a fresh server."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1", "--server.port", str(port),
+         "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+        cwd=TESTS.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        server.kill()
+        pytest.fail("streamlit did not start within 60 s")
+    yield url
+    server.terminate()
+    server.wait(timeout=20)

@@ -67,7 +67,7 @@ def test_trace_command_writes_a_trace_that_reloads(bundled, tmp_path):
 @pytest.mark.bench
 def test_bench_json_has_the_documented_keys(bundled):
     """The whole bench on its quick sizes: the keys and the JSON's shape (the figures are make bench's)."""
-    result = prefillviz("bench", "--json", "--quick", "--num-tokens", "24", "--runs", "2", "--dtype", "float32")
+    result = prefillviz("bench", "--json", "--quick", "--num-tokens", "24", "--runs", "2", "--dtype", "float32", "--no-vllm")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["quick"] is True  # nobody reads these as figures
@@ -92,10 +92,6 @@ def test_bench_json_has_the_documented_keys(bundled):
     else:
         assert packing == {"applies": False, "why": why}
     assert data["details"]["cold_start_to_exit_s"]["median"] >= data["details"]["cold_start_s"]["median"]
-    versus_vllm = data["details"]["vllm"]  # real vLLM, when `make vllm` has built it (CI does)
-    if "skipped" in versus_vllm:
-        assert not os.environ.get("CI"), versus_vllm["skipped"]
-        assert data["engine_over_vllm_prefill_512"] is None and "make vllm" in versus_vllm["skipped"]
-    else:
-        assert data["vllm_outputs_equal"] == versus_vllm["outputs_compared"] == 8  # fp32: the same greedy tokens
-        assert all(data[key] > 0 for key in ("engine_over_vllm_prefill_512", "engine_over_vllm_prefix_hit", "engine_over_vllm_decode"))
+    # vLLM's side of the bench is left out here (--no-vllm): tests/peer/test_vllm.py runs it on its worker
+    assert data["details"]["vllm"] == {"skipped": "--no-vllm: the comparison with vLLM was left out"}
+    assert all(data[key] is None for key in ("engine_over_vllm_prefill_512", "engine_over_vllm_decode", "vllm_outputs_equal"))

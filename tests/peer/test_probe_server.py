@@ -13,7 +13,7 @@ from prefillviz.peers.vllm_server import LocalVLLMServer
 from prefillviz.probe.client import ProbeError
 from prefillviz.probe.report import ProbeSettings, probe_server
 from tests.app.pages import chart_titled, open_page
-from tests.browser.test_browser import CHROMIUM, CHROMIUM_FLAGS, SCREENSHOTS, app_url  # noqa: F401 (a fixture)
+from tests.browser.test_browser import CHROMIUM, CHROMIUM_FLAGS, SCREENSHOTS
 
 REQUIRED_KEYS = {
     "server", "ttft_by_tokens", "prefix_miss_ttft_s", "prefix_hit_ttft_s", "prefix_hit_speedup", "cached_tokens_reported",
@@ -90,7 +90,7 @@ def test_the_page_draws_the_experiments_and_keeps_them_after_an_error(vllm_serve
     assert chart_titled(app, "Time to first token against prompt length N")  # the earlier result stays
 
 
-def test_the_page_in_a_real_browser(vllm_server, app_url):  # noqa: F811
+def test_the_page_in_a_real_browser(vllm_server, app_url):
     from playwright.sync_api import expect, sync_playwright
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ import pytest
 from prefillviz.errors import ConfigError
 
 from prefillviz import bundled as bundled_model
+from prefillviz.bench_vllm import vllm_side_by_side
 from prefillviz.experiments.prefix import request_blocks
 from prefillviz.peers import side_by_side
 from prefillviz.peers.vllm_client import VLLMWorker
@@ -155,6 +156,14 @@ def test_chunked_workloads_schedule_the_same_tokens_every_step(bundled, vllm, bu
     ours, theirs, comparison = both(bundled, vllm, [*short, long], token_budget=budget)
     assert comparison.schedule_equal, comparison.summary()
     assert comparison.outputs_differ == [], comparison.summary()
+
+
+def test_the_bench_side_by_side_fills_its_keys(bundled, vllm):
+    """``bench``'s vLLM part on its quick sizes, on this module's worker (tests/model runs the rest of the bench with --no-vllm)."""
+    result = vllm_side_by_side(bundled, 24, 1, quick=True, worker=vllm)
+    assert result["vllm_outputs_equal"] == result["details"]["outputs_compared"] == 8  # fp32: the same greedy tokens
+    assert all(result[key] > 0 for key in ("engine_over_vllm_prefill_512", "engine_over_vllm_prefill_2048", "engine_over_vllm_prefix_hit", "engine_over_vllm_decode"))
+    assert result["details"]["versions"]["vllm"] and vllm.alive  # a worker it was given is left running
 
 
 def test_a_worker_that_stalls_or_dies_is_reported_and_nothing_is_left_running(bundled, vllm):

@@ -87,7 +87,7 @@ if report.ttft:
               "runs_ms": [round(t * 1e3, 2) for t in p.runs]} for p in report.ttft]
     st.dataframe(pd.DataFrame(table), hide_index=True)
     if (server_mean := report.server_ttft_s_mean()) is not None:
-        client_mean = sum(t for p in report.ttft for t in p.runs) / sum(len(p.runs) for p in report.ttft)
+        client_mean = report.client_ttft_s_mean()
         st.caption(f"The server timed these first tokens at {server_mean * 1e3:,.0f} ms on average (its own TTFT histogram); "
                    f"this client saw {client_mean * 1e3:,.0f} ms: the difference is the network and the HTTP layers.")
     downloads("server_ttft", "probe_ttft", figure=figure, table=table)

@@ -58,6 +58,11 @@ class ProbeReport:
     def metrics_delta(self) -> dict:
         return {name: delta.to_json() for name, delta in self.metrics.items()}
 
+    def client_ttft_s_mean(self) -> float | None:
+        """The sweep's time to first token as this client saw it, every run (network included)."""
+        runs = [t for point in self.ttft for t in point.runs]
+        return sum(runs) / len(runs) if runs else None
+
     def server_ttft_s_mean(self) -> float | None:
         """The sweep's time to first token as the server timed it (vLLM's histogram: sum / count), no network."""
         delta = self.metrics.get("ttft")
@@ -73,7 +78,7 @@ class ProbeReport:
             "server": self.server,
             "ttft_by_tokens": [p.to_json() for p in self.ttft],
             "server_ttft_s_mean": number(self.server_ttft_s_mean()),
-            "client_ttft_s_mean": number(sum(t for p in self.ttft for t in p.runs) / sum(len(p.runs) for p in self.ttft)) if self.ttft else None,
+            "client_ttft_s_mean": number(self.client_ttft_s_mean()),
             "ttft_fit": None if fit is None else {"a_s": fit.a_s, "b_s_per_token": fit.b_s_per_token, "c_s_per_token2": fit.c_s_per_token2, "r_squared": fit.r_squared},
             "prefix_tokens": self.prefix.prefix_tokens if self.prefix else None,
             "prefix_miss_ttft_s": number(self.prefix.miss_ttft_s) if self.prefix else None,

@@ -107,21 +107,21 @@ def test_fit_recovers_known_coefficients_and_needs_three_sizes():
 
 def test_sweep_points_steps_and_fit(tiny_llama):
     fractions = []
-    sweep = run_sweep(
-        (tiny_llama, None), [4, 8, 16], [2, 8, 32], parallel_runs=1, sequential_runs=3, progress=lambda f, t: fractions.append(f)
+    sweep = run_sweep(  # 2, 16 and 64 steps: far enough apart that a hiccup of a shared 2-core machine can't reorder them
+        (tiny_llama, None), [4, 8, 16], [2, 16, 64], parallel_runs=1, sequential_runs=5, progress=lambda f, t: fractions.append(f)
     )
     assert [p.num_tokens for p in sweep.points[PARALLEL]] == [4, 8, 16]
     assert [p.num_steps for p in sweep.points[PARALLEL]] == [1, 1, 1]
-    assert [p.num_steps for p in sweep.points[TOKEN_BY_TOKEN]] == [2, 8, 32]
-    assert [len(p.runs_s) for p in sweep.points[TOKEN_BY_TOKEN]] == [3, 3, 3]
+    assert [p.num_steps for p in sweep.points[TOKEN_BY_TOKEN]] == [2, 16, 64]
+    assert [len(p.runs_s) for p in sweep.points[TOKEN_BY_TOKEN]] == [5, 5, 5]
     for way, points in sweep.points.items():
         assert all(p.time_to_first_token_s == statistics.median(p.runs_s) for p in points)
         fit = sweep.fits[way]
         assert all(c >= 0 for c in (fit.a_s, fit.b_s_per_token, fit.c_s_per_token2))  # costs are not negative
         fitted = fit.predict([p.num_tokens for p in points])
         assert list(fitted) == sorted(fitted)  # no cost shrinks with N
-    measured = [p.time_to_first_token_s for p in sweep.points[TOKEN_BY_TOKEN]]  # 2, 8, 32 steps: far apart
-    fitted = sweep.fits[TOKEN_BY_TOKEN].predict([2, 8, 32])
+    measured = [p.time_to_first_token_s for p in sweep.points[TOKEN_BY_TOKEN]]
+    fitted = sweep.fits[TOKEN_BY_TOKEN].predict([2, 16, 64])
     assert list(np.argsort(fitted)) == list(np.argsort(measured)) == [0, 1, 2]  # the fit keeps the points' order
     assert len(sweep.rows()) == 6 and len(sweep.fit_rows()) == 2
     assert fractions[-1] == pytest.approx(1.0)

@@ -8,6 +8,8 @@ import plotly.graph_objects as go
 from prefillviz.figures import style
 from prefillviz.probe.report import ProbeReport
 
+SYMBOLS = ("circle", "diamond", "square", "triangle-up", "x", "star")
+
 
 def ttft_figure(report: ProbeReport) -> go.Figure:
     """Time to first token against N: every run, their medians and the fitted a + bN + cN²."""
@@ -53,9 +55,10 @@ def interference_figure(report: ProbeReport) -> go.Figure:
     fig = go.Figure()
     for index, times in enumerate(result.stream_token_times_s):
         gaps = [(b, (b - a) * 1e3) for a, b in zip(times, times[1:])]
-        fig.add_scatter(
-            x=[t for t, _ in gaps], y=[g for _, g in gaps], mode="lines+markers", name=f"stream {index + 1}",
-            line={"color": style.SEQUENCE[(index + 1) % len(style.SEQUENCE)]}, hovertemplate="at %{x:.2f} s: %{y:.1f} ms<extra></extra>",
+        fig.add_scatter(  # one marker per token, at its arrival, as high as the wait before it (no line: a gap is not a ramp)
+            x=[t for t, _ in gaps], y=[g for _, g in gaps], mode="markers", name=f"stream {index + 1}",
+            marker={"color": style.SEQUENCE[(index + 1) % len(style.SEQUENCE)], "size": 10, "symbol": SYMBOLS[index % len(SYMBOLS)]},
+            hovertemplate="token at %{x:.2f} s, %{y:.1f} ms after the one before<extra></extra>",
         )
     fig.add_vrect(
         x0=result.long_sent_s, x1=result.long_first_token_s, fillcolor=style.PREFILL, opacity=0.15, line_width=0,

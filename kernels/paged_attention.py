@@ -42,10 +42,20 @@ Versions (each says what it changes from the one before):
                 CPU is therefore computed by ``decode_fp32``: the G query heads of a KV head
                 as G rows of one matmul, with scores, softmax and P V in fp32. Prompts and
                 chunks, fp32 and every GPU run use v2's SDPA calls.
+    v7 compiled The engine's own kernel on a CPU (``csrc/engine_ops.cpp``, built by ``make``;
+                ``engine_ops.py`` loads and checks it): FlashAttention's tiling. One task per
+                (request, KV head, 16 query tokens) holds the G query heads of each token as
+                rows; it walks the request's keys in tiles of 32 (AVX-512; 16 with AVX2) read
+                through the slots and converted to fp32, with an online softmax, so no (q, ctx)
+                score matrix, no gather and no mask exist; tiles after a row's position are
+                skipped. fp32 throughout, the output in q's dtype. The engine's forward calls it
+                directly on the stacked q|k|v rows (``engine/llama_forward.py``).
 
-Which one the engine uses: ``ENGINE_KERNEL`` in ``prefillviz/engine/attention.py``, the
-fastest of ``ENGINE_KERNELS`` on the engine's step shapes as ``python -m prefillviz kernels``
-measures them (the README keeps the figures behind that choice).
+Which one the engine uses: v7 wherever the engine runs its own forward on a CPU with the
+C++ ops loaded (the bundled model, the steps of every timing pass); otherwise
+``ENGINE_KERNEL`` in ``prefillviz/engine/attention.py``, the fastest of ``ENGINE_KERNELS``
+on the engine's step shapes as ``python -m prefillviz kernels`` measures them (the README
+keeps the figures behind that choice).
 
 ``check_paged_and_time`` checks a version against v1 (fp32) and raises ``KernelCheckError``
 when they differ by more than the tolerance; only then it times it and measures its memory,
@@ -329,7 +339,35 @@ LOOP_FP32_DECODES = PagedKernel(
     "v2, but a 16-bit decode on a CPU is two fp32 matmuls (torch's bf16 SDPA is slow for one query row there)",
     paged_loop_fp32_decodes,
 )
-PAGED_KERNELS: tuple[PagedKernel, ...] = (NAIVE, LOOP, PACKED, FLEX, TRITON, LOOP_FP32_DECODES)
+
+
+# --------------------------------------------------------------------- v7 compiled, CPU
+def paged_compiled(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float) -> torch.Tensor:
+    """v7: the engine's C++ kernel (``csrc/engine_ops.cpp``), reading every key from the cache through the slots."""
+    from kernels import engine_ops
+
+    num_heads, num_tokens, head_dim = q.shape
+    rows = q.transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
+    out = engine_ops.paged_attention(engine_ops.engine_ops(), rows, key_cache, value_cache, step, num_heads, scale)
+    return out.view(num_tokens, num_heads, head_dim).transpose(0, 1)
+
+
+def compiled_status(device: str | torch.device) -> tuple[bool, str]:
+    """Whether v7 runs on ``device``: a CPU where the engine's C++ ops are built and pass their check."""
+    from kernels import engine_ops
+
+    if torch.device(device).type != "cpu":
+        return False, "the engine's C++ ops are a CPU path"
+    ops, why = engine_ops.engine_ops_status()
+    return ops is not None, why
+
+
+COMPILED = PagedKernel(
+    "v7 compiled", 7,
+    "FlashAttention's tiling in C++ on a CPU: per (request, KV head, 16 query tokens), fp32 key tiles, online softmax, no gather",
+    paged_compiled, compiled_status,
+)
+PAGED_KERNELS: tuple[PagedKernel, ...] = (NAIVE, LOOP, PACKED, FLEX, TRITON, LOOP_FP32_DECODES, COMPILED)
 ENGINE_KERNELS = {"loop": LOOP, "packed": PACKED, "loop, fp32 decodes": LOOP_FP32_DECODES}
 """The plain-torch versions the engine could run (no compile, any device)."""
 

@@ -94,3 +94,19 @@ def app_url(bundled):
     yield url
     server.terminate()
     server.wait(timeout=20)
+
+
+@pytest.fixture(scope="session")
+def compiled_ops():
+    """The engine's C++ ops (kernels/engine_ops.py). `make` builds them, so CI must have them;
+    elsewhere (a machine without a compiler, or before `make`) the tests that need them skip."""
+    import os
+
+    from kernels.engine_ops import engine_ops_status
+
+    ops, why = engine_ops_status()
+    if ops is None:
+        if os.environ.get("CI") and "PREFILLVIZ_NO_ENGINE_OPS" not in os.environ:
+            pytest.fail(f"CI builds the engine's C++ ops with `make`, but: {why}")
+        pytest.skip(why)
+    return ops

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from kernels.attention import KernelCheckError
 from kernels.paged_attention import (
+    COMPILED,
     ENGINE_KERNELS,
     FLEX,
     LOOP,
@@ -71,6 +72,23 @@ def test_torch_kernels_match_the_oracle(kernel, requests, heads):
     inputs = random_step(requests, *heads, block_size=16, seed=1)
     difference, allowed = check_paged(kernel, inputs)
     assert difference < TOLERANCE <= allowed
+
+
+@pytest.mark.parametrize("heads", [*HEADS, pytest.param((8, 1, 32), id="MQA")])
+@pytest.mark.parametrize("requests", [*STEPS, pytest.param([(0, 100), (70, 45), (130, 1)], id="several query blocks and key tiles")])
+@pytest.mark.parametrize("block_size", [16, 5])
+def test_compiled_kernel_matches_the_oracle(compiled_ops, requests, heads, block_size):
+    inputs = random_step(requests, *heads, block_size=block_size, seed=1)
+    difference, allowed = check_paged(COMPILED, inputs)
+    assert difference < TOLERANCE <= allowed
+
+
+def test_compiled_kernel_in_bf16_and_its_status(compiled_ops):
+    inputs = random_step([(20, 1), (0, 40), (30, 10)], 9, 3, 64, dtype=torch.bfloat16)
+    difference, allowed = check_paged(COMPILED, inputs)
+    assert 0 < difference <= allowed
+    assert COMPILED.status("cpu") == (True, COMPILED.status("cpu")[1]) and "C++ ops" in COMPILED.status("cpu")[1]
+    assert not COMPILED.status("cuda")[0]
 
 
 def test_the_oracle_in_row_blocks_is_the_same_arithmetic():
@@ -144,7 +162,7 @@ def test_check_and_time_reports_the_step():
 
 
 def test_registry_and_the_engines_kernel():
-    assert [k.version for k in PAGED_KERNELS] == [1, 2, 3, 4, 5, 6]
+    assert [k.version for k in PAGED_KERNELS] == [1, 2, 3, 4, 5, 6, 7]
     assert get_paged_kernel("v3 packed") is PACKED
     with pytest.raises(KeyError, match="v1 naive"):
         get_paged_kernel("v9")

@@ -1,0 +1,453 @@
+// The engine's compiled CPU ops (kernels/engine_ops.py builds, loads and checks them).
+//
+// One op per step of a decoder layer that plain torch runs as several:
+//   rms_norm          RMSNorm of each row, in fp32, rounded as transformers rounds it
+//   add_rms_norm      residual += x, then RMSNorm of the new residual (vLLM's fused_add_rms_norm)
+//   silu_mul          silu(gate) * up over the stacked [gate | up] projection
+//   rope_write_kv     RoPE on the q and k of the stacked [q | k | v] projection, in place, and
+//                     the step's K and V written into the paged cache through the slot mapping
+//   paged_attention   flash-style attention of every request's new queries over its context,
+//                     read from the paged cache through its slots; scores, online softmax and
+//                     P V in fp32 (FlashAttention's tiling, on a CPU)
+//
+// Vectors are ATen's at::vec::Vectorized<float>: 16 lanes where torch's probe of the CPU says
+// AVX-512, 8 for AVX2, plain C++ otherwise (the build passes that probe's flags and macro).
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int kW = Vec::size();
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+template <typename T>
+inline float rnd(float x) {  // round to T's precision (the identity for float)
+  return static_cast<float>(static_cast<T>(x));
+}
+
+template <typename T>
+inline float rms_scale(const T* x, int64_t n, float eps) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) {
+    float v = static_cast<float>(x[i]);
+    sum += v * v;
+  }
+  return 1.f / std::sqrt(sum / static_cast<float>(n) + eps);
+}
+
+// transformers' LlamaRMSNorm: weight * (x * rsqrt(mean(x^2) + eps)).to(dtype), computed in fp32
+template <typename T>
+inline void rms_norm_row(const T* x, const T* w, T* out, int64_t n, float eps) {
+  const float s = rms_scale(x, n, eps);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = static_cast<T>(static_cast<float>(w[i]) * rnd<T>(static_cast<float>(x[i]) * s));
+  }
+}
+
+template <typename T>
+void rms_norm_impl(const at::Tensor& x, const at::Tensor& w, at::Tensor& out, double eps) {
+  const int64_t n = x.size(-1), rows = x.numel() / n;
+  const T* xp = x.data_ptr<T>();
+  const T* wp = w.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) rms_norm_row(xp + r * n, wp, op + r * n, n, static_cast<float>(eps));
+  });
+}
+
+template <typename T>
+void add_rms_norm_impl(const at::Tensor& x, at::Tensor& residual, const at::Tensor& w, at::Tensor& out, double eps) {
+  const int64_t n = x.size(-1), rows = x.numel() / n;
+  const T* xp = x.data_ptr<T>();
+  T* hp = residual.data_ptr<T>();
+  const T* wp = w.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      T* h = hp + r * n;
+      const T* xr = xp + r * n;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) h[i] = static_cast<T>(static_cast<float>(h[i]) + static_cast<float>(xr[i]));
+      rms_norm_row(h, wp, op + r * n, n, static_cast<float>(eps));
+    }
+  });
+}
+
+// silu(gate) rounded to T, times up, rounded to T: as torch computes F.silu(gate) * up
+template <typename T>
+void silu_mul_impl(const at::Tensor& gate_up, at::Tensor& out) {
+  const int64_t width = out.size(-1), rows = out.numel() / width;
+  const T* gp = gate_up.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> gate(width + kW), up(width + kW);
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = gp + r * 2 * width;
+      for (int64_t i = 0; i < width; ++i) {
+        gate[i] = static_cast<float>(g[i]);
+        up[i] = static_cast<float>(g[width + i]);
+      }
+      int64_t i = 0;
+      for (; i + kW <= width; i += kW) {
+        Vec x = Vec::loadu(gate.data() + i);
+        Vec y = x / (Vec(1.f) + x.neg().exp_u20());
+        y.store(gate.data() + i);
+      }
+      for (; i < width; ++i) gate[i] = gate[i] / (1.f + std::exp(-gate[i]));
+      T* o = op + r * width;
+      for (int64_t j = 0; j < width; ++j) o[j] = static_cast<T>(rnd<T>(gate[j]) * up[j]);
+    }
+  });
+}
+
+// qkv (T, (H + 2 KVH) D): RoPE on the first H + KVH heads in place (x cos + rotate_half(x) sin,
+// each product rounded to T as transformers computes it), then K and V into the cache at slots.
+template <typename T>
+void rope_write_kv_impl(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
+                        at::Tensor& key_cache, at::Tensor& value_cache, int64_t num_heads) {
+  const int64_t tokens = qkv.size(0), row = qkv.stride(0);
+  const int64_t kv_heads = key_cache.size(2), dim = key_cache.size(3), half = dim / 2;
+  T* base = qkv.data_ptr<T>();
+  const T* cp = cos.data_ptr<T>();
+  const T* sp = sin.data_ptr<T>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  T* kc = key_cache.data_ptr<T>();
+  T* vc = value_cache.data_ptr<T>();
+  at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> x(dim);
+    for (int64_t t = begin; t < end; ++t) {
+      const T* c = cp + t * dim;
+      const T* s = sp + t * dim;
+      for (int64_t head = 0; head < num_heads + kv_heads; ++head) {
+        T* v = base + t * row + head * dim;
+        for (int64_t d = 0; d < dim; ++d) x[d] = static_cast<float>(v[d]);
+        for (int64_t d = 0; d < dim; ++d) {
+          float rotated = d < half ? -x[d + half] : x[d - half];
+          float a = rnd<T>(x[d] * static_cast<float>(c[d]));
+          float b = rnd<T>(rotated * static_cast<float>(s[d]));
+          v[d] = static_cast<T>(a + b);
+        }
+      }
+      const T* k = base + t * row + num_heads * dim;
+      const T* vv = k + kv_heads * dim;
+      std::copy(k, k + kv_heads * dim, kc + slot[t] * kv_heads * dim);
+      std::copy(vv, vv + kv_heads * dim, vc + slot[t] * kv_heads * dim);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------- attention
+constexpr int kKeyTile = 2 * kW;  // keys per tile: two vectors of scores per query row
+constexpr int kQueryBlock = 16;   // tokens per task (x G query heads of one KV head = its rows)
+constexpr int kRows = kW == 16 ? 8 : 4;  // query rows per scores micro-kernel (16 or 8 accumulators)
+
+struct Task {
+  int64_t request, kv_head, first, count;  // query tokens [first, first + count) of the request
+  int64_t keys;                            // keys its last row sees (its cost)
+};
+
+inline float reduce_max(Vec v) {
+  return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, v);
+}
+inline float reduce_sum(Vec v) {
+  return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, v);
+}
+
+// S[rows, kKeyTile] = Q[rows, dim] . Kt[dim, kKeyTile], kRows rows at a time (rows padded)
+inline void scores_tile(const float* q, const float* kt, float* s, int64_t rows, int64_t dim) {
+  for (int64_t i0 = 0; i0 < rows; i0 += kRows) {
+    Vec acc[kRows][2];
+    for (int r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = Vec(0.f);
+    for (int64_t d = 0; d < dim; ++d) {
+      Vec k0 = Vec::loadu(kt + d * kKeyTile), k1 = Vec::loadu(kt + d * kKeyTile + kW);
+      for (int r = 0; r < kRows; ++r) {
+        Vec qv(q[(i0 + r) * dim + d]);
+        acc[r][0] = at::vec::fmadd(qv, k0, acc[r][0]);
+        acc[r][1] = at::vec::fmadd(qv, k1, acc[r][1]);
+      }
+    }
+    for (int r = 0; r < kRows; ++r) {
+      acc[r][0].store(s + (i0 + r) * kKeyTile);
+      acc[r][1].store(s + (i0 + r) * kKeyTile + kW);
+    }
+  }
+}
+
+// O[rows, DV kW] = alpha[row] O + P[rows, kKeyTile] . V[kKeyTile, DV kW], RB rows at a time
+template <int DV>
+inline void pv_tile(const float* p, const float* alpha, const float* v, float* o, int64_t rows, int64_t keys) {
+  constexpr int RB = DV <= 4 ? 4 : (DV <= 8 ? 2 : 1);
+  constexpr int64_t dim = DV * kW;
+  for (int64_t i0 = 0; i0 < rows; i0 += RB) {
+    Vec acc[RB][DV];
+    for (int r = 0; r < RB; ++r) {
+      Vec a(alpha[i0 + r]);
+      for (int c = 0; c < DV; ++c) acc[r][c] = Vec::loadu(o + (i0 + r) * dim + c * kW) * a;
+    }
+    for (int64_t j = 0; j < keys; ++j) {
+      Vec vv[DV];
+      for (int c = 0; c < DV; ++c) vv[c] = Vec::loadu(v + j * dim + c * kW);
+      for (int r = 0; r < RB; ++r) {
+        Vec pv(p[(i0 + r) * kKeyTile + j]);
+        for (int c = 0; c < DV; ++c) acc[r][c] = at::vec::fmadd(pv, vv[c], acc[r][c]);
+      }
+    }
+    for (int r = 0; r < RB; ++r)
+      for (int c = 0; c < DV; ++c) acc[r][c].store(o + (i0 + r) * dim + c * kW);
+  }
+}
+
+// One request's context for one KV head, in fp32 tiles: K transposed (dim, kKeyTile) per tile,
+// then V (kKeyTile, dim) per tile; keys past the context are zeros.
+template <typename T>
+void convert_tiles(const T* key_cache, const T* value_cache, const int64_t* slots, int64_t num_keys, int64_t tile,
+                   int64_t kv_head, int64_t kv_heads, int64_t dim, float* kt, float* vf) {
+  const int64_t row_stride = kv_heads * dim;
+  for (int64_t j = 0; j < kKeyTile; ++j) {
+    const int64_t key = tile * kKeyTile + j;
+    if (key < num_keys) {
+      const T* k = key_cache + slots[key] * row_stride + kv_head * dim;
+      const T* v = value_cache + slots[key] * row_stride + kv_head * dim;
+      for (int64_t d = 0; d < dim; ++d) {
+        kt[d * kKeyTile + j] = static_cast<float>(k[d]);
+        vf[j * dim + d] = static_cast<float>(v[d]);
+      }
+    } else {
+      for (int64_t d = 0; d < dim; ++d) kt[d * kKeyTile + j] = vf[j * dim + d] = 0.f;
+    }
+  }
+}
+
+template <typename T, int DV>
+void attention_task(const Task& task, const T* q, int64_t q_row, T* out, const float* tiles, const int64_t* meta,
+                    int64_t num_heads, int64_t kv_heads, float scale, std::vector<float>& scratch,
+                    const T* key_cache, const T* value_cache, const int64_t* slots) {
+  constexpr int64_t dim = DV * kW;
+  const int64_t groups = num_heads / kv_heads;
+  const int64_t query_start = meta[task.request * 4 + 0];
+  const int64_t num_computed = meta[task.request * 4 + 2];
+  const int64_t rows = task.count * groups, padded = (rows + kRows - 1) / kRows * kRows;
+  scratch.assign(padded * dim * 2 + padded * kKeyTile + padded * 3 + (tiles ? 0 : 2 * dim * kKeyTile), 0.f);
+  float* qf = scratch.data();           // (padded, dim) scaled queries
+  float* of = qf + padded * dim;        // (padded, dim) running output
+  float* sf = of + padded * dim;        // (padded, kKeyTile) scores, then probabilities
+  float* mx = sf + padded * kKeyTile;   // (padded,) running max
+  float* sum = mx + padded;             // (padded,) running sum
+  float* alpha = sum + padded;          // (padded,) this tile's rescale of the running output
+  float* own_tile = alpha + padded;     // without shared tiles: each tile converted here, as it is read
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t t = task.first + i / groups, head = task.kv_head * groups + i % groups;
+    const T* src = q + (query_start + t) * q_row + head * dim;
+    for (int64_t d = 0; d < dim; ++d) qf[i * dim + d] = static_cast<float>(src[d]) * scale;
+  }
+  std::fill(mx, mx + padded, kNegInf);
+  const int64_t tile_floats = 2 * dim * kKeyTile;
+  for (int64_t j0 = 0, tile = 0; j0 < task.keys; j0 += kKeyTile, ++tile) {
+    const float* kt = tiles + tile * tile_floats;
+    if (!tiles) {
+      convert_tiles(key_cache, value_cache, slots + meta[task.request * 4 + 3], task.keys, tile, task.kv_head, kv_heads, dim, own_tile,
+                    own_tile + dim * kKeyTile);
+      kt = own_tile;
+    }
+    const float* vf = kt + dim * kKeyTile;
+    const int64_t n = std::min<int64_t>(kKeyTile, task.keys - j0);
+    scores_tile(qf, kt, sf, padded, dim);
+    for (int64_t i = 0; i < rows; ++i) {
+      float* s = sf + i * kKeyTile;
+      const int64_t position = num_computed + task.first + i / groups;  // this row sees keys 0 .. position
+      const int64_t last = std::min<int64_t>(n - 1, position - j0);
+      if (last < 0) {  // every key of the tile is after this query
+        std::fill(s, s + kKeyTile, 0.f);
+        alpha[i] = 1.f;
+        continue;
+      }
+      for (int64_t j = last + 1; j < kKeyTile; ++j) s[j] = kNegInf;
+      Vec s0 = Vec::loadu(s), s1 = Vec::loadu(s + kW);
+      const float new_max = std::max(mx[i], reduce_max(at::vec::maximum(s0, s1)));
+      alpha[i] = std::exp(mx[i] - new_max);  // 0 for the first tile
+      Vec m(new_max);
+      Vec p0 = (s0 - m).exp_u20(), p1 = (s1 - m).exp_u20();
+      p0.store(s);
+      p1.store(s + kW);
+      for (int64_t j = last + 1; j < kKeyTile; ++j) s[j] = 0.f;  // exp_u20(-inf) need not be exactly 0
+      const float tile_sum = last == kKeyTile - 1 ? reduce_sum(p0 + p1) : reduce_sum(Vec::loadu(s) + Vec::loadu(s + kW));
+      sum[i] = sum[i] * alpha[i] + tile_sum;
+      mx[i] = new_max;
+    }
+    for (int64_t i = rows; i < padded; ++i) alpha[i] = 1.f;
+    pv_tile<DV>(sf, alpha, vf, of, padded, n);
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t t = task.first + i / groups, head = task.kv_head * groups + i % groups;
+    T* dst = out + (query_start + t) * num_heads * dim + head * dim;
+    const float inv = 1.f / sum[i];
+    for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(of[i * dim + d] * inv);
+  }
+}
+
+template <typename T, int DV>
+void paged_attention_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                          const at::Tensor& slots, const at::Tensor& meta, double scale) {
+  const int64_t kv_heads = key_cache.size(2), dim = key_cache.size(3);
+  const int64_t num_heads = out.size(1) / dim, num_requests = meta.size(0), groups = num_heads / kv_heads;
+  const int64_t* m = meta.data_ptr<int64_t>();
+  const T* kc = key_cache.data_ptr<T>();
+  const T* vc = value_cache.data_ptr<T>();
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  // phase 1: every request's context, per KV head, as fp32 tiles (read once, shared by its tasks)
+  const int64_t tile_floats = 2 * dim * kKeyTile;
+  std::vector<int64_t> first_tile(num_requests + 1, 0);  // request r's tiles of KV head h: first_tile[r] + h * tiles(r)
+  std::vector<std::array<int64_t, 3>> units;            // (request, kv head, tile)
+  int64_t work = 0;  // query rows x keys
+  for (int64_t r = 0; r < num_requests; ++r) {
+    const int64_t num_keys = m[r * 4 + 2] + m[r * 4 + 1];
+    // a request with one block of queries reads each tile once: its task converts it as it goes
+    const int64_t tiles = m[r * 4 + 1] > kQueryBlock ? (num_keys + kKeyTile - 1) / kKeyTile : 0;
+    first_tile[r + 1] = first_tile[r] + tiles * kv_heads;
+    for (int64_t h = 0; h < kv_heads; ++h)
+      for (int64_t t = 0; t < tiles; ++t) units.push_back({r, h, t});
+    work += m[r * 4 + 1] * groups * num_keys;
+  }
+  std::vector<float> tiles(static_cast<size_t>(first_tile[num_requests] * tile_floats));
+  // a decode's few thousand products cost less than waking the other threads
+  const bool serial = work < 16384;
+  at::parallel_for(0, static_cast<int64_t>(units.size()), serial ? static_cast<int64_t>(units.size()) : 4, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) {
+      const auto [r, h, t] = units[u];
+      const int64_t num_keys = m[r * 4 + 2] + m[r * 4 + 1], count = (first_tile[r + 1] - first_tile[r]) / kv_heads;
+      float* kt = tiles.data() + (first_tile[r] + h * count + t) * tile_floats;
+      convert_tiles(kc, vc, sp + m[r * 4 + 3], num_keys, t, h, kv_heads, dim, kt, kt + dim * kKeyTile);
+    }
+  });
+  // phase 2: one task per (request, KV head, block of query tokens)
+  std::vector<Task> tasks;
+  for (int64_t r = 0; r < num_requests; ++r) {
+    const int64_t query_len = m[r * 4 + 1], num_computed = m[r * 4 + 2];
+    for (int64_t first = 0; first < query_len; first += kQueryBlock) {
+      const int64_t count = std::min<int64_t>(kQueryBlock, query_len - first);
+      for (int64_t h = 0; h < kv_heads; ++h) tasks.push_back({r, h, first, count, num_computed + first + count});
+    }
+  }
+  // dearest first, then zig-zag, so that each thread's contiguous share costs about the same
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.keys * a.count > b.keys * b.count; });
+  std::vector<Task> order;
+  order.reserve(tasks.size());
+  for (size_t lo = 0, hi = tasks.size(); lo < hi;) {
+    order.push_back(tasks[lo++]);
+    if (lo < hi) order.push_back(tasks[--hi]);
+  }
+  const T* qp = q.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  const int64_t q_row = q.stride(0);
+  at::parallel_for(0, static_cast<int64_t>(order.size()), serial ? static_cast<int64_t>(order.size()) : 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch;
+    for (int64_t i = begin; i < end; ++i) {
+      const Task& task = order[i];
+      const int64_t count = (first_tile[task.request + 1] - first_tile[task.request]) / kv_heads;
+      const float* request_tiles = count ? tiles.data() + (first_tile[task.request] + task.kv_head * count) * tile_floats : nullptr;
+      attention_task<T, DV>(task, qp, q_row, op, request_tiles, m, num_heads, kv_heads, static_cast<float>(scale), scratch, kc, vc, sp);
+    }
+  });
+}
+
+template <int DV>
+void dispatch_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const at::Tensor& slots,
+                        const at::Tensor& meta, double scale) {
+  if (q.scalar_type() == at::kBFloat16) {
+    paged_attention_impl<c10::BFloat16, DV>(out, q, kc, vc, slots, meta, scale);
+  } else {
+    paged_attention_impl<float, DV>(out, q, kc, vc, slots, meta, scale);
+  }
+}
+
+void check_dtype(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.device().is_cpu(), what, " must be on the CPU");
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, what, " must be float32 or bfloat16");
+}
+
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_dtype(x, "x");
+  TORCH_CHECK(x.is_contiguous() && weight.is_contiguous() && weight.scalar_type() == x.scalar_type(), "rms_norm: contiguous x and weight of one dtype");
+  at::Tensor out = at::empty_like(x);
+  if (x.scalar_type() == at::kBFloat16) rms_norm_impl<c10::BFloat16>(x, weight, out, eps); else rms_norm_impl<float>(x, weight, out, eps);
+  return out;
+}
+
+at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
+  check_dtype(x, "x");
+  TORCH_CHECK(x.is_contiguous() && residual.is_contiguous() && weight.is_contiguous(), "add_rms_norm: contiguous tensors");
+  TORCH_CHECK(residual.scalar_type() == x.scalar_type() && weight.scalar_type() == x.scalar_type() && residual.sizes() == x.sizes(), "add_rms_norm: one dtype and shape");
+  at::Tensor out = at::empty_like(x);
+  if (x.scalar_type() == at::kBFloat16) add_rms_norm_impl<c10::BFloat16>(x, residual, weight, out, eps); else add_rms_norm_impl<float>(x, residual, weight, out, eps);
+  return out;
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  check_dtype(gate_up, "gate_up");
+  TORCH_CHECK(gate_up.is_contiguous() && gate_up.size(-1) % 2 == 0, "silu_mul: contiguous [gate | up]");
+  std::vector<int64_t> shape(gate_up.sizes().begin(), gate_up.sizes().end());
+  shape.back() /= 2;
+  at::Tensor out = at::empty(shape, gate_up.options());
+  if (gate_up.scalar_type() == at::kBFloat16) silu_mul_impl<c10::BFloat16>(gate_up, out); else silu_mul_impl<float>(gate_up, out);
+  return out;
+}
+
+void rope_write_kv(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots, at::Tensor& key_cache,
+                   at::Tensor& value_cache, int64_t num_heads) {
+  check_dtype(qkv, "qkv");
+  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1, "rope_write_kv: qkv (T, (H + 2 KVH) D) with unit inner stride");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && key_cache.is_contiguous() && value_cache.is_contiguous(), "rope_write_kv: contiguous tables and caches");
+  TORCH_CHECK(cos.scalar_type() == qkv.scalar_type() && key_cache.scalar_type() == qkv.scalar_type(), "rope_write_kv: one dtype");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == qkv.size(0), "rope_write_kv: one int64 slot per token");
+  if (qkv.scalar_type() == at::kBFloat16) rope_write_kv_impl<c10::BFloat16>(qkv, cos, sin, slots, key_cache, value_cache, num_heads);
+  else rope_write_kv_impl<float>(qkv, cos, sin, slots, key_cache, value_cache, num_heads);
+}
+
+// out (T, H D); q (T, >= H D) rows of stride q.stride(0); caches (blocks, block_size, KVH, D);
+// slots: every request's context slots, one request after another; meta (R, 4) int64:
+// query start, query length, tokens cached before the step, where its slots start.
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slots,
+                           const at::Tensor& meta, int64_t num_heads, double scale) {
+  check_dtype(q, "q");
+  TORCH_CHECK(q.dim() == 2 && q.stride(1) == 1, "paged_attention: q (T, H D) with unit inner stride");
+  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous() && key_cache.scalar_type() == q.scalar_type(), "paged_attention: contiguous caches of q's dtype");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && meta.scalar_type() == at::kLong && meta.is_contiguous() && meta.dim() == 2 && meta.size(1) == 4, "paged_attention: int64 slots and (R, 4) meta");
+  const int64_t dim = key_cache.size(3), kv_heads = key_cache.size(2);
+  TORCH_CHECK(num_heads % kv_heads == 0, "paged_attention: heads must be a multiple of KV heads");
+  at::Tensor out = at::empty({q.size(0), num_heads * dim}, q.options());
+  switch (dim / kW * (dim % kW == 0)) {
+    case 1: dispatch_attention<1>(out, q, key_cache, value_cache, slots.contiguous(), meta, scale); break;
+    case 2: dispatch_attention<2>(out, q, key_cache, value_cache, slots.contiguous(), meta, scale); break;
+    case 4: dispatch_attention<4>(out, q, key_cache, value_cache, slots.contiguous(), meta, scale); break;
+    case 8: dispatch_attention<8>(out, q, key_cache, value_cache, slots.contiguous(), meta, scale); break;
+    case 16: dispatch_attention<16>(out, q, key_cache, value_cache, slots.contiguous(), meta, scale); break;
+    default: TORCH_CHECK(false, "paged_attention: head_dim ", dim, " is not 1, 2, 4, 8 or 16 vectors of ", kW);
+  }
+  return out;
+}
+
+int64_t vector_width() { return kW; }
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm);
+  m.def("add_rms_norm", &add_rms_norm);
+  m.def("silu_mul", &silu_mul);
+  m.def("rope_write_kv", &rope_write_kv);
+  m.def("paged_attention", &paged_attention);
+  m.def("vector_width", &vector_width);
+}

@@ -1,0 +1,196 @@
+"""The engine's compiled CPU ops (``csrc/engine_ops.cpp``): built by ``make``, loaded if built, checked.
+
+Five ops, each one call where plain torch runs several (the C++ file says what each computes):
+``rms_norm``, ``add_rms_norm``, ``silu_mul``, ``rope_write_kv`` and ``paged_attention`` (v7 of
+``paged_attention.py``'s family: FlashAttention's tiling on a CPU, over the paged cache).
+
+Nothing about the CPU is assumed. torch's own probe (``torch.backends.cpu.get_cpu_capability``:
+AVX512, AVX2 or DEFAULT; ``ATEN_CPU_CAPABILITY=avx2`` lowers it, for torch and for these ops
+alike) picks the compiler flags, and the build is named by that capability, the source and
+the torch version, so a build made for another CPU or an older source is never loaded. Once
+loaded, every op is run on small inputs and compared with plain torch
+(``engine_ops_status``); where anything fails (no compiler, not built, a wrong result) the
+engine runs the same forward with plain torch ops, and ``engine_ops_status`` says why.
+
+    python -m kernels.engine_ops --build     # what `make` runs (about a minute on two cores)
+    python -m kernels.engine_ops             # whether they load here, and why not
+
+``PREFILLVIZ_NO_ENGINE_OPS=1`` turns them off (to run the suite as a machine without them would).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "engine_ops.cpp"
+BUILD_ROOT = Path(__file__).resolve().parent.parent / "build" / "engine_ops"
+DISABLE_ENV = "PREFILLVIZ_NO_ENGINE_OPS"
+# torch's own compiler flags for each CPU capability it dispatches to (aten/src/ATen/native/cpu)
+CAPABILITY_FLAGS = {
+    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-DCPU_CAPABILITY_AVX512"],
+    "AVX2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2"],
+}
+
+
+def capability() -> str:
+    """The vector units torch dispatches to on this CPU: AVX512, AVX2 or DEFAULT (anything else)."""
+    found = torch.backends.cpu.get_cpu_capability()
+    return found if found in CAPABILITY_FLAGS else "DEFAULT"
+
+
+def _flags(cap: str) -> list[str]:
+    return ["-O3", "-fopenmp", *CAPABILITY_FLAGS.get(cap, [])]
+
+
+def build_name(cap: str | None = None) -> str:
+    """The module's name: the capability, and a digest of the source, the flags and torch's version."""
+    cap = cap or capability()
+    digest = hashlib.sha1(SOURCE.read_bytes() + " ".join(_flags(cap)).encode() + torch.__version__.encode()).hexdigest()[:10]
+    return f"prefillviz_engine_ops_{cap.lower()}_{digest}"
+
+
+def build(cap: str | None = None, verbose: bool = False) -> Path:
+    """Compile the ops for ``cap`` (this CPU's by default) with torch's cpp_extension and ninja."""
+    from torch.utils import cpp_extension
+
+    cap = cap or capability()
+    name = build_name(cap)
+    directory = BUILD_ROOT / name
+    directory.mkdir(parents=True, exist_ok=True)
+    # ninja comes from PyPI into this interpreter's bin folder, which need not be on PATH
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    cpp_extension.load(
+        name, [str(SOURCE)], extra_cflags=_flags(cap), extra_ldflags=["-fopenmp"], build_directory=str(directory), verbose=verbose,
+    )
+    return directory / f"{name}.so"
+
+
+def _load(cap: str):
+    path = BUILD_ROOT / build_name(cap) / f"{build_name(cap)}.so"
+    if not path.exists():
+        return None, f"the engine's C++ ops are not built for {cap} here (`make install` builds them: python -m kernels.engine_ops --build)"
+    spec = importlib.util.spec_from_file_location(build_name(cap), path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, ""
+
+
+@functools.cache
+def engine_ops_status() -> tuple[object | None, str]:
+    """(the loaded ops module, or None; why not). Loaded and checked once per process."""
+    if os.environ.get(DISABLE_ENV, "").strip() not in ("", "0"):
+        return None, f"{DISABLE_ENV} is set: plain torch ops run instead of the engine's C++ ops"
+    cap = capability()
+    try:
+        ops, why = _load(cap)
+        if ops is None:
+            return None, why
+        problem = self_check(ops)
+    except Exception as error:  # noqa: BLE001: any failure means "not here", with its reason
+        return None, f"the engine's C++ ops failed to load: {type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+    if problem:
+        return None, f"the engine's C++ ops gave a wrong result on this CPU ({problem}); plain torch ops run instead"
+    return ops, f"the engine's C++ ops ({cap}, {ops.vector_width()} floats a vector)"
+
+
+def engine_ops():
+    """The loaded ops module, or None (``engine_ops_status`` says why)."""
+    return engine_ops_status()[0]
+
+
+# ------------------------------------------------------------------ plain-torch references
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm: weight * (x * rsqrt(mean(x^2) + eps)).to(dtype), in fp32."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb on (T, heads, D) with cos/sin (T, 1, D)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def self_check(ops, dtype: torch.dtype = torch.float32) -> str:
+    """Every op on small random inputs against plain torch; '' when all agree, else what differed."""
+    from kernels.paged_attention import paged_naive, random_step
+
+    generator = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+
+        def close(got: torch.Tensor, want: torch.Tensor) -> bool:
+            return got.shape == want.shape and bool(torch.allclose(got.float(), want.float(), rtol=tolerance, atol=tolerance))
+
+        x = torch.randn(5, 64, generator=generator).to(dtype)
+        weight = torch.randn(64, generator=generator).to(dtype)
+        if not close(ops.rms_norm(x, weight, 1e-5), rms_norm_reference(x, weight, 1e-5)):
+            return f"rms_norm, {dtype}"
+        residual = torch.randn(5, 64, generator=generator).to(dtype)
+        summed = residual + x
+        if not close(ops.add_rms_norm(x, residual, weight, 1e-5), rms_norm_reference(summed, weight, 1e-5)) or not close(residual, summed):
+            return f"add_rms_norm, {dtype}"
+        gate_up = torch.randn(5, 96, generator=generator).to(dtype)
+        if not close(ops.silu_mul(gate_up), silu_mul_reference(gate_up)):
+            return f"silu_mul, {dtype}"
+        inputs = random_step([(0, 37), (40, 9), (23, 1)], 6, 2, 64, dtype=dtype, seed=1)
+        q = inputs.q.transpose(0, 1).reshape(inputs.q.shape[1], -1)
+        got = paged_attention(ops, q, inputs.key_cache, inputs.value_cache, inputs.step, 6, inputs.scale)
+        fp32 = [t.float() if isinstance(t, torch.Tensor) else t for t in inputs.arguments()]
+        want = paged_naive(*fp32).transpose(0, 1).reshape(got.shape)
+        if not close(got, want):
+            return f"paged_attention, {dtype}"
+    return ""
+
+
+def step_meta(step) -> tuple[torch.Tensor, torch.Tensor]:
+    """(every request's context slots, one after another; (R, 4) int64 meta) for ``paged_attention``."""
+    slots = step.packed_slots().to(torch.long)
+    rows, start = [], 0
+    for r in range(step.num_requests):
+        rows.append((step.query_start_loc[r], step.query_len(r), step.num_computed[r], start))
+        start += step.context_len(r)
+    return slots.contiguous(), torch.tensor(rows, dtype=torch.long).reshape(-1, 4)
+
+
+def paged_attention(ops, q: torch.Tensor, key_cache, value_cache, step, num_heads: int, scale: float, meta=None) -> torch.Tensor:
+    """q (T, H D) -> (T, H D): the compiled kernel over the step (``meta`` from ``step_meta``, made once per step)."""
+    slots, rows = meta if meta is not None else step_meta(step)
+    return ops.paged_attention(q, key_cache, value_cache, slots, rows, num_heads, scale)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kernels.engine_ops", description=__doc__.splitlines()[0])
+    parser.add_argument("--build", action="store_true", help="compile the ops for this CPU (what `make install` runs)")
+    parser.add_argument("--capability", choices=[*CAPABILITY_FLAGS, "DEFAULT"], help="build for these vector units instead of this CPU's")
+    args = parser.parse_args(argv)
+    if args.build:
+        started = time.perf_counter()
+        try:
+            path = build(args.capability)
+        except Exception as error:  # noqa: BLE001: the engine runs without them; say so and go on
+            print(f"the engine's C++ ops did not build ({type(error).__name__}: {str(error).splitlines()[-1][:300] if str(error) else ''}); "
+                  "the engine will run plain torch ops", file=sys.stderr)
+            return 1
+        print(f"built {path} in {time.perf_counter() - started:.0f} s")
+    ops, why = engine_ops_status()
+    print(why if ops is not None else f"not loaded: {why}")
+    return 0 if ops is not None or not args.build else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

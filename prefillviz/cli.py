@@ -130,6 +130,7 @@ def packs_weights(args: argparse.Namespace) -> bool:
 
 def run_command(args: argparse.Namespace) -> dict:
     from prefillviz.dtype_speed import dtype_speed
+    from prefillviz.engine.llama_forward import forward_label
     from prefillviz.engine.packed_weights import linear_weights_label
 
     loaded, trace, request_id = _run_prompt(args)
@@ -146,6 +147,7 @@ def run_command(args: argparse.Namespace) -> dict:
         "time_to_first_token_s": record.time_to_first_token_s,
         "num_steps": trace.num_steps,
         "linear_layers": linear_weights_label(loaded.model, with_reason=True) if packs_weights(args) else "stock linear layers (--pack-weights off, or auto with one forward)",
+        "forward": forward_label(loaded.model, "none", with_reason=True),
         "dtype_note": "",
     }
     if args.dtype not in ("auto", "float32") and loaded.device.type == "cpu":  # asked for a 16-bit dtype: is it slow here?

@@ -2,7 +2,9 @@
 
     none      step wall times only (the engine always records these)
     timing    + per layer and sub-layer time (attention, MLP, norms, embedding, final norm,
-              lm_head): perf_counter on CPU, CUDA events on GPU, read once per step
+              lm_head): perf_counter on CPU, CUDA events on GPU, read once per step; the
+              engine's own forward (``engine/llama_forward.py``) times these spans itself, the
+              stock forward through module hooks
     inspect   + the KV write log (positions, slots, blocks, bytes, K/V norms per kv head and
               token), post-RoPE queries, keys and values of every layer, hidden-state norms
     profile   timing under torch.profiler, with a record_function scope per layer and
@@ -263,9 +265,14 @@ def capture(engine, level: str = "timing", profile_dir: str | None = None) -> It
     recorder = Capture(engine, level, profile_dir)
     handles: list = []
     observers_before = list(engine.runner.observers)
+    # per-layer clocks of the engine's own forward time its spans themselves; every other level
+    # (and a model it does not run) hooks the stock modules
+    own_clocks = level == "timing" and engine.runner.own_forward.available
     with ExitStack() as stack:
         try:
-            if level != "none":
+            if own_clocks:
+                engine.runner.span_clock = recorder.clock
+            elif level != "none":
                 recorder._install(handles)
             if level == "profile":
                 activities = [torch.profiler.ProfilerActivity.CPU]
@@ -278,6 +285,7 @@ def capture(engine, level: str = "timing", profile_dir: str | None = None) -> It
             yield recorder
         finally:
             engine.capture = None
+            engine.runner.span_clock = None
             for handle in handles:
                 handle.remove()
             engine.runner.observers[:] = observers_before

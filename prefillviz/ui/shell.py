@@ -23,6 +23,7 @@ from streamlit.errors import StreamlitAPIException
 
 from prefillviz.devices import dtype_name
 from prefillviz.dtype_speed import dtype_speed
+from prefillviz.engine.llama_forward import forward_label
 from prefillviz.engine.packed_weights import linear_weights_label
 from prefillviz.errors import OutOfMemory, PrefillVizError, is_out_of_memory
 from prefillviz.hosted import hosted_policy
@@ -124,14 +125,18 @@ def model_card(loaded: LoadedModel) -> None:
         f"{info.num_layers} layers · {info.num_heads} heads · {info.num_kv_heads} KV heads · head dim {info.head_dim}  \n"
         f"KV cache: **{info.kv_bytes_per_token:,} B per token**  \n"
         f"{loaded.device} · {dtype_name(loaded.dtype)} · from {loaded.source} in {loaded.load_time_s:.1f} s{warm}  \n"
-        f"engine: {linear_weights_label(loaded.model, with_reason=True)}"
+        f"engine: {linear_weights_label(loaded.model, with_reason=True)}  \n"
+        f"forward: {forward_label(loaded.model, 'none', with_reason=True)}; inspection and profiler passes hook the stock one"
     )
 
 
 def run_label(loaded: LoadedModel, capture: str) -> str:
     """What a number measured: the pass (``instrument.passes``), the device and its threads, for captions under results."""
     where = f"{loaded.model_id} on {loaded.device}, {dtype_name(loaded.dtype)}"
-    return f"{pass_label(capture)} · {where} · {linear_weights_label(loaded.model)} · {torch.get_num_threads()} torch threads"
+    return (
+        f"{pass_label(capture)} · {where} · {forward_label(loaded.model, capture)} · {linear_weights_label(loaded.model)} · "
+        f"{torch.get_num_threads()} torch threads"
+    )
 
 
 @contextmanager

@@ -1,0 +1,309 @@
+"""The engine's own forward of a Llama-shaped model (as vLLM's ``model_executor/models/llama.py``).
+
+The stock ``transformers`` forward runs about 245 torch ops per decoder layer for one decode
+step (module calls, dtype round trips, one linear per projection, ``rotate_half`` per tensor),
+and on a small model those fixed costs weigh as much as the matmuls. Serving engines run their
+own model code instead; this is ours, for the engine's steps only:
+
+    per layer   h ─┬─ RMSNorm ─ [q|k|v] = x W_qkv ─ RoPE(q, k) ─ write K/V ─ paged attention ─ x W_o ─(+)─┐
+                   └──────────────────────────────────────────────────────────────────────────────┘
+                h ─┬─ RMSNorm ─ [gate|up] = x W_gate_up ─ silu(gate) * up ─ x W_down ─(+)─┐
+                   └─────────────────────────────────────────────────────────────────────┘
+
+- **Fused projections**: q, k and v are one matmul over the three weights stacked, and so are
+  gate and up (vLLM's ``QKVParallelLinear`` and ``MergedColumnParallelLinear``). On a CPU that
+  can, the stacked weights are packed once for oneDNN (``packed_weights.pack_weight``).
+- **RoPE once over q and k together**, with the cos/sin of the step's positions computed once per
+  step by the model's own rotary module (so every RoPE variant it knows applies as it is).
+- **The same attention** as the stock path: the K/V writes and ``attention.ENGINE_KERNEL``.
+
+The arithmetic of each op is the stock model's (RMSNorm in fp32 then cast, RoPE in the model's
+dtype, SiLU): ``tests/model/test_llama_forward.py`` checks the logits against the plain HF
+forward. The module hooks of the inspection pass and the profiler need the stock module
+calls, so a step with a hook on any module, or an attention observer, runs the stock forward
+instead (``ModelRunner.forward``); so does any model this
+file does not know (``own_forward_status`` says why). A timing pass's per-layer clocks stay on
+this forward: it times the same spans itself (``LlamaForward``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kernels.engine_ops import engine_ops, engine_ops_status, rms_norm_reference, rope_reference, silu_mul_reference, step_meta
+from prefillviz.engine import attention as engine_attention
+from prefillviz.engine.packed_weights import pack_weight, packed_linear, packing_status
+
+STOCK_FORWARD_ENV = "PREFILLVIZ_STOCK_FORWARD"
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+_models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> LlamaWeights
+_lock = threading.Lock()
+
+
+def own_forward_status(model: torch.nn.Module) -> tuple[bool, str]:
+    """(whether the engine runs its own forward of this model, why not when it doesn't)."""
+    if os.environ.get(STOCK_FORWARD_ENV, "").strip() not in ("", "0"):
+        return False, f"{STOCK_FORWARD_ENV} is set: the stock transformers forward runs"
+    config = model.config
+    model_type = getattr(config, "model_type", "")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return False, f"no engine forward for {model_type or type(model).__name__} models; the stock transformers forward runs"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return False, f"activation {config.hidden_act!r}: the stock transformers forward runs"
+    if getattr(config, "use_sliding_window", False) or (model_type == "mistral" and getattr(config, "sliding_window", None)):
+        return False, "sliding-window attention: the stock transformers forward runs"
+    decoder = getattr(model, "model", None)
+    if decoder is None or not hasattr(decoder, "layers") or not hasattr(decoder, "rotary_emb"):
+        return False, "the model's modules are not laid out as transformers' Llama: the stock forward runs"
+    layer = decoder.layers[0]
+    if getattr(layer.mlp.gate_proj, "bias", None) is not None or getattr(layer.self_attn.o_proj, "bias", None) is not None:
+        return False, "biased MLP or output projections: the stock transformers forward runs"
+    return True, ""
+
+
+def _hooked(modules: list[torch.nn.Module]) -> bool:
+    """Whether an instrument hooked any module. transformers' own hooks don't count: once a call
+    asked for ``output_attentions`` it leaves output-capturing hooks on the layers for good, which
+    record nothing unless a call asks again (and the engine never does)."""
+    from torch.nn.modules import module as module_globals
+
+    def ours(hooks) -> bool:
+        return any(not getattr(hook, "__module__", "").startswith("transformers.") for hook in hooks.values())
+
+    if ours(module_globals._global_forward_hooks) or ours(module_globals._global_forward_pre_hooks):
+        return True
+    return any(ours(m._forward_hooks) or ours(m._forward_pre_hooks) for m in modules if m._forward_hooks or m._forward_pre_hooks)
+
+
+def _stack(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    weight = torch.cat([linear.weight.detach() for linear in linears], dim=0)
+    biases = [linear.bias for linear in linears]
+    if all(b is None for b in biases):
+        return weight, None
+    return weight, torch.cat([b.detach() if b is not None else torch.zeros(l.out_features, dtype=weight.dtype, device=weight.device) for b, l in zip(biases, linears)])
+
+
+@dataclass
+class _Linear:
+    """One (possibly stacked) projection: the plain weight, or its oneDNN pack."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    packed: torch.Tensor | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return packed_linear(x, self.packed, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> _Linear:
+    return _Linear(weight, bias, pack_weight(weight) if pack else None)
+
+
+class LlamaWeights:
+    """The model's weights as the engine's forward reads them (stacked, packed where the CPU can)."""
+
+    def __init__(self, model: torch.nn.Module, pack: bool) -> None:
+        decoder = model.model
+        self.pack = pack
+        self.key = _weights_key(model)
+        self.embedding = decoder.embed_tokens.weight
+        self.rotary = decoder.rotary_emb
+        self.final_norm = (decoder.norm.weight, _eps(decoder.norm))
+        head = model.lm_head
+        self.lm_head = _linear(head.weight.detach(), head.bias, pack)
+        config = model.config
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.layers = []
+        for layer in decoder.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.layers.append((
+                (layer.input_layernorm.weight, _eps(layer.input_layernorm)),
+                _linear(*_stack(attn.q_proj, attn.k_proj, attn.v_proj), pack),
+                _linear(attn.o_proj.weight.detach(), None, pack),
+                (layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm)),
+                _linear(*_stack(mlp.gate_proj, mlp.up_proj), pack),
+                _linear(mlp.down_proj.weight.detach(), None, pack),
+                getattr(attn, "scaling", self.head_dim**-0.5),
+            ))
+
+
+def _eps(norm: torch.nn.Module) -> float:
+    return getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
+
+
+def _weights_key(model: torch.nn.Module) -> tuple:
+    """Changes when any weight does (new storage: a new dtype or device; or an in-place write)."""
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
+def llama_weights(model: torch.nn.Module, pack: bool) -> LlamaWeights:
+    """The model's stacked weights, made on first use and remade when a weight changed."""
+    with _lock:
+        by_pack = _models.setdefault(model, {})
+        weights = by_pack.get(pack)
+        if weights is None or weights.key != _weights_key(model):
+            weights = by_pack[pack] = LlamaWeights(model, pack)
+        return weights
+
+
+def compiled_ops_for(weights: "LlamaWeights", device: torch.device, dtype: torch.dtype):
+    """The engine's C++ ops when they run this model here (a CPU, fp32 or bf16, a head size they take), else None."""
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        return None
+    ops = engine_ops()
+    if ops is None or weights.head_dim % ops.vector_width() or weights.head_dim // ops.vector_width() not in (1, 2, 4, 8, 16):
+        return None
+    return ops
+
+
+class _NoSpans:
+    """Stands in for a ``SpanClock`` when nothing is timed: every span is a shared no-op."""
+
+    @staticmethod
+    def __call__(name: str) -> contextlib.nullcontext:
+        return _NO_SPAN
+
+
+_NO_SPAN = contextlib.nullcontext()
+
+
+class _Spans:
+    """Named spans on an ``instrument.timers.SpanClock``: the per-layer clocks of a timing pass."""
+
+    def __init__(self, clock) -> None:
+        self.clock = clock
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        self.clock.start(name)
+        try:
+            yield
+        finally:
+            self.clock.stop(name)
+
+
+class LlamaForward:
+    """Runs one engine step (``ModelRunner.prepare``'s inputs) through the engine's own forward.
+
+    With a ``SpanClock`` (a timing pass) it times the spans the module hooks of the stock forward
+    would: ``embedding``, ``layers.i`` and, inside it, ``layers.i.input_layernorm``,
+    ``layers.i.attention`` (q|k|v, RoPE, the K/V writes, attention, o), ``layers.i.post_attention_layernorm``
+    (with the residual add before it), ``layers.i.mlp``; then ``final_norm`` and ``lm_head``.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.available, self.why_not = own_forward_status(model)
+        self._modules = list(model.modules()) if self.available else []
+
+    def usable(self, observers: list) -> bool:
+        """Whether this step can run here: a known model, and no instrument hooked onto it."""
+        return self.available and not observers and not _hooked(self._modules)
+
+    def __call__(self, inputs: dict, pack: bool, clock=None) -> torch.Tensor:
+        """Logits (num_kept, V) at the rows ``inputs['logits_to_keep']`` names; ``clock`` times the spans."""
+        span = _Spans(clock) if clock is not None else _NoSpans()
+        pack = pack and packing_status(self.model)[0]
+        weights = llama_weights(self.model, pack)
+        with span("embedding"):
+            h = F.embedding(inputs["input_ids"][0], weights.embedding)  # (T, hidden)
+        cos, sin = weights.rotary(h[None], inputs["position_ids"])  # (1, T, D) in the model's dtype
+        ops = compiled_ops_for(weights, h.device, h.dtype)
+        if ops is not None:
+            h = self._compiled(ops, weights, h, cos[0].contiguous(), sin[0].contiguous(), inputs, span)
+        else:
+            h = self._torch(weights, h, cos[0, :, None], sin[0, :, None], inputs, span)
+        with span("lm_head"):
+            return weights.lm_head(h)
+
+    def _torch(self, weights: LlamaWeights, h, cos, sin, inputs: dict, span) -> torch.Tensor:
+        """Plain torch ops, on any device and dtype; cos and sin (T, 1, D) broadcast over heads."""
+        meta = inputs["prefillviz_metadata"]
+        num_tokens = h.shape[0]
+        H, KVH, D = weights.num_heads, weights.num_kv_heads, weights.head_dim
+        cache, step = meta.kv_cache, meta.paged_step
+        kernel = engine_attention.ENGINE_KERNEL
+        for index, (norm_in, qkv_proj, o_proj, norm_post, gate_up_proj, down_proj, scale) in enumerate(weights.layers):
+            with span(f"layers.{index}"):
+                with span(f"layers.{index}.input_layernorm"):
+                    x = rms_norm_reference(h, *norm_in)
+                with span(f"layers.{index}.attention"):
+                    qkv = qkv_proj(x)  # (T, (H + 2 KVH) D)
+                    qk = rope_reference(qkv[:, : (H + KVH) * D].view(num_tokens, H + KVH, D), cos, sin)
+                    q, k = qk[:, :H], qk[:, H:]
+                    v = qkv[:, (H + KVH) * D :].view(num_tokens, KVH, D)
+                    cache.write(index, meta.slot_mapping, k, v)
+                    out = kernel(
+                        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), cache.key_cache[index], cache.value_cache[index], step,
+                        scale,
+                    )  # (H, T, D)
+                    attended = o_proj(out.transpose(0, 1).reshape(num_tokens, H * D))
+                with span(f"layers.{index}.post_attention_layernorm"):
+                    h = h + attended
+                    x = rms_norm_reference(h, *norm_post)
+                with span(f"layers.{index}.mlp"):
+                    h = h + down_proj(silu_mul_reference(gate_up_proj(x)))
+        with span("final_norm"):
+            return rms_norm_reference(h.index_select(0, inputs["logits_to_keep"]), *weights.final_norm)
+
+    def _compiled(self, ops, weights: LlamaWeights, h, cos, sin, inputs: dict, span) -> torch.Tensor:
+        """The engine's C++ ops (``kernels/engine_ops.py``): about ten calls a layer; cos and sin (T, D).
+
+        Each residual add is fused with the norm after it: the MLP's into the next layer's input
+        norm (``add_rms_norm``), the last one into the final norm.
+        """
+        meta = inputs["prefillviz_metadata"]
+        cache = meta.kv_cache
+        slots, step_rows = step_meta(meta.paged_step)
+        H = weights.num_heads
+        mlp_out = None  # the previous layer's MLP output, not yet added to h
+        for index, (norm_in, qkv_proj, o_proj, norm_post, gate_up_proj, down_proj, scale) in enumerate(weights.layers):
+            with span(f"layers.{index}"):
+                with span(f"layers.{index}.input_layernorm"):
+                    x = ops.rms_norm(h, *norm_in) if mlp_out is None else ops.add_rms_norm(mlp_out, h, *norm_in)
+                with span(f"layers.{index}.attention"):
+                    qkv = qkv_proj(x)  # (T, (H + 2 KVH) D): q and k rotated in place, k and v into the cache
+                    ops.rope_write_kv(qkv, cos, sin, meta.slot_mapping, cache.key_cache[index], cache.value_cache[index], H)
+                    out = ops.paged_attention(qkv, cache.key_cache[index], cache.value_cache[index], slots, step_rows, H, scale)
+                    attended = o_proj(out)
+                with span(f"layers.{index}.post_attention_layernorm"):
+                    x = ops.add_rms_norm(attended, h, *norm_post)  # h += attention; x = norm(h)
+                with span(f"layers.{index}.mlp"):
+                    mlp_out = down_proj(ops.silu_mul(gate_up_proj(x)))
+        with span("final_norm"):
+            x = ops.add_rms_norm(mlp_out, h, *weights.final_norm)
+            return x.index_select(0, inputs["logits_to_keep"])
+
+
+def forward_label(model: torch.nn.Module, capture: str = "none", with_reason: bool = False) -> str:
+    """Which forward the engine's steps run at this capture level, for captions next to their timings.
+
+    Args:
+        model: the loaded model.
+        capture: the run's capture level; ``inspect`` and ``profile`` hook the modules, so the stock forward runs.
+        with_reason: add why, where it is not the engine's forward with its C++ ops (the sidebar's card).
+    """
+    available, why = own_forward_status(model)
+    if not available:
+        return f"stock transformers forward ({why})" if with_reason else "stock transformers forward"
+    if capture in ("inspect", "profile"):
+        return "stock transformers forward (the capture hooks need its module calls)" if with_reason else "stock transformers forward"
+    parameter = next(model.parameters())
+    ops, ops_why = engine_ops_status()
+    if ops is not None and parameter.device.type == "cpu" and parameter.dtype in (torch.float32, torch.bfloat16):
+        return f"engine forward, {ops_why.removeprefix('the ')}"
+    if parameter.device.type != "cpu":
+        return "engine forward, torch ops"
+    return f"engine forward, plain torch ops ({ops_why})" if with_reason else "engine forward, plain torch ops"

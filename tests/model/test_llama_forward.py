@@ -1,0 +1,161 @@
+"""The engine's own forward (engine/llama_forward.py) and its C++ ops (kernels/engine_ops.py).
+
+Each way the engine can run a step (its forward with the C++ ops, its forward with plain
+torch ops, the stock transformers forward) against the others and against the plain HF
+forward of each whole sequence: a mixed workload of chunked prefill, decodes packed with a
+chunk, and a prefix-cache hit; fp32 within the oracle tolerance, bf16 within a looser one.
+Then when each way runs: hooks and observers send a step to the stock forward, unknown
+models never leave it, and the ops' own check refuses a wrong op.
+"""
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from kernels import engine_ops
+from prefillviz.config import EngineConfig
+from prefillviz.engine import llama_forward
+from prefillviz.engine.engine import LLMEngine
+from prefillviz.engine.request import SamplingParams
+from prefillviz.oracle import hf_greedy_generate
+from tests.conftest import assert_matches_hf
+from tests.tiny_models import make_tiny_llama
+
+WAYS = ("compiled", "torch", "stock")
+
+
+def prompt(length, vocab, seed):
+    return torch.randint(3, vocab, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def run_mixed(model, way, monkeypatch):
+    """A chunked long prompt packed with two decoding requests, then a prefix-cache hit on it."""
+    calls = {"own": 0}
+    if way == "torch":
+        monkeypatch.setattr(llama_forward, "compiled_ops_for", lambda *args: None)
+    engine = LLMEngine(model, tokenizer=None, config=EngineConfig(block_size=16, token_budget=24))
+    own = engine.runner.own_forward
+    if way == "stock":
+        own.available = False
+    original = type(own).__call__
+
+    def counted(self, *args):
+        calls["own"] += 1
+        return original(self, *args)
+
+    monkeypatch.setattr(type(own), "__call__", counted)
+    vocab = model.config.vocab_size
+    short_a, short_b, long_prompt = prompt(9, vocab, 5), prompt(13, vocab, 6), prompt(60, vocab, 7)
+    hit_prompt = long_prompt[:48] + prompt(7, vocab, 8)
+    engine.add_request(short_a, SamplingParams(max_new_tokens=5), request_id="a")
+    engine.add_request(short_b, SamplingParams(max_new_tokens=5), request_id="b")
+    engine.step()
+    requests = {"long": engine.add_request(long_prompt, SamplingParams(max_new_tokens=3), request_id="long")}
+    engine.run()
+    requests["hit"] = engine.add_request(hit_prompt, SamplingParams(max_new_tokens=3), request_id="hit")
+    trace = engine.run()
+    assert trace.requests["hit"].num_cached_tokens == 48
+    assert (calls["own"] > 0) == (way != "stock")
+    prompts = {"a": short_a, "b": short_b, "long": long_prompt, "hit": hit_prompt}
+    return trace, requests, prompts
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_every_way_of_running_a_step_matches_hf_in_fp32(tiny_llama, way, monkeypatch, request):
+    if way == "compiled":
+        request.getfixturevalue("compiled_ops")
+    trace, requests, prompts = run_mixed(tiny_llama, way, monkeypatch)
+    for request_id in ("long", "hit"):
+        assert_matches_hf(tiny_llama, prompts[request_id], requests[request_id].first_token_logits)
+    for request_id, token_ids in prompts.items():
+        new = len(trace.requests[request_id].output_token_ids)
+        assert trace.requests[request_id].output_token_ids == hf_greedy_generate(tiny_llama, token_ids, new)
+
+
+def test_the_bundled_models_steps_match_hf_with_the_compiled_ops(bundled, compiled_ops, monkeypatch):
+    trace, requests, prompts = run_mixed(bundled.model, "compiled", monkeypatch)
+    for request_id in ("long", "hit"):
+        assert_matches_hf(bundled.model, prompts[request_id], requests[request_id].first_token_logits)
+
+
+def test_bf16_ways_agree_with_the_bf16_hf_forward(monkeypatch):
+    model = make_tiny_llama(head_dim=32, hidden_size=128).to(torch.bfloat16)  # head size 32: the ops' AVX-512 and AVX2 tiles
+    ways = ["torch", "stock"]
+    if engine_ops.engine_ops() is not None:
+        ways.insert(0, "compiled")
+    logits = {}
+    for way in ways:
+        with monkeypatch.context() as patch:
+            _, requests, prompts = run_mixed(model, way, patch)
+            logits[way] = requests["long"].first_token_logits
+    for way in ways:  # bf16 rounds differently op by op: the HF bf16 forward within a bf16-sized tolerance
+        assert_matches_hf(model, prompts["long"], logits[way], tolerance=0.1)
+
+
+def test_hooks_and_observers_send_a_step_to_the_stock_forward(tiny_llama, monkeypatch):
+    engine = LLMEngine(tiny_llama, tokenizer=None, config=EngineConfig())
+    own = engine.runner.own_forward
+    assert own.available and own.usable([])
+    handle = tiny_llama.model.layers[1].mlp.register_forward_hook(lambda *args: None)
+    try:
+        assert not own.usable([])
+    finally:
+        handle.remove()
+    assert own.usable([]) and not own.usable([lambda *args: None])
+    eager_model = make_tiny_llama(attn_implementation="eager")
+    with torch.inference_mode():
+        eager_model(torch.tensor([prompt(5, 128, 2)]), output_attentions=True)  # transformers leaves hooks of its own
+    assert any(m._forward_hooks for m in eager_model.modules())
+    assert LLMEngine(eager_model, tokenizer=None, config=EngineConfig()).runner.own_forward.usable([])
+    calls = []
+    original = type(own).__call__
+    monkeypatch.setattr(type(own), "__call__", lambda self, *args: calls.append(args[-1]) or original(self, *args))
+    for level in ("timing", "inspect", "profile"):
+        engine.add_request(prompt(20, 128, 1))
+        trace = engine.run(capture_level=level)
+        times = trace.steps[0].layer_times
+        assert times is not None and all(t > 0 for t in times.layer_s + times.attention_s + times.mlp_s + times.norms_s)
+        assert times.lm_head_s > 0 and sum(times.layer_s) < trace.steps[0].wall_time_s
+    assert len(calls) == 1 and calls[0] is not None  # only the timing pass ran the engine's forward, with its clock
+    assert own.usable([]) and engine.runner.span_clock is None
+
+
+def test_which_forward_each_model_and_setting_gets(tiny_llama, monkeypatch):
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=32)).eval()
+    assert llama_forward.own_forward_status(tiny_llama) == (True, "")
+    runs, why = llama_forward.own_forward_status(gpt2)
+    assert not runs and "gpt2" in why
+    assert llama_forward.forward_label(gpt2, with_reason=True).startswith("stock transformers forward (no engine forward for gpt2")
+    assert llama_forward.forward_label(tiny_llama, "inspect") == "stock transformers forward"
+    assert llama_forward.forward_label(tiny_llama, "timing").startswith("engine forward")
+    monkeypatch.setenv(llama_forward.STOCK_FORWARD_ENV, "1")
+    assert not llama_forward.own_forward_status(tiny_llama)[0]
+    assert not LLMEngine(tiny_llama, tokenizer=None, config=EngineConfig()).runner.own_forward.available
+
+
+def test_the_ops_check_refuses_a_wrong_op(compiled_ops):
+    assert engine_ops.self_check(compiled_ops) == ""
+
+    class OffByALittle:
+        def __getattr__(self, name):
+            return getattr(compiled_ops, name)
+
+        def silu_mul(self, gate_up):
+            return compiled_ops.silu_mul(gate_up) * 1.01
+
+    assert engine_ops.self_check(OffByALittle()) == "silu_mul, torch.float32"
+
+
+def test_ops_report_why_they_are_off(monkeypatch):
+    engine_ops.engine_ops_status.cache_clear()
+    try:
+        monkeypatch.setenv(engine_ops.DISABLE_ENV, "1")
+        ops, why = engine_ops.engine_ops_status()
+        assert ops is None and engine_ops.DISABLE_ENV in why
+        monkeypatch.delenv(engine_ops.DISABLE_ENV)
+        monkeypatch.setattr(engine_ops, "build_name", lambda cap=None: "prefillviz_engine_ops_never_built")
+        engine_ops.engine_ops_status.cache_clear()
+        ops, why = engine_ops.engine_ops_status()
+        assert ops is None and "not built" in why and "make install" in why
+    finally:
+        engine_ops.engine_ops_status.cache_clear()

@@ -2,7 +2,10 @@
 
 Five ops, each one call where plain torch runs several (the C++ file says what each computes):
 ``rms_norm``, ``add_rms_norm``, ``silu_mul``, ``rope_write_kv`` and ``paged_attention`` (v7 of
-``paged_attention.py``'s family: FlashAttention's tiling on a CPU, over the paged cache).
+``paged_attention.py``'s family: FlashAttention's tiling on a CPU, over the paged cache). For
+a bf16 model on a CPU with AVX512-BF16, attention multiplies bf16 pairs with ``vdpbf16ps``
+(q.k exact, P rounded to bf16 before P V, as torch's bf16 SDPA rounds it, sums in fp32); the
+CPU is asked at run time, and elsewhere the tiles are fp32.
 
 Nothing about the CPU is assumed. torch's own probe (``torch.backends.cpu.get_cpu_capability``:
 AVX512, AVX2 or DEFAULT; ``ATEN_CPU_CAPABILITY=avx2`` lowers it, for torch and for these ops
@@ -15,7 +18,9 @@ engine runs the same forward with plain torch ops, and ``engine_ops_status`` say
     python -m kernels.engine_ops --build     # what `make` runs (about a minute on two cores)
     python -m kernels.engine_ops             # whether they load here, and why not
 
-``PREFILLVIZ_NO_ENGINE_OPS=1`` turns them off (to run the suite as a machine without them would).
+``PREFILLVIZ_NO_ENGINE_OPS=1`` turns them off (to run the suite as a machine without them would);
+``PREFILLVIZ_NO_BF16_DOT=1`` keeps them but computes bf16 attention in fp32 tiles, as on a CPU
+without AVX512-BF16 (where ``__builtin_cpu_supports("avx512bf16")`` says no, that is the path).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch
 SOURCE = Path(__file__).resolve().parent / "csrc" / "engine_ops.cpp"
 BUILD_ROOT = Path(__file__).resolve().parent.parent / "build" / "engine_ops"
 DISABLE_ENV = "PREFILLVIZ_NO_ENGINE_OPS"
+NO_BF16_DOT_ENV = "PREFILLVIZ_NO_BF16_DOT"  # bf16 attention in fp32 tiles, as on a CPU without AVX512-BF16
 # torch's own compiler flags for each CPU capability it dispatches to (aten/src/ATen/native/cpu)
 CAPABILITY_FLAGS = {
     "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-DCPU_CAPABILITY_AVX512"],
@@ -99,7 +105,10 @@ def engine_ops_status() -> tuple[object | None, str]:
         return None, f"the engine's C++ ops failed to load: {type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
     if problem:
         return None, f"the engine's C++ ops gave a wrong result on this CPU ({problem}); plain torch ops run instead"
-    return ops, f"the engine's C++ ops ({cap}, {ops.vector_width()} floats a vector)"
+    if os.environ.get(NO_BF16_DOT_ENV, "").strip() not in ("", "0"):
+        ops.set_bf16_dot_products(False)
+    dots = ", bf16 attention on AVX512-BF16 dot products" if ops.bf16_dot_products() else ""
+    return ops, f"the engine's C++ ops ({cap}, {ops.vector_width()} floats a vector{dots})"
 
 
 def engine_ops():
@@ -130,6 +139,7 @@ def self_check(ops, dtype: torch.dtype = torch.float32) -> str:
     from kernels.paged_attention import paged_naive, random_step
 
     generator = torch.Generator().manual_seed(0)
+    has_dot_products = ops.bf16_dot_products()  # this CPU has AVX512-BF16 (and nothing turned them off)
     for dtype in (torch.float32, torch.bfloat16):
         tolerance = 1e-4 if dtype == torch.float32 else 2e-2
 
@@ -149,11 +159,14 @@ def self_check(ops, dtype: torch.dtype = torch.float32) -> str:
             return f"silu_mul, {dtype}"
         inputs = random_step([(0, 37), (40, 9), (23, 1)], 6, 2, 64, dtype=dtype, seed=1)
         q = inputs.q.transpose(0, 1).reshape(inputs.q.shape[1], -1)
-        got = paged_attention(ops, q, inputs.key_cache, inputs.value_cache, inputs.step, 6, inputs.scale)
         fp32 = [t.float() if isinstance(t, torch.Tensor) else t for t in inputs.arguments()]
-        want = paged_naive(*fp32).transpose(0, 1).reshape(got.shape)
-        if not close(got, want):
-            return f"paged_attention, {dtype}"
+        want = paged_naive(*fp32).transpose(0, 1).reshape(q.shape)
+        for on in [False, True] if dtype == torch.bfloat16 and has_dot_products else [has_dot_products]:
+            ops.set_bf16_dot_products(on)  # a bf16 step with AVX512-BF16 dot products, and without them
+            got = paged_attention(ops, q, inputs.key_cache, inputs.value_cache, inputs.step, 6, inputs.scale)
+            ops.set_bf16_dot_products(has_dot_products)
+            if not close(got, want):
+                return f"paged_attention, {dtype}{', AVX512-BF16 dot products' if on else ''}"
     return ""
 
 

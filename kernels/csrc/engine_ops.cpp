@@ -8,7 +8,9 @@
 //                     the step's K and V written into the paged cache through the slot mapping
 //   paged_attention   flash-style attention of every request's new queries over its context,
 //                     read from the paged cache through its slots; scores, online softmax and
-//                     P V in fp32 (FlashAttention's tiling, on a CPU)
+//                     P V in fp32 (FlashAttention's tiling, on a CPU). A bf16 model on a CPU
+//                     with AVX512-BF16 (asked at run time) multiplies bf16 pairs instead
+//                     (vdpbf16ps): q.k exact, P rounded to bf16 before P V, sums in fp32
 //
 // Vectors are ATen's at::vec::Vectorized<float>: 16 lanes where torch's probe of the CPU says
 // AVX-512, 8 for AVX2, plain C++ otherwise (the build passes that probe's flags and macro).
@@ -21,6 +23,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
+#if defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#endif
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -231,40 +237,159 @@ void convert_tiles(const T* key_cache, const T* value_cache, const int64_t* slot
   }
 }
 
+// fp32 tiles and FMAs: any CPU, any dtype
 template <typename T, int DV>
+struct Fp32Tiles {
+  static constexpr int64_t dim = DV * kW;
+  static constexpr int64_t tile_words = 2 * dim * kKeyTile;  // K^T (dim, 32) then V (32, dim), fp32
+  static constexpr int64_t query_words = dim;
+  static void convert(const T* kc, const T* vc, const int64_t* slots, int64_t num_keys, int64_t tile, int64_t kv_head,
+                      int64_t kv_heads, float* dst) {
+    convert_tiles(kc, vc, slots, num_keys, tile, kv_head, kv_heads, dim, dst, dst + dim * kKeyTile);
+  }
+  static float query(const T* src, float* dst, float scale) {  // returns the scale still to apply to the scores
+    for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<float>(src[d]) * scale;
+    return 1.f;
+  }
+  static void scores(const float* q, const float* tile, float* s, int64_t rows) { scores_tile(q, tile, s, rows, dim); }
+  static void pv(const float* p, const float* alpha, const float* tile, float* o, int64_t rows, int64_t keys) {
+    pv_tile<DV>(p, alpha, tile + dim * kKeyTile, o, rows, keys);
+  }
+};
+
+#if defined(CPU_CAPABILITY_AVX512)
+// bf16 pairs and AVX512-BF16's dot product (vdpbf16ps: two bf16 products a lane, summed in fp32), for a
+// bf16 model on a CPU that has it: q.k products exact, P rounded to bf16 before P V (as torch's
+// bf16 SDPA rounds it), accumulation in fp32.
+#define PFV_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma"), noinline))
+
+bool cpu_has_bf16_dot() {
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+
+// keys [tile * 32, + 32) of one KV head: K as (dim / 2, 32) words, each a pair of dims of one key;
+// V as (16, dim) words, each one dim of a pair of keys; keys past the context are zeros
+inline void convert_tiles_bf16(const c10::BFloat16* kc, const c10::BFloat16* vc, const int64_t* slots, int64_t num_keys, int64_t tile,
+                               int64_t kv_head, int64_t kv_heads, int64_t dim, uint32_t* kt, uint32_t* vt) {
+  const int64_t row_stride = kv_heads * dim;
+  for (int64_t j = 0; j < kKeyTile; ++j) {
+    const int64_t key = tile * kKeyTile + j;
+    const uint32_t* k = key < num_keys ? reinterpret_cast<const uint32_t*>(kc + slots[key] * row_stride + kv_head * dim) : nullptr;
+    for (int64_t d = 0; d < dim / 2; ++d) kt[d * kKeyTile + j] = k ? k[d] : 0u;
+  }
+  for (int64_t j = 0; j < kKeyTile / 2; ++j) {
+    const int64_t key = tile * kKeyTile + 2 * j;
+    const uint16_t* v0 = key < num_keys ? reinterpret_cast<const uint16_t*>(vc + slots[key] * row_stride + kv_head * dim) : nullptr;
+    const uint16_t* v1 = key + 1 < num_keys ? reinterpret_cast<const uint16_t*>(vc + slots[key + 1] * row_stride + kv_head * dim) : nullptr;
+    for (int64_t c = 0; c < dim; ++c) vt[j * dim + c] = (v0 ? v0[c] : 0u) | (static_cast<uint32_t>(v1 ? v1[c] : 0u) << 16);
+  }
+}
+
+PFV_BF16_TARGET void scores_tile_bf16(const uint32_t* q, const uint32_t* kt, float* s, int64_t rows, int64_t dim) {
+  const int64_t pairs = dim / 2;
+  for (int64_t i0 = 0; i0 < rows; i0 += kRows) {
+    __m512 acc[kRows][2];
+    for (int r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < pairs; ++d) {
+      __m512bh k0 = (__m512bh)_mm512_loadu_si512(kt + d * kKeyTile), k1 = (__m512bh)_mm512_loadu_si512(kt + d * kKeyTile + 16);
+      for (int r = 0; r < kRows; ++r) {
+        __m512bh qv = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[(i0 + r) * pairs + d]));
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], qv, k0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], qv, k1);
+      }
+    }
+    for (int r = 0; r < kRows; ++r) {
+      _mm512_storeu_ps(s + (i0 + r) * kKeyTile, acc[r][0]);
+      _mm512_storeu_ps(s + (i0 + r) * kKeyTile + 16, acc[r][1]);
+    }
+  }
+}
+
+template <int DV>
+PFV_BF16_TARGET void pv_tile_bf16(const float* p, const float* alpha, const uint32_t* vt, float* o, int64_t rows, int64_t keys) {
+  constexpr int RB = DV <= 4 ? 4 : (DV <= 8 ? 2 : 1);
+  constexpr int64_t dim = DV * 16;
+  const int64_t pairs = (keys + 1) / 2;
+  for (int64_t i0 = 0; i0 < rows; i0 += RB) {
+    __m512 acc[RB][DV];
+    alignas(64) uint32_t pp[RB][16];  // each row's probabilities as bf16 pairs of keys
+    for (int r = 0; r < RB; ++r) {
+      __m512 a = _mm512_set1_ps(alpha[i0 + r]);
+      for (int c = 0; c < DV; ++c) acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(o + (i0 + r) * dim + c * 16), a);
+      const float* row = p + (i0 + r) * kKeyTile;
+      _mm512_store_si512(pp[r], (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + 16), _mm512_loadu_ps(row)));
+    }
+    for (int64_t j = 0; j < pairs; ++j) {
+      __m512bh vv[DV];
+      for (int c = 0; c < DV; ++c) vv[c] = (__m512bh)_mm512_loadu_si512(vt + j * dim + c * 16);
+      for (int r = 0; r < RB; ++r) {
+        __m512bh pv = (__m512bh)_mm512_set1_epi32(static_cast<int>(pp[r][j]));
+        for (int c = 0; c < DV; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], pv, vv[c]);
+      }
+    }
+    for (int r = 0; r < RB; ++r)
+      for (int c = 0; c < DV; ++c) _mm512_storeu_ps(o + (i0 + r) * dim + c * 16, acc[r][c]);
+  }
+}
+
+template <int DV>
+struct Bf16DotTiles {
+  static constexpr int64_t dim = DV * kW;
+  static constexpr int64_t tile_words = dim * kKeyTile;  // K pairs (dim / 2, 32) then V pairs (16, dim)
+  static constexpr int64_t query_words = dim / 2;
+  static void convert(const c10::BFloat16* kc, const c10::BFloat16* vc, const int64_t* slots, int64_t num_keys, int64_t tile,
+                      int64_t kv_head, int64_t kv_heads, float* dst) {
+    uint32_t* words = reinterpret_cast<uint32_t*>(dst);
+    convert_tiles_bf16(kc, vc, slots, num_keys, tile, kv_head, kv_heads, dim, words, words + dim / 2 * kKeyTile);
+  }
+  static float query(const c10::BFloat16* src, float* dst, float scale) {  // the bf16 pairs as they are; scale the scores
+    std::memcpy(dst, src, dim * sizeof(c10::BFloat16));
+    return scale;
+  }
+  static void scores(const float* q, const float* tile, float* s, int64_t rows) {
+    scores_tile_bf16(reinterpret_cast<const uint32_t*>(q), reinterpret_cast<const uint32_t*>(tile), s, rows, dim);
+  }
+  static void pv(const float* p, const float* alpha, const float* tile, float* o, int64_t rows, int64_t keys) {
+    pv_tile_bf16<DV>(p, alpha, reinterpret_cast<const uint32_t*>(tile) + dim / 2 * kKeyTile, o, rows, keys);
+  }
+};
+#else
+bool cpu_has_bf16_dot() { return false; }
+#endif
+
+template <typename T, typename Tiles>
 void attention_task(const Task& task, const T* q, int64_t q_row, T* out, const float* tiles, const int64_t* meta,
                     int64_t num_heads, int64_t kv_heads, float scale, std::vector<float>& scratch,
                     const T* key_cache, const T* value_cache, const int64_t* slots) {
-  constexpr int64_t dim = DV * kW;
+  constexpr int64_t dim = Tiles::dim;
   const int64_t groups = num_heads / kv_heads;
   const int64_t query_start = meta[task.request * 4 + 0];
   const int64_t num_computed = meta[task.request * 4 + 2];
   const int64_t rows = task.count * groups, padded = (rows + kRows - 1) / kRows * kRows;
-  scratch.assign(padded * dim * 2 + padded * kKeyTile + padded * 3 + (tiles ? 0 : 2 * dim * kKeyTile), 0.f);
-  float* qf = scratch.data();           // (padded, dim) scaled queries
-  float* of = qf + padded * dim;        // (padded, dim) running output
-  float* sf = of + padded * dim;        // (padded, kKeyTile) scores, then probabilities
-  float* mx = sf + padded * kKeyTile;   // (padded,) running max
-  float* sum = mx + padded;             // (padded,) running sum
-  float* alpha = sum + padded;          // (padded,) this tile's rescale of the running output
-  float* own_tile = alpha + padded;     // without shared tiles: each tile converted here, as it is read
+  scratch.assign(padded * Tiles::query_words + padded * dim + padded * kKeyTile + padded * 3 + (tiles ? 0 : Tiles::tile_words), 0.f);
+  float* qf = scratch.data();                       // (padded, query_words) queries (zeros past the rows)
+  float* of = qf + padded * Tiles::query_words;     // (padded, dim) running output
+  float* sf = of + padded * dim;                    // (padded, kKeyTile) scores, then probabilities
+  float* mx = sf + padded * kKeyTile;               // (padded,) running max
+  float* sum = mx + padded;                         // (padded,) running sum
+  float* alpha = sum + padded;                      // (padded,) this tile's rescale of the running output
+  float* own_tile = alpha + padded;                 // without shared tiles: each tile converted here, as it is read
+  float score_scale = 1.f;
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t t = task.first + i / groups, head = task.kv_head * groups + i % groups;
-    const T* src = q + (query_start + t) * q_row + head * dim;
-    for (int64_t d = 0; d < dim; ++d) qf[i * dim + d] = static_cast<float>(src[d]) * scale;
+    score_scale = Tiles::query(q + (query_start + t) * q_row + head * dim, qf + i * Tiles::query_words, scale);
   }
+  const Vec scale_vec(score_scale);
   std::fill(mx, mx + padded, kNegInf);
-  const int64_t tile_floats = 2 * dim * kKeyTile;
   for (int64_t j0 = 0, tile = 0; j0 < task.keys; j0 += kKeyTile, ++tile) {
-    const float* kt = tiles + tile * tile_floats;
+    const float* kt = tiles + tile * Tiles::tile_words;
     if (!tiles) {
-      convert_tiles(key_cache, value_cache, slots + meta[task.request * 4 + 3], task.keys, tile, task.kv_head, kv_heads, dim, own_tile,
-                    own_tile + dim * kKeyTile);
+      Tiles::convert(key_cache, value_cache, slots + meta[task.request * 4 + 3], task.keys, tile, task.kv_head, kv_heads, own_tile);
       kt = own_tile;
     }
-    const float* vf = kt + dim * kKeyTile;
     const int64_t n = std::min<int64_t>(kKeyTile, task.keys - j0);
-    scores_tile(qf, kt, sf, padded, dim);
+    Tiles::scores(qf, kt, sf, padded);
     for (int64_t i = 0; i < rows; ++i) {
       float* s = sf + i * kKeyTile;
       const int64_t position = num_computed + task.first + i / groups;  // this row sees keys 0 .. position
@@ -274,8 +399,12 @@ void attention_task(const Task& task, const T* q, int64_t q_row, T* out, const f
         alpha[i] = 1.f;
         continue;
       }
+      Vec s0 = Vec::loadu(s) * scale_vec, s1 = Vec::loadu(s + kW) * scale_vec;
+      s0.store(s);
+      s1.store(s + kW);
       for (int64_t j = last + 1; j < kKeyTile; ++j) s[j] = kNegInf;
-      Vec s0 = Vec::loadu(s), s1 = Vec::loadu(s + kW);
+      s0 = Vec::loadu(s);
+      s1 = Vec::loadu(s + kW);
       const float new_max = std::max(mx[i], reduce_max(at::vec::maximum(s0, s1)));
       alpha[i] = std::exp(mx[i] - new_max);  // 0 for the first tile
       Vec m(new_max);
@@ -288,7 +417,7 @@ void attention_task(const Task& task, const T* q, int64_t q_row, T* out, const f
       mx[i] = new_max;
     }
     for (int64_t i = rows; i < padded; ++i) alpha[i] = 1.f;
-    pv_tile<DV>(sf, alpha, vf, of, padded, n);
+    Tiles::pv(sf, alpha, kt, of, padded, n);
   }
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t t = task.first + i / groups, head = task.kv_head * groups + i % groups;
@@ -298,7 +427,7 @@ void attention_task(const Task& task, const T* q, int64_t q_row, T* out, const f
   }
 }
 
-template <typename T, int DV>
+template <typename T, typename Tiles>
 void paged_attention_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
                           const at::Tensor& slots, const at::Tensor& meta, double scale) {
   const int64_t kv_heads = key_cache.size(2), dim = key_cache.size(3);
@@ -308,7 +437,7 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor
   const T* vc = value_cache.data_ptr<T>();
   const int64_t* sp = slots.data_ptr<int64_t>();
   // phase 1: every request's context, per KV head, as fp32 tiles (read once, shared by its tasks)
-  const int64_t tile_floats = 2 * dim * kKeyTile;
+  const int64_t tile_floats = Tiles::tile_words;
   std::vector<int64_t> first_tile(num_requests + 1, 0);  // request r's tiles of KV head h: first_tile[r] + h * tiles(r)
   std::vector<std::array<int64_t, 3>> units;            // (request, kv head, tile)
   int64_t work = 0;  // query rows x keys
@@ -321,15 +450,20 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor
       for (int64_t t = 0; t < tiles; ++t) units.push_back({r, h, t});
     work += m[r * 4 + 1] * groups * num_keys;
   }
-  std::vector<float> tiles(static_cast<size_t>(first_tile[num_requests] * tile_floats));
+  // kept between calls (grown, never shrunk): a fresh megabyte a layer would be mapped and
+  // page-faulted anew by every call, which on a VM costs as much as the attention itself
+  // (thread_local: the calling thread's; the workers below see it only through this pointer)
+  thread_local std::vector<float> tile_buffer;
+  if (tile_buffer.size() < static_cast<size_t>(first_tile[num_requests] * tile_floats)) tile_buffer.resize(first_tile[num_requests] * tile_floats);
+  float* const tiles = tile_buffer.data();
   // a decode's few thousand products cost less than waking the other threads
   const bool serial = work < 16384;
   at::parallel_for(0, static_cast<int64_t>(units.size()), serial ? static_cast<int64_t>(units.size()) : 4, [&](int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {
       const auto [r, h, t] = units[u];
       const int64_t num_keys = m[r * 4 + 2] + m[r * 4 + 1], count = (first_tile[r + 1] - first_tile[r]) / kv_heads;
-      float* kt = tiles.data() + (first_tile[r] + h * count + t) * tile_floats;
-      convert_tiles(kc, vc, sp + m[r * 4 + 3], num_keys, t, h, kv_heads, dim, kt, kt + dim * kKeyTile);
+      float* kt = tiles + (first_tile[r] + h * count + t) * tile_floats;
+      Tiles::convert(kc, vc, sp + m[r * 4 + 3], num_keys, t, h, kv_heads, kt);
     }
   });
   // phase 2: one task per (request, KV head, block of query tokens)
@@ -353,23 +487,29 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor
   T* op = out.data_ptr<T>();
   const int64_t q_row = q.stride(0);
   at::parallel_for(0, static_cast<int64_t>(order.size()), serial ? static_cast<int64_t>(order.size()) : 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch;
+    thread_local std::vector<float> scratch;  // each worker thread's own, kept between calls
     for (int64_t i = begin; i < end; ++i) {
       const Task& task = order[i];
       const int64_t count = (first_tile[task.request + 1] - first_tile[task.request]) / kv_heads;
-      const float* request_tiles = count ? tiles.data() + (first_tile[task.request] + task.kv_head * count) * tile_floats : nullptr;
-      attention_task<T, DV>(task, qp, q_row, op, request_tiles, m, num_heads, kv_heads, static_cast<float>(scale), scratch, kc, vc, sp);
+      const float* request_tiles = count ? tiles + (first_tile[task.request] + task.kv_head * count) * tile_floats : nullptr;
+      attention_task<T, Tiles>(task, qp, q_row, op, request_tiles, m, num_heads, kv_heads, static_cast<float>(scale), scratch, kc, vc, sp);
     }
   });
 }
+
+bool bf16_dot = true;  // set_bf16_dot(false) turns the bf16 dot-product tiles off (the check and the kernels page compare both)
+bool bf16_dot_enabled() { return bf16_dot && cpu_has_bf16_dot(); }
 
 template <int DV>
 void dispatch_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const at::Tensor& slots,
                         const at::Tensor& meta, double scale) {
   if (q.scalar_type() == at::kBFloat16) {
-    paged_attention_impl<c10::BFloat16, DV>(out, q, kc, vc, slots, meta, scale);
+#if defined(CPU_CAPABILITY_AVX512)
+    if (bf16_dot_enabled()) return paged_attention_impl<c10::BFloat16, Bf16DotTiles<DV>>(out, q, kc, vc, slots, meta, scale);
+#endif
+    paged_attention_impl<c10::BFloat16, Fp32Tiles<c10::BFloat16, DV>>(out, q, kc, vc, slots, meta, scale);
   } else {
-    paged_attention_impl<float, DV>(out, q, kc, vc, slots, meta, scale);
+    paged_attention_impl<float, Fp32Tiles<float, DV>>(out, q, kc, vc, slots, meta, scale);
   }
 }
 
@@ -443,6 +583,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, con
 
 int64_t vector_width() { return kW; }
 
+// whether a bf16 step's attention runs on AVX512-BF16 dot products (this CPU has them, and they are on)
+bool bf16_dot_products() { return bf16_dot_enabled(); }
+void set_bf16_dot_products(bool on) { bf16_dot = on; }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm);
   m.def("add_rms_norm", &add_rms_norm);
@@ -450,4 +594,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_write_kv", &rope_write_kv);
   m.def("paged_attention", &paged_attention);
   m.def("vector_width", &vector_width);
+  m.def("bf16_dot_products", &bf16_dot_products);
+  m.def("set_bf16_dot_products", &set_bf16_dot_products);
 }

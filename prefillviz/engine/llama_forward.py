@@ -10,9 +10,11 @@ own model code instead; this is ours, for the engine's steps only:
                 h ─┬─ RMSNorm ─ [gate|up] = x W_gate_up ─ silu(gate) * up ─ x W_down ─(+)─┐
                    └─────────────────────────────────────────────────────────────────────┘
 
-- **Fused projections**: q, k and v are one matmul over the three weights stacked, and so are
-  gate and up (vLLM's ``QKVParallelLinear`` and ``MergedColumnParallelLinear``). On a CPU that
-  can, the stacked weights are packed once for oneDNN (``packed_weights.pack_weight``).
+- **Fused projections**: on a CPU that packs (``packed_weights``), q, k and v are one matmul
+  over the three weights stacked and packed once for oneDNN, and so are gate and up (vLLM's
+  ``QKVParallelLinear`` and ``MergedColumnParallelLinear``). Elsewhere (a GPU, a CPU that
+  can't pack, ``pack_linear_weights=False``) each projection runs on the module's own weight,
+  so no weight is copied.
 - **RoPE once over q and k together**, with the cos/sin of the step's positions computed once per
   step by the model's own rotary module (so every RoPE variant it knows applies as it is).
 - **The same attention** as the stock path: the K/V writes and ``attention.ENGINE_KERNEL``.
@@ -83,30 +85,35 @@ def _hooked(modules: list[torch.nn.Module]) -> bool:
     return any(ours(m._forward_hooks) or ours(m._forward_pre_hooks) for m in modules if m._forward_hooks or m._forward_pre_hooks)
 
 
-def _stack(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    weight = torch.cat([linear.weight.detach() for linear in linears], dim=0)
-    biases = [linear.bias for linear in linears]
-    if all(b is None for b in biases):
-        return weight, None
-    return weight, torch.cat([b.detach() if b is not None else torch.zeros(l.out_features, dtype=weight.dtype, device=weight.device) for b, l in zip(biases, linears)])
-
-
 @dataclass
 class _Linear:
-    """One (possibly stacked) projection: the plain weight, or its oneDNN pack."""
+    """One projection, or several stacked (q|k|v, gate|up): one oneDNN pack of the stacked
+    weights where the CPU packs, else the modules' own weights, one matmul each, outputs side by
+    side (no copy of a weight, so a single forward on a fresh process pays for none)."""
 
-    weight: torch.Tensor
-    bias: torch.Tensor | None
-    packed: torch.Tensor | None
+    weights: list[torch.Tensor]
+    biases: list[torch.Tensor | None]
+    packed: torch.Tensor | None = None
+    packed_bias: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
-            return packed_linear(x, self.packed, self.bias)
-        return F.linear(x, self.weight, self.bias)
+            return packed_linear(x, self.packed, self.packed_bias)
+        if len(self.weights) == 1:
+            return F.linear(x, self.weights[0], self.biases[0])
+        return torch.cat([F.linear(x, w, b) for w, b in zip(self.weights, self.biases)], dim=-1)
 
 
-def _linear(weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> _Linear:
-    return _Linear(weight, bias, pack_weight(weight) if pack else None)
+def _linear(linears: list[torch.nn.Linear], pack: bool) -> _Linear:
+    weights = [linear.weight.detach() for linear in linears]
+    biases = [None if linear.bias is None else linear.bias.detach() for linear in linears]
+    if not pack:
+        return _Linear(weights, biases)
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
+    stacked = torch.cat(weights) if len(weights) > 1 else weights[0]
+    return _Linear([], [], pack_weight(stacked), bias)  # the stacked copy is dropped: only its pack is kept
 
 
 class LlamaWeights:
@@ -120,7 +127,7 @@ class LlamaWeights:
         self.rotary = decoder.rotary_emb
         self.final_norm = (decoder.norm.weight, _eps(decoder.norm))
         head = model.lm_head
-        self.lm_head = _linear(head.weight.detach(), head.bias, pack)
+        self.lm_head = _linear([head], pack)
         config = model.config
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -130,11 +137,11 @@ class LlamaWeights:
             attn, mlp = layer.self_attn, layer.mlp
             self.layers.append((
                 (layer.input_layernorm.weight, _eps(layer.input_layernorm)),
-                _linear(*_stack(attn.q_proj, attn.k_proj, attn.v_proj), pack),
-                _linear(attn.o_proj.weight.detach(), None, pack),
+                _linear([attn.q_proj, attn.k_proj, attn.v_proj], pack),
+                _linear([attn.o_proj], pack),
                 (layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm)),
-                _linear(*_stack(mlp.gate_proj, mlp.up_proj), pack),
-                _linear(mlp.down_proj.weight.detach(), None, pack),
+                _linear([mlp.gate_proj, mlp.up_proj], pack),
+                _linear([mlp.down_proj], pack),
                 getattr(attn, "scaling", self.head_dim**-0.5),
             ))
 

@@ -13,7 +13,7 @@ from prefillviz.engine.packed_weights import packing_status
 ROOT = Path(__file__).resolve().parents[2]
 RUN_KEYS = [
     "model", "device", "dtype", "num_prompt_tokens", "prompt_token_ids",
-    "first_token", "first_token_id", "time_to_first_token_s", "num_steps", "linear_layers", "dtype_note",
+    "first_token", "first_token_id", "time_to_first_token_s", "num_steps", "linear_layers", "forward", "dtype_note",
 ]
 
 

@@ -85,8 +85,17 @@ def test_compiled_kernel_matches_the_oracle(compiled_ops, requests, heads, block
 
 def test_compiled_kernel_in_bf16_and_its_status(compiled_ops):
     inputs = random_step([(20, 1), (0, 40), (30, 10)], 9, 3, 64, dtype=torch.bfloat16)
-    difference, allowed = check_paged(COMPILED, inputs)
-    assert 0 < difference <= allowed
+    has_dot_products = compiled_ops.bf16_dot_products()
+    outputs = []
+    try:
+        for on in [False, True] if has_dot_products else [False]:  # fp32 tiles; AVX512-BF16 dot products where the CPU has them
+            compiled_ops.set_bf16_dot_products(on)
+            difference, allowed = check_paged(COMPILED, inputs)
+            assert 0 < difference <= allowed
+            outputs.append(COMPILED(*inputs.arguments()))
+    finally:
+        compiled_ops.set_bf16_dot_products(has_dot_products)
+    assert len(outputs) == 1 or not torch.equal(*outputs)  # the dot products are another arithmetic (P in bf16)
     assert COMPILED.status("cpu") == (True, COMPILED.status("cpu")[1]) and "C++ ops" in COMPILED.status("cpu")[1]
     assert not COMPILED.status("cuda")[0]
 

@@ -220,7 +220,8 @@ if result.benchmark is not None:
         "not on the values. The paged family is the engine's step: **v2 loop** makes one SDPA call per request; "
         "**v3 packed** puts every request of the step in one call with a block-diagonal causal mask; **v4 flex** "
         "does that with FlexAttention's block mask; **v6** is v2 with 16-bit decodes on a CPU done as two fp32 "
-        "matmuls, and is what the engine runs."
+        "matmuls, and is what the stock forward runs; **v7 compiled** is the engine's own C++ kernel (FlashAttention's "
+        "tiling on a CPU, straight off the paged cache), which the engine's forward runs wherever its C++ ops are built."
     )
     st.dataframe(
         pd.DataFrame([{"version": k.name, "what it changes": k.changes} for k in PAGED_KERNELS]), hide_index=True

@@ -21,11 +21,11 @@ own model code instead; this is ours, for the engine's steps only:
 
 The arithmetic of each op is the stock model's (RMSNorm in fp32 then cast, RoPE in the model's
 dtype, SiLU): ``tests/model/test_llama_forward.py`` checks the logits against the plain HF
-forward. The module hooks of the inspection pass and the profiler need the stock module
-calls, so a step with a hook on any module, or an attention observer, runs the stock forward
-instead (``ModelRunner.forward``); so does any model this
+forward. The profiler's scopes hook the stock modules, so a step with a hook on any module
+runs the stock forward instead (``ModelRunner.forward``); so does any model this
 file does not know (``own_forward_status`` says why). A timing pass's per-layer clocks stay on
-this forward: it times the same spans itself (``LlamaForward``).
+this forward: it times the same spans itself, and an inspection pass's observers see its
+q/k/v and hidden states as the stock forward shows them (``LlamaForward``).
 """
 
 from __future__ import annotations
@@ -133,6 +133,7 @@ class LlamaWeights:
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.layers = []
+        self.attention_modules = [layer.self_attn for layer in decoder.layers]  # what observers are shown
         for layer in decoder.layers:
             attn, mlp = layer.self_attn, layer.mlp
             self.layers.append((
@@ -175,6 +176,12 @@ def compiled_ops_for(weights: "LlamaWeights", device: torch.device, dtype: torch
     return ops
 
 
+def _observe(meta, index: int, module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Show the instruments' attention observers a layer's q, k, v (T, heads, D) as the stock forward does: (1, heads, T, D)."""
+    for observer in meta.observers:
+        observer(index, module, q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], meta)
+
+
 class _NoSpans:
     """Stands in for a ``SpanClock`` when nothing is timed: every span is a shared no-op."""
 
@@ -215,27 +222,39 @@ class LlamaForward:
         self.available, self.why_not = own_forward_status(model)
         self._modules = list(model.modules()) if self.available else []
 
-    def usable(self, observers: list) -> bool:
-        """Whether this step can run here: a known model, and no instrument hooked onto it."""
-        return self.available and not observers and not _hooked(self._modules)
+    def usable(self) -> bool:
+        """Whether this step can run here: a known model, and no instrument hooked onto its modules."""
+        return self.available and not _hooked(self._modules)
 
-    def __call__(self, inputs: dict, pack: bool, clock=None) -> torch.Tensor:
-        """Logits (num_kept, V) at the rows ``inputs['logits_to_keep']`` names; ``clock`` times the spans."""
+    def __call__(self, inputs: dict, pack: bool, clock=None, hidden=None) -> torch.Tensor:
+        """Logits (num_kept, V) at the rows ``inputs['logits_to_keep']`` names.
+
+        Args:
+            inputs: ``ModelRunner.prepare``'s; its metadata's ``observers`` see each layer's
+                (layer index, attention module, q (1, H, T, D), k, v (1, KVH, T, D), metadata)
+                after the K/V writes, as the stock forward's attention function shows them.
+            pack: run the linears packed where the CPU can.
+            clock: a ``SpanClock`` to time the spans on (a timing or inspection pass).
+            hidden: called with (i, h) for the residual stream h (T, hidden) after the
+                embedding (i = 0) and after each layer (i = layer + 1).
+        """
         span = _Spans(clock) if clock is not None else _NoSpans()
         pack = pack and packing_status(self.model)[0]
         weights = llama_weights(self.model, pack)
         with span("embedding"):
             h = F.embedding(inputs["input_ids"][0], weights.embedding)  # (T, hidden)
+        if hidden is not None:
+            hidden(0, h)
         cos, sin = weights.rotary(h[None], inputs["position_ids"])  # (1, T, D) in the model's dtype
         ops = compiled_ops_for(weights, h.device, h.dtype)
         if ops is not None:
-            h = self._compiled(ops, weights, h, cos[0].contiguous(), sin[0].contiguous(), inputs, span)
+            h = self._compiled(ops, weights, h, cos[0].contiguous(), sin[0].contiguous(), inputs, span, hidden)
         else:
-            h = self._torch(weights, h, cos[0, :, None], sin[0, :, None], inputs, span)
+            h = self._torch(weights, h, cos[0, :, None], sin[0, :, None], inputs, span, hidden)
         with span("lm_head"):
             return weights.lm_head(h)
 
-    def _torch(self, weights: LlamaWeights, h, cos, sin, inputs: dict, span) -> torch.Tensor:
+    def _torch(self, weights: LlamaWeights, h, cos, sin, inputs: dict, span, hidden) -> torch.Tensor:
         """Plain torch ops, on any device and dtype; cos and sin (T, 1, D) broadcast over heads."""
         meta = inputs["prefillviz_metadata"]
         num_tokens = h.shape[0]
@@ -252,6 +271,7 @@ class LlamaForward:
                     q, k = qk[:, :H], qk[:, H:]
                     v = qkv[:, (H + KVH) * D :].view(num_tokens, KVH, D)
                     cache.write(index, meta.slot_mapping, k, v)
+                    _observe(meta, index, weights.attention_modules[index], q, k, v)
                     out = kernel(
                         q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), cache.key_cache[index], cache.value_cache[index], step,
                         scale,
@@ -262,10 +282,12 @@ class LlamaForward:
                     x = rms_norm_reference(h, *norm_post)
                 with span(f"layers.{index}.mlp"):
                     h = h + down_proj(silu_mul_reference(gate_up_proj(x)))
+            if hidden is not None:
+                hidden(index + 1, h)
         with span("final_norm"):
             return rms_norm_reference(h.index_select(0, inputs["logits_to_keep"]), *weights.final_norm)
 
-    def _compiled(self, ops, weights: LlamaWeights, h, cos, sin, inputs: dict, span) -> torch.Tensor:
+    def _compiled(self, ops, weights: LlamaWeights, h, cos, sin, inputs: dict, span, hidden) -> torch.Tensor:
         """The engine's C++ ops (``kernels/engine_ops.py``): about ten calls a layer; cos and sin (T, D).
 
         Each residual add is fused with the norm after it: the MLP's into the next layer's input
@@ -274,15 +296,21 @@ class LlamaForward:
         meta = inputs["prefillviz_metadata"]
         cache = meta.kv_cache
         slots, step_rows = step_meta(meta.paged_step)
-        H = weights.num_heads
+        H, KVH, D = weights.num_heads, weights.num_kv_heads, weights.head_dim
+        num_tokens = h.shape[0]
         mlp_out = None  # the previous layer's MLP output, not yet added to h
         for index, (norm_in, qkv_proj, o_proj, norm_post, gate_up_proj, down_proj, scale) in enumerate(weights.layers):
             with span(f"layers.{index}"):
                 with span(f"layers.{index}.input_layernorm"):
                     x = ops.rms_norm(h, *norm_in) if mlp_out is None else ops.add_rms_norm(mlp_out, h, *norm_in)
+                if hidden is not None and index > 0:
+                    hidden(index, h)  # the previous layer's output, now that its MLP is added
                 with span(f"layers.{index}.attention"):
                     qkv = qkv_proj(x)  # (T, (H + 2 KVH) D): q and k rotated in place, k and v into the cache
                     ops.rope_write_kv(qkv, cos, sin, meta.slot_mapping, cache.key_cache[index], cache.value_cache[index], H)
+                    if meta.observers:
+                        heads = qkv.view(num_tokens, H + 2 * KVH, D)
+                        _observe(meta, index, weights.attention_modules[index], heads[:, :H], heads[:, H : H + KVH], heads[:, H + KVH :])
                     out = ops.paged_attention(qkv, cache.key_cache[index], cache.value_cache[index], slots, step_rows, H, scale)
                     attended = o_proj(out)
                 with span(f"layers.{index}.post_attention_layernorm"):
@@ -291,7 +319,9 @@ class LlamaForward:
                     mlp_out = down_proj(ops.silu_mul(gate_up_proj(x)))
         with span("final_norm"):
             x = ops.add_rms_norm(mlp_out, h, *weights.final_norm)
-            return x.index_select(0, inputs["logits_to_keep"])
+        if hidden is not None:
+            hidden(len(weights.layers), h)
+        return x.index_select(0, inputs["logits_to_keep"])
 
 
 def forward_label(model: torch.nn.Module, capture: str = "none", with_reason: bool = False) -> str:
@@ -299,14 +329,14 @@ def forward_label(model: torch.nn.Module, capture: str = "none", with_reason: bo
 
     Args:
         model: the loaded model.
-        capture: the run's capture level; ``inspect`` and ``profile`` hook the modules, so the stock forward runs.
+        capture: the run's capture level; ``profile`` hooks the modules, so the stock forward runs.
         with_reason: add why, where it is not the engine's forward with its C++ ops (the sidebar's card).
     """
     available, why = own_forward_status(model)
     if not available:
         return f"stock transformers forward ({why})" if with_reason else "stock transformers forward"
-    if capture in ("inspect", "profile"):
-        return "stock transformers forward (the capture hooks need its module calls)" if with_reason else "stock transformers forward"
+    if capture == "profile":
+        return "stock transformers forward (the profiler's scopes hook its modules)" if with_reason else "stock transformers forward"
     parameter = next(model.parameters())
     ops, ops_why = engine_ops_status()
     if ops is not None and parameter.device.type == "cpu" and parameter.dtype in (torch.float32, torch.bfloat16):

@@ -42,7 +42,8 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.observers: list = []  # attention observers added by instruments
         self.own_forward = LlamaForward(model)  # the engine's forward; the stock one under instruments' hooks
-        self.span_clock = None  # a timing pass's SpanClock, while instrument.capture runs one on the engine's forward
+        self.span_clock = None  # a timing or inspection pass's SpanClock, while instrument.capture runs one on the engine's forward
+        self.hidden_observer = None  # an inspection pass's (i, hidden (T, hidden)) callback, likewise
 
     def _slots(self, request: Request, start: int, end: int) -> torch.Tensor:
         positions = torch.arange(start, end)
@@ -92,8 +93,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inputs: dict) -> torch.Tensor:
         """One model call over the packed batch; returns logits (num_kept, V) in fp32 on CPU."""
-        if self.own_forward.usable(self.observers):
-            return self.own_forward(inputs, self.pack_linear_weights, self.span_clock).float().cpu()
+        if self.own_forward.usable():
+            return self.own_forward(inputs, self.pack_linear_weights, self.span_clock, self.hidden_observer).float().cpu()
         with engine_attention(self.model), packed_linears(self.model, self.pack_linear_weights):
             logits = self.model(**inputs).logits[0]
         return logits.float().cpu()

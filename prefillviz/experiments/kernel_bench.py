@@ -10,10 +10,11 @@ and dtype; each kernel is checked against its family's naive oracle before it is
              mixed    a chunked-prefill step: a chunk of 128 new tokens after N - 128
                       cached, packed with 4 decodes whose requests hold N tokens each
            v1 naive, v2 loop, v3 packed, v4 flex (if compiled FlexAttention runs
-           here), v5 triton (on CUDA only), v6 loop with fp32 decodes (the engine's)
+           here), v5 triton (on CUDA only), v6 loop with fp32 decodes (the stock forward's),
+           v7 compiled (the engine's forward on a CPU, where its C++ ops are built)
 
 A kernel that cannot run (v1's whole (H, N, N) score matrix over the memory cap, no
-FlexAttention, no GPU for Triton) is listed in ``skipped`` with the reason, never dropped
+FlexAttention, no GPU for Triton, no C++ ops built) is listed in ``skipped`` with the reason, never dropped
 silently. ``python -m prefillviz kernels`` prints the result as JSON; the Kernel timings page
 draws the same rows.
 """
@@ -152,7 +153,7 @@ def run_kernel_benchmark(
     generator = torch.Generator().manual_seed(seed)
     scale = head_dim**-0.5
     paged_kernels = [paged.LOOP, paged.PACKED, paged.LOOP_FP32_DECODES]
-    for kernel in (paged.FLEX, paged.TRITON):
+    for kernel in (paged.FLEX, paged.TRITON, paged.COMPILED):
         runnable, reason = kernel.status(device)
         if kernel is paged.FLEX and not include_flex:
             runnable, reason = False, "left out (each new shape compiles for several seconds)"

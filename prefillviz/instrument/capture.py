@@ -3,8 +3,8 @@
     none      step wall times only (the engine always records these)
     timing    + per layer and sub-layer time (attention, MLP, norms, embedding, final norm,
               lm_head): perf_counter on CPU, CUDA events on GPU, read once per step; the
-              engine's own forward (``engine/llama_forward.py``) times these spans itself, the
-              stock forward through module hooks
+              engine's own forward (``engine/llama_forward.py``) times these spans itself (and
+              shows inspect its q/k/v and hidden states), the stock forward through module hooks
     inspect   + the KV write log (positions, slots, blocks, bytes, K/V norms per kv head and
               token), post-RoPE queries, keys and values of every layer, hidden-state norms
     profile   timing under torch.profiler, with a record_function scope per layer and
@@ -139,9 +139,13 @@ class Capture:
     def _hidden_hook(self, index: int):
         def hook(_module, _args, output):
             hidden = output[0] if isinstance(output, tuple) else output  # (1, T, hidden)
-            self._hidden_norms[index] = hidden[0].float().norm(dim=-1).cpu()  # (T,)
+            self.record_hidden(index, hidden[0])
 
         return hook
+
+    def record_hidden(self, index: int, hidden: torch.Tensor) -> None:
+        """Inspect: the norm of each token's residual stream (T, hidden) after the embedding (0) or layer index - 1."""
+        self._hidden_norms[index] = hidden.float().norm(dim=-1).cpu()  # (T,)
 
     def _observe_attention(self, layer_idx, module, query, key, value, meta) -> None:
         """Inspect: the K/V just written, and the post-RoPE q/k of each request."""
@@ -265,13 +269,16 @@ def capture(engine, level: str = "timing", profile_dir: str | None = None) -> It
     recorder = Capture(engine, level, profile_dir)
     handles: list = []
     observers_before = list(engine.runner.observers)
-    # per-layer clocks of the engine's own forward time its spans themselves; every other level
-    # (and a model it does not run) hooks the stock modules
-    own_clocks = level == "timing" and engine.runner.own_forward.available
+    # the engine's own forward times its spans and shows its q/k/v and hidden states itself; the
+    # profiler (and a model the engine's forward does not run) hooks the stock modules
+    own_forward = level in ("timing", "inspect") and engine.runner.own_forward.available
     with ExitStack() as stack:
         try:
-            if own_clocks:
+            if own_forward:
                 engine.runner.span_clock = recorder.clock
+                if level == "inspect":
+                    engine.runner.observers.append(recorder._observe_attention)
+                    engine.runner.hidden_observer = recorder.record_hidden
             elif level != "none":
                 recorder._install(handles)
             if level == "profile":
@@ -285,7 +292,7 @@ def capture(engine, level: str = "timing", profile_dir: str | None = None) -> It
             yield recorder
         finally:
             engine.capture = None
-            engine.runner.span_clock = None
+            engine.runner.span_clock = engine.runner.hidden_observer = None
             for handle in handles:
                 handle.remove()
             engine.runner.observers[:] = observers_before

@@ -126,7 +126,7 @@ def model_card(loaded: LoadedModel) -> None:
         f"KV cache: **{info.kv_bytes_per_token:,} B per token**  \n"
         f"{loaded.device} · {dtype_name(loaded.dtype)} · from {loaded.source} in {loaded.load_time_s:.1f} s{warm}  \n"
         f"engine: {linear_weights_label(loaded.model, with_reason=True)}  \n"
-        f"forward: {forward_label(loaded.model, 'none', with_reason=True)}; inspection and profiler passes hook the stock one"
+        f"forward: {forward_label(loaded.model, 'none', with_reason=True)}; profiler passes hook the stock one"
     )
 
 

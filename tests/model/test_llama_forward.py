@@ -92,32 +92,56 @@ def test_bf16_ways_agree_with_the_bf16_hf_forward(monkeypatch):
         assert_matches_hf(model, prompts["long"], logits[way], tolerance=0.1)
 
 
-def test_hooks_and_observers_send_a_step_to_the_stock_forward(tiny_llama, monkeypatch):
+def test_module_hooks_send_a_step_to_the_stock_forward_and_every_pass_is_timed(tiny_llama, monkeypatch):
     engine = LLMEngine(tiny_llama, tokenizer=None, config=EngineConfig())
     own = engine.runner.own_forward
-    assert own.available and own.usable([])
+    assert own.available and own.usable()
     handle = tiny_llama.model.layers[1].mlp.register_forward_hook(lambda *args: None)
     try:
-        assert not own.usable([])
+        assert not own.usable()
     finally:
         handle.remove()
-    assert own.usable([]) and not own.usable([lambda *args: None])
+    assert own.usable()
     eager_model = make_tiny_llama(attn_implementation="eager")
     with torch.inference_mode():
         eager_model(torch.tensor([prompt(5, 128, 2)]), output_attentions=True)  # transformers leaves hooks of its own
     assert any(m._forward_hooks for m in eager_model.modules())
-    assert LLMEngine(eager_model, tokenizer=None, config=EngineConfig()).runner.own_forward.usable([])
+    assert LLMEngine(eager_model, tokenizer=None, config=EngineConfig()).runner.own_forward.usable()
     calls = []
     original = type(own).__call__
-    monkeypatch.setattr(type(own), "__call__", lambda self, *args: calls.append(args[-1]) or original(self, *args))
+    monkeypatch.setattr(type(own), "__call__", lambda self, *args: calls.append(args[2]) or original(self, *args))
     for level in ("timing", "inspect", "profile"):
         engine.add_request(prompt(20, 128, 1))
         trace = engine.run(capture_level=level)
         times = trace.steps[0].layer_times
         assert times is not None and all(t > 0 for t in times.layer_s + times.attention_s + times.mlp_s + times.norms_s)
         assert times.lm_head_s > 0 and sum(times.layer_s) < trace.steps[0].wall_time_s
-    assert len(calls) == 1 and calls[0] is not None  # only the timing pass ran the engine's forward, with its clock
-    assert own.usable([]) and engine.runner.span_clock is None
+    assert len(calls) == 2 and None not in calls  # the timing and inspection passes ran the engine's forward; the profiler the stock one
+    assert own.usable() and engine.runner.span_clock is None and engine.runner.hidden_observer is None
+
+
+def test_an_inspection_pass_captures_the_same_on_every_way(tiny_llama, monkeypatch):
+    ways = ["torch", "stock"] + (["compiled"] if engine_ops.engine_ops() is not None else [])
+    traces = {}
+    for way in ways:
+        with monkeypatch.context() as patch:
+            if way == "torch":
+                patch.setattr(llama_forward, "compiled_ops_for", lambda *args: None)
+            engine = LLMEngine(tiny_llama, tokenizer=None, config=EngineConfig(token_budget=24))
+            engine.runner.own_forward.available = way != "stock"
+            engine.add_request(prompt(40, 128, 3), SamplingParams(max_new_tokens=3), request_id="r")
+            traces[way] = engine.run(capture_level="inspect")
+    stock = traces["stock"]
+    for way in ways:
+        trace = traces[way]
+        assert [s.num_prefill_tokens for s in trace.steps] == [24, 16, 0, 0]  # a chunk, the rest of the prompt, two decodes
+        for step, reference in zip(trace.steps, stock.steps):
+            for name in ("key_norms", "value_norms", "positions", "slots"):
+                assert torch.allclose(torch.as_tensor(getattr(step.kv_writes, name)), torch.as_tensor(getattr(reference.kv_writes, name)), atol=1e-4)
+            assert torch.allclose(torch.as_tensor(step.hidden_norms), torch.as_tensor(reference.hidden_norms), atol=1e-4)
+        captured, expected = trace.captured_qk["r"], stock.captured_qk["r"]
+        for got, want in zip(captured.queries + captured.keys + captured.values, expected.queries + expected.keys + expected.values):
+            assert got.shape == want.shape and torch.allclose(torch.as_tensor(got), torch.as_tensor(want), atol=1e-4)
 
 
 def test_which_forward_each_model_and_setting_gets(tiny_llama, monkeypatch):
@@ -126,7 +150,7 @@ def test_which_forward_each_model_and_setting_gets(tiny_llama, monkeypatch):
     runs, why = llama_forward.own_forward_status(gpt2)
     assert not runs and "gpt2" in why
     assert llama_forward.forward_label(gpt2, with_reason=True).startswith("stock transformers forward (no engine forward for gpt2")
-    assert llama_forward.forward_label(tiny_llama, "inspect") == "stock transformers forward"
+    assert llama_forward.forward_label(tiny_llama, "profile") == "stock transformers forward"
     assert llama_forward.forward_label(tiny_llama, "timing").startswith("engine forward")
     monkeypatch.setenv(llama_forward.STOCK_FORWARD_ENV, "1")
     assert not llama_forward.own_forward_status(tiny_llama)[0]

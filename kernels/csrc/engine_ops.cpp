@@ -29,6 +29,7 @@
 #endif
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -42,25 +43,74 @@ inline float rnd(float x) {  // round to T's precision (the identity for float)
   return static_cast<float>(static_cast<T>(x));
 }
 
-template <typename T>
-inline float rms_scale(const T* x, int64_t n, float eps) {
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) {
-    float v = static_cast<float>(x[i]);
-    sum += v * v;
+// n elements of T as floats (bf16: ATen's vector conversion), and back, rounded to nearest even
+inline void to_float(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+inline void to_float(const c10::BFloat16* src, float* dst, int64_t n) {
+  using BVec = at::vec::Vectorized<c10::BFloat16>;
+  int64_t i = 0;
+  for (; i + BVec::size() <= n; i += BVec::size()) {
+    auto halves = at::vec::convert_to_float<c10::BFloat16>(BVec::loadu(src + i));
+    std::get<0>(halves).store(dst + i);
+    std::get<1>(halves).store(dst + i + kW);
   }
-  return 1.f / std::sqrt(sum / static_cast<float>(n) + eps);
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+inline void from_float(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+inline void from_float(const float* src, c10::BFloat16* dst, int64_t n) {
+  using BVec = at::vec::Vectorized<c10::BFloat16>;
+  int64_t i = 0;
+  for (; i + BVec::size() <= n; i += BVec::size())
+    at::vec::convert_from_float<c10::BFloat16>(Vec::loadu(src + i), Vec::loadu(src + i + kW)).store(dst + i);
+  for (; i < n; ++i) dst[i] = static_cast<c10::BFloat16>(src[i]);
+}
+// floats rounded to T's precision, in place (a no-op for float)
+inline void round_to(float*, int64_t, float*) {}
+inline void round_to(float* v, int64_t n, c10::BFloat16* tmp) {
+  from_float(v, tmp, n);
+  to_float(tmp, v, n);
+}
+template <typename T>
+inline void round_as(float* v, int64_t n, std::vector<T>& tmp) {
+  if constexpr (!std::is_same_v<T, float>) round_to(v, n, tmp.data());
 }
 
-// transformers' LlamaRMSNorm: weight * (x * rsqrt(mean(x^2) + eps)).to(dtype), computed in fp32
-template <typename T>
-inline void rms_norm_row(const T* x, const T* w, T* out, int64_t n, float eps) {
-  const float s = rms_scale(x, n, eps);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    out[i] = static_cast<T>(static_cast<float>(w[i]) * rnd<T>(static_cast<float>(x[i]) * s));
+// out = a (op) b over n floats, vectorized
+template <typename F>
+inline void map2(const float* a, const float* b, float* out, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW) f(Vec::loadu(a + i), Vec::loadu(b + i)).store(out + i);
+  if (i < n) f(Vec::loadu(a + i, n - i), Vec::loadu(b + i, n - i)).store(out + i, n - i);
+}
+
+inline float sum_of_squares(const float* v, int64_t n) {
+  Vec acc(0.f);
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW) {
+    Vec x = Vec::loadu(v + i);
+    acc = at::vec::fmadd(x, x, acc);
   }
+  float sum = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, acc);
+  for (; i < n; ++i) sum += v[i] * v[i];
+  return sum;
+}
+
+// One row's scratch: the row, the weight (as floats, once per chunk of rows), T-sized rounding room.
+template <typename T>
+struct RowScratch {
+  std::vector<float> x, w, y;
+  std::vector<T> tmp;
+  RowScratch(const T* weight, int64_t n) : x(n), w(n), y(n), tmp(n) { to_float(weight, w.data(), n); }
+};
+
+// transformers' LlamaRMSNorm of the row in x: weight * (x * rsqrt(mean(x^2) + eps)).to(dtype), in fp32
+template <typename T>
+inline void rms_norm_row(RowScratch<T>& scratch, T* out, int64_t n, float eps) {
+  const float s = 1.f / std::sqrt(sum_of_squares(scratch.x.data(), n) / static_cast<float>(n) + eps);
+  const Vec scale(s);
+  map2(scratch.x.data(), scratch.x.data(), scratch.y.data(), n, [&](Vec x, Vec) { return x * scale; });
+  round_as(scratch.y.data(), n, scratch.tmp);
+  map2(scratch.y.data(), scratch.w.data(), scratch.y.data(), n, [](Vec y, Vec w) { return y * w; });
+  from_float(scratch.y.data(), out, n);
 }
 
 template <typename T>
@@ -70,7 +120,11 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor& w, at::Tensor& out, do
   const T* wp = w.data_ptr<T>();
   T* op = out.data_ptr<T>();
   at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) rms_norm_row(xp + r * n, wp, op + r * n, n, static_cast<float>(eps));
+    RowScratch<T> scratch(wp, n);
+    for (int64_t r = begin; r < end; ++r) {
+      to_float(xp + r * n, scratch.x.data(), n);
+      rms_norm_row(scratch, op + r * n, n, static_cast<float>(eps));
+    }
   });
 }
 
@@ -82,12 +136,14 @@ void add_rms_norm_impl(const at::Tensor& x, at::Tensor& residual, const at::Tens
   const T* wp = w.data_ptr<T>();
   T* op = out.data_ptr<T>();
   at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    RowScratch<T> scratch(wp, n);
     for (int64_t r = begin; r < end; ++r) {
-      T* h = hp + r * n;
-      const T* xr = xp + r * n;
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) h[i] = static_cast<T>(static_cast<float>(h[i]) + static_cast<float>(xr[i]));
-      rms_norm_row(h, wp, op + r * n, n, static_cast<float>(eps));
+      to_float(hp + r * n, scratch.x.data(), n);
+      to_float(xp + r * n, scratch.y.data(), n);
+      map2(scratch.x.data(), scratch.y.data(), scratch.x.data(), n, [](Vec h, Vec a) { return h + a; });
+      from_float(scratch.x.data(), hp + r * n, n);  // h += x, in T
+      round_as(scratch.x.data(), n, scratch.tmp);
+      rms_norm_row(scratch, op + r * n, n, static_cast<float>(eps));
     }
   });
 }
@@ -99,22 +155,16 @@ void silu_mul_impl(const at::Tensor& gate_up, at::Tensor& out) {
   const T* gp = gate_up.data_ptr<T>();
   T* op = out.data_ptr<T>();
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    std::vector<float> gate(width + kW), up(width + kW);
+    std::vector<float> gate(width), up(width);
+    std::vector<T> tmp(width);
     for (int64_t r = begin; r < end; ++r) {
       const T* g = gp + r * 2 * width;
-      for (int64_t i = 0; i < width; ++i) {
-        gate[i] = static_cast<float>(g[i]);
-        up[i] = static_cast<float>(g[width + i]);
-      }
-      int64_t i = 0;
-      for (; i + kW <= width; i += kW) {
-        Vec x = Vec::loadu(gate.data() + i);
-        Vec y = x / (Vec(1.f) + x.neg().exp_u20());
-        y.store(gate.data() + i);
-      }
-      for (; i < width; ++i) gate[i] = gate[i] / (1.f + std::exp(-gate[i]));
-      T* o = op + r * width;
-      for (int64_t j = 0; j < width; ++j) o[j] = static_cast<T>(rnd<T>(gate[j]) * up[j]);
+      to_float(g, gate.data(), width);
+      to_float(g + width, up.data(), width);
+      map2(gate.data(), gate.data(), gate.data(), width, [](Vec x, Vec) { return x / (Vec(1.f) + x.neg().exp_u20()); });
+      round_as(gate.data(), width, tmp);
+      map2(gate.data(), up.data(), gate.data(), width, [](Vec a, Vec b) { return a * b; });
+      from_float(gate.data(), op + r * width, width);
     }
   });
 }

@@ -24,6 +24,12 @@ from tests.tiny_models import make_tiny_llama
 WAYS = ("compiled", "torch", "stock")
 
 
+@pytest.fixture(autouse=True)
+def engine_forward_allowed(monkeypatch):
+    """These tests pick each way themselves, also in a suite run under PREFILLVIZ_STOCK_FORWARD=1."""
+    monkeypatch.delenv(llama_forward.STOCK_FORWARD_ENV, raising=False)
+
+
 def prompt(length, vocab, seed):
     return torch.randint(3, vocab, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
 

@@ -2,9 +2,8 @@
 
     none      step wall times only (the engine always records these)
     timing    + per layer and sub-layer time (attention, MLP, norms, embedding, final norm,
-              lm_head): perf_counter on CPU, CUDA events on GPU, read once per step; the
-              engine's own forward (``engine/llama_forward.py``) times these spans itself (and
-              shows inspect its q/k/v and hidden states), the stock forward through module hooks
+              lm_head): perf_counter on CPU, CUDA events on GPU, read once per step (by the
+              engine's own forward itself, or by module hooks on the stock forward)
     inspect   + the KV write log (positions, slots, blocks, bytes, K/V norms per kv head and
               token), post-RoPE queries, keys and values of every layer, hidden-state norms
     profile   timing under torch.profiler, with a record_function scope per layer and

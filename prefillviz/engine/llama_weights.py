@@ -1,0 +1,101 @@
+"""The weights of a Llama-shaped model as the engine's own forward reads them (``llama_forward.py``).
+
+Made once per model and packing choice, remade when any weight changes (a new dtype or device,
+or an in-place write): q|k|v and gate|up stacked and packed for oneDNN where the CPU packs,
+the modules' own weights (no copy) elsewhere.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from prefillviz.engine.packed_weights import pack_weight, packed_linear
+
+_models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {pack: LlamaWeights}
+_lock = threading.Lock()
+
+
+@dataclass
+class _Linear:
+    """One projection, or several stacked (q|k|v, gate|up): one oneDNN pack of the stacked
+    weights where the CPU packs, else the modules' own weights, one matmul each, outputs side by
+    side (no copy of a weight, so a single forward on a fresh process pays for none)."""
+
+    weights: list[torch.Tensor]
+    biases: list[torch.Tensor | None]
+    packed: torch.Tensor | None = None
+    packed_bias: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return packed_linear(x, self.packed, self.packed_bias)
+        if len(self.weights) == 1:
+            return F.linear(x, self.weights[0], self.biases[0])
+        return torch.cat([F.linear(x, w, b) for w, b in zip(self.weights, self.biases)], dim=-1)
+
+
+def _linear(linears: list[torch.nn.Linear], pack: bool) -> _Linear:
+    weights = [linear.weight.detach() for linear in linears]
+    biases = [None if linear.bias is None else linear.bias.detach() for linear in linears]
+    if not pack:
+        return _Linear(weights, biases)
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
+    stacked = torch.cat(weights) if len(weights) > 1 else weights[0]
+    return _Linear([], [], pack_weight(stacked), bias)  # the stacked copy is dropped: only its pack is kept
+
+
+class LlamaWeights:
+    """The model's weights as the engine's forward reads them (stacked, packed where the CPU can)."""
+
+    def __init__(self, model: torch.nn.Module, pack: bool) -> None:
+        decoder = model.model
+        self.pack = pack
+        self.key = _weights_key(model)
+        self.embedding = decoder.embed_tokens.weight
+        self.rotary = decoder.rotary_emb
+        self.final_norm = (decoder.norm.weight, _eps(decoder.norm))
+        head = model.lm_head
+        self.lm_head = _linear([head], pack)
+        config = model.config
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.layers = []
+        self.attention_modules = [layer.self_attn for layer in decoder.layers]  # what observers are shown
+        for layer in decoder.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.layers.append((
+                (layer.input_layernorm.weight, _eps(layer.input_layernorm)),
+                _linear([attn.q_proj, attn.k_proj, attn.v_proj], pack),
+                _linear([attn.o_proj], pack),
+                (layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm)),
+                _linear([mlp.gate_proj, mlp.up_proj], pack),
+                _linear([mlp.down_proj], pack),
+                getattr(attn, "scaling", self.head_dim**-0.5),
+            ))
+
+
+def _eps(norm: torch.nn.Module) -> float:
+    return getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
+
+
+def _weights_key(model: torch.nn.Module) -> tuple:
+    """Changes when any weight does (new storage: a new dtype or device; or an in-place write)."""
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
+def llama_weights(model: torch.nn.Module, pack: bool) -> LlamaWeights:
+    """The model's stacked weights, made on first use and remade when a weight changed."""
+    with _lock:
+        by_pack = _models.setdefault(model, {})
+        weights = by_pack.get(pack)
+        if weights is None or weights.key != _weights_key(model):
+            weights = by_pack[pack] = LlamaWeights(model, pack)
+        return weights

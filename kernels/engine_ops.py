@@ -5,7 +5,9 @@ Five ops, each one call where plain torch runs several (the C++ file says what e
 ``paged_attention.py``'s family: FlashAttention's tiling on a CPU, over the paged cache). For
 a bf16 model on a CPU with AVX512-BF16, attention multiplies bf16 pairs with ``vdpbf16ps``
 (q.k exact, P rounded to bf16 before P V, as torch's bf16 SDPA rounds it, sums in fp32); the
-CPU is asked at run time, and elsewhere the tiles are fp32.
+CPU is asked at run time, and elsewhere the tiles are fp32. An fp32 step with rows enough to fill
+a vector puts the rows across the lanes instead (``csrc/attention_row_lanes.h``;
+``set_fp32_row_lanes(False)`` turns that off, to compare).
 
 Nothing about the CPU is assumed. torch's own probe (``torch.backends.cpu.get_cpu_capability``:
 AVX512, AVX2 or DEFAULT; ``ATEN_CPU_CAPABILITY=avx2`` lowers it, for torch and for these ops
@@ -37,6 +39,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "engine_ops.cpp"
+HEADERS = (SOURCE.parent / "attention_row_lanes.h",)  # included by SOURCE
 BUILD_ROOT = Path(__file__).resolve().parent.parent / "build" / "engine_ops"
 DISABLE_ENV = "PREFILLVIZ_NO_ENGINE_OPS"
 NO_BF16_DOT_ENV = "PREFILLVIZ_NO_BF16_DOT"  # bf16 attention in fp32 tiles, as on a CPU without AVX512-BF16
@@ -60,7 +63,8 @@ def _flags(cap: str) -> list[str]:
 def build_name(cap: str | None = None) -> str:
     """The module's name: the capability, and a digest of the source, the flags and torch's version."""
     cap = cap or capability()
-    digest = hashlib.sha1(SOURCE.read_bytes() + " ".join(_flags(cap)).encode() + torch.__version__.encode()).hexdigest()[:10]
+    sources = b"".join(path.read_bytes() for path in (SOURCE, *HEADERS))
+    digest = hashlib.sha1(sources + " ".join(_flags(cap)).encode() + torch.__version__.encode()).hexdigest()[:10]
     return f"prefillviz_engine_ops_{cap.lower()}_{digest}"
 
 

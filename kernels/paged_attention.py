@@ -48,8 +48,12 @@ Versions (each says what it changes from the one before):
                 rows; it walks the request's keys in tiles of 32 (AVX-512; 16 with AVX2) read
                 through the slots and converted to fp32, with an online softmax, so no (q, ctx)
                 score matrix, no gather and no mask exist; tiles after a row's position are
-                skipped. fp32 throughout, the output in q's dtype. The engine's forward calls it
-                directly on the stacked q|k|v rows (``engine/llama_forward.py``).
+                skipped. fp32 throughout, the output in q's dtype. An fp32 step whose rows
+                fill a vector turns the tile around (``csrc/attention_row_lanes.h``): the rows
+                lie across the lanes, each FMA broadcasts one element of a K or V row read
+                straight from the cache (no tiles to convert), and the softmax's max and sum
+                over keys are plain vector ops. The engine's forward calls it directly on the
+                stacked q|k|v rows (``engine/llama_forward.py``).
 
 Which one the engine uses: v7 wherever the engine runs its own forward on a CPU with the
 C++ ops loaded (the bundled model, the steps of every timing pass); otherwise

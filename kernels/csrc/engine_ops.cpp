@@ -215,6 +215,10 @@ struct Task {
   int64_t keys;                            // keys its last row sees (its cost)
 };
 
+#include "attention_row_lanes.h"
+
+bool fp32_lanes = true;  // set_fp32_row_lanes(false): fp32 prefills in the tile kernel too (the check compares both)
+
 inline float reduce_max(Vec v) {
   return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, v);
 }
@@ -486,6 +490,7 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor
   const T* kc = key_cache.data_ptr<T>();
   const T* vc = value_cache.data_ptr<T>();
   const int64_t* sp = slots.data_ptr<int64_t>();
+  const auto lanes = [&](int64_t r) { return std::is_same_v<T, float> && fp32_lanes && fills_lanes(m[r * 4 + 1], groups); };
   // phase 1: every request's context, per KV head, as fp32 tiles (read once, shared by its tasks)
   const int64_t tile_floats = Tiles::tile_words;
   std::vector<int64_t> first_tile(num_requests + 1, 0);  // request r's tiles of KV head h: first_tile[r] + h * tiles(r)
@@ -493,8 +498,9 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor
   int64_t work = 0;  // query rows x keys
   for (int64_t r = 0; r < num_requests; ++r) {
     const int64_t num_keys = m[r * 4 + 2] + m[r * 4 + 1];
-    // a request with one block of queries reads each tile once: its task converts it as it goes
-    const int64_t tiles = m[r * 4 + 1] > kQueryBlock ? (num_keys + kKeyTile - 1) / kKeyTile : 0;
+    // a request with one block of queries reads each tile once: its task converts it as it goes;
+    // an fp32 request whose rows fill the lanes reads the cache as it is
+    const int64_t tiles = m[r * 4 + 1] > kQueryBlock && !lanes(r) ? (num_keys + kKeyTile - 1) / kKeyTile : 0;
     first_tile[r + 1] = first_tile[r] + tiles * kv_heads;
     for (int64_t h = 0; h < kv_heads; ++h)
       for (int64_t t = 0; t < tiles; ++t) units.push_back({r, h, t});
@@ -519,9 +525,9 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor
   // phase 2: one task per (request, KV head, block of query tokens)
   std::vector<Task> tasks;
   for (int64_t r = 0; r < num_requests; ++r) {
-    const int64_t query_len = m[r * 4 + 1], num_computed = m[r * 4 + 2];
-    for (int64_t first = 0; first < query_len; first += kQueryBlock) {
-      const int64_t count = std::min<int64_t>(kQueryBlock, query_len - first);
+    const int64_t query_len = m[r * 4 + 1], num_computed = m[r * 4 + 2], block = lanes(r) ? lane_block(query_len, kv_heads) : kQueryBlock;
+    for (int64_t first = 0; first < query_len; first += block) {
+      const int64_t count = std::min<int64_t>(block, query_len - first);
       for (int64_t h = 0; h < kv_heads; ++h) tasks.push_back({r, h, first, count, num_computed + first + count});
     }
   }
@@ -541,6 +547,12 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor
     for (int64_t i = begin; i < end; ++i) {
       const Task& task = order[i];
       const int64_t count = (first_tile[task.request + 1] - first_tile[task.request]) / kv_heads;
+      if constexpr (std::is_same_v<T, float>) {
+        if (lanes(task.request)) {
+          attention_task_lanes<Tiles::dim>(task, qp, q_row, op, m, num_heads, kv_heads, static_cast<float>(scale), scratch, kc, vc, sp);
+          continue;
+        }
+      }
       const float* request_tiles = count ? tiles + (first_tile[task.request] + task.kv_head * count) * tile_floats : nullptr;
       attention_task<T, Tiles>(task, qp, q_row, op, request_tiles, m, num_heads, kv_heads, static_cast<float>(scale), scratch, kc, vc, sp);
     }
@@ -636,6 +648,9 @@ int64_t vector_width() { return kW; }
 // whether a bf16 step's attention runs on AVX512-BF16 dot products (this CPU has them, and they are on)
 bool bf16_dot_products() { return bf16_dot_enabled(); }
 void set_bf16_dot_products(bool on) { bf16_dot = on; }
+// whether fp32 steps with rows to fill the vector lanes run attention_row_lanes.h's kernel
+bool fp32_row_lanes() { return fp32_lanes; }
+void set_fp32_row_lanes(bool on) { fp32_lanes = on; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm);
@@ -646,4 +661,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("vector_width", &vector_width);
   m.def("bf16_dot_products", &bf16_dot_products);
   m.def("set_bf16_dot_products", &set_bf16_dot_products);
+  m.def("fp32_row_lanes", &fp32_row_lanes);
+  m.def("set_fp32_row_lanes", &set_fp32_row_lanes);
 }

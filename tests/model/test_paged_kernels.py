@@ -77,9 +77,28 @@ def test_torch_kernels_match_the_oracle(kernel, requests, heads):
 @pytest.mark.parametrize("heads", [*HEADS, pytest.param((8, 1, 32), id="MQA")])
 @pytest.mark.parametrize("requests", [*STEPS, pytest.param([(0, 100), (70, 45), (130, 1)], id="several query blocks and key tiles")])
 @pytest.mark.parametrize("block_size", [16, 5])
-def test_compiled_kernel_matches_the_oracle(compiled_ops, requests, heads, block_size):
+@pytest.mark.parametrize("row_lanes", [True, False], ids=["rows across lanes", "fp32 tiles"])
+def test_compiled_kernel_matches_the_oracle(compiled_ops, requests, heads, block_size, row_lanes):
     inputs = random_step(requests, *heads, block_size=block_size, seed=1)
-    difference, allowed = check_paged(COMPILED, inputs)
+    try:
+        compiled_ops.set_fp32_row_lanes(row_lanes)  # fp32 steps whose rows fill a vector, in attention_row_lanes.h's kernel
+        difference, allowed = check_paged(COMPILED, inputs)
+    finally:
+        compiled_ops.set_fp32_row_lanes(True)
+    assert difference < TOLERANCE <= allowed
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_compiled_kernel_with_32_token_tasks(compiled_ops, threads):
+    """A long fp32 prompt gets tasks of 32 query tokens where each thread still has four (one
+    thread: 200 tokens x 3 KV heads make 18); the tasks of 16 tokens are the test above's."""
+    inputs = random_step([(0, 200), (64, 150)], 9, 3, 64, block_size=16, seed=4)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        difference, allowed = check_paged(COMPILED, inputs)
+    finally:
+        torch.set_num_threads(before)
     assert difference < TOLERANCE <= allowed
 
 

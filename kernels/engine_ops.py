@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
-import importlib.util
 import os
 import sys
 import time
@@ -38,60 +36,23 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "engine_ops.cpp"
-HEADERS = (SOURCE.parent / "attention_row_lanes.h",)  # included by SOURCE
-BUILD_ROOT = Path(__file__).resolve().parent.parent / "build" / "engine_ops"
+from kernels import cpp_build
+
+SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("engine_ops.cpp", "attention_row_lanes.h")]  # the .cpp includes the .h
+FOLDER = "engine_ops"  # under build/
 DISABLE_ENV = "PREFILLVIZ_NO_ENGINE_OPS"
 NO_BF16_DOT_ENV = "PREFILLVIZ_NO_BF16_DOT"  # bf16 attention in fp32 tiles, as on a CPU without AVX512-BF16
-# torch's own compiler flags for each CPU capability it dispatches to (aten/src/ATen/native/cpu)
-CAPABILITY_FLAGS = {
-    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-DCPU_CAPABILITY_AVX512"],
-    "AVX2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2"],
-}
-
-
-def capability() -> str:
-    """The vector units torch dispatches to on this CPU: AVX512, AVX2 or DEFAULT (anything else)."""
-    found = torch.backends.cpu.get_cpu_capability()
-    return found if found in CAPABILITY_FLAGS else "DEFAULT"
-
-
-def _flags(cap: str) -> list[str]:
-    return ["-O3", "-fopenmp", *CAPABILITY_FLAGS.get(cap, [])]
 
 
 def build_name(cap: str | None = None) -> str:
-    """The module's name: the capability, and a digest of the source, the flags and torch's version."""
-    cap = cap or capability()
-    sources = b"".join(path.read_bytes() for path in (SOURCE, *HEADERS))
-    digest = hashlib.sha1(sources + " ".join(_flags(cap)).encode() + torch.__version__.encode()).hexdigest()[:10]
-    return f"prefillviz_engine_ops_{cap.lower()}_{digest}"
+    """The module's name: the capability, and a digest of the sources, the flags and torch's version."""
+    return cpp_build.build_name("prefillviz_engine_ops", SOURCES, cap)
 
 
 def build(cap: str | None = None, verbose: bool = False) -> Path:
     """Compile the ops for ``cap`` (this CPU's by default) with torch's cpp_extension and ninja."""
-    from torch.utils import cpp_extension
-
-    cap = cap or capability()
-    name = build_name(cap)
-    directory = BUILD_ROOT / name
-    directory.mkdir(parents=True, exist_ok=True)
-    # ninja comes from PyPI into this interpreter's bin folder, which need not be on PATH
-    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    cpp_extension.load(
-        name, [str(SOURCE)], extra_cflags=_flags(cap), extra_ldflags=["-fopenmp"], build_directory=str(directory), verbose=verbose,
-    )
-    return directory / f"{name}.so"
-
-
-def _load(cap: str):
-    path = BUILD_ROOT / build_name(cap) / f"{build_name(cap)}.so"
-    if not path.exists():
-        return None, f"the engine's C++ ops are not built for {cap} here (`make install` builds them: python -m kernels.engine_ops --build)"
-    spec = importlib.util.spec_from_file_location(build_name(cap), path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module, ""
+    cap = cap or cpp_build.capability()
+    return cpp_build.build(build_name(cap), FOLDER, SOURCES, cap, verbose=verbose)
 
 
 @functools.cache
@@ -99,14 +60,14 @@ def engine_ops_status() -> tuple[object | None, str]:
     """(the loaded ops module, or None; why not). Loaded and checked once per process."""
     if os.environ.get(DISABLE_ENV, "").strip() not in ("", "0"):
         return None, f"{DISABLE_ENV} is set: plain torch ops run instead of the engine's C++ ops"
-    cap = capability()
+    cap = cpp_build.capability()
     try:
-        ops, why = _load(cap)
+        ops = cpp_build.load(build_name(cap), FOLDER)
         if ops is None:
-            return None, why
+            return None, f"the engine's C++ ops are not built for {cap} here (`make install` builds them: python -m kernels.engine_ops --build)"
         problem = self_check(ops)
     except Exception as error:  # noqa: BLE001: any failure means "not here", with its reason
-        return None, f"the engine's C++ ops failed to load: {type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+        return None, f"the engine's C++ ops failed to load: {cpp_build.first_line(error)}"
     if problem:
         return None, f"the engine's C++ ops gave a wrong result on this CPU ({problem}); plain torch ops run instead"
     if os.environ.get(NO_BF16_DOT_ENV, "").strip() not in ("", "0"):
@@ -193,7 +154,7 @@ def paged_attention(ops, q: torch.Tensor, key_cache, value_cache, step, num_head
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.engine_ops", description=__doc__.splitlines()[0])
     parser.add_argument("--build", action="store_true", help="compile the ops for this CPU (what `make install` runs)")
-    parser.add_argument("--capability", choices=[*CAPABILITY_FLAGS, "DEFAULT"], help="build for these vector units instead of this CPU's")
+    parser.add_argument("--capability", choices=[*cpp_build.CAPABILITY_FLAGS, "DEFAULT"], help="build for these vector units instead of this CPU's")
     args = parser.parse_args(argv)
     if args.build:
         started = time.perf_counter()

@@ -97,6 +97,22 @@ def app_url(bundled):
 
 
 @pytest.fixture(scope="session")
+def onednn():
+    """kernels/onednn_linear.py's module. `make` installs Debian's oneDNN (as root) and builds it,
+    so CI must have it; elsewhere (no libdnnl-dev, or before `make`) the tests that need it skip."""
+    import os
+
+    from kernels.onednn_linear import onednn_status
+
+    module, why = onednn_status()
+    if module is None:
+        if os.environ.get("CI") and "PREFILLVIZ_NO_ONEDNN" not in os.environ:
+            pytest.fail(f"CI builds oneDNN's matmul with `make`, but: {why}")
+        pytest.skip(why)
+    return module
+
+
+@pytest.fixture(scope="session")
 def compiled_ops():
     """The engine's C++ ops (kernels/engine_ops.py). `make` builds them, so CI must have them;
     elsewhere (a machine without a compiler, or before `make`) the tests that need them skip."""

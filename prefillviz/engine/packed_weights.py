@@ -36,11 +36,13 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from kernels.onednn_linear import onednn_linear, onednn_runs
 from prefillviz.devices import dtype_name
 from prefillviz.engine.shared_settings import shared_setting
 
 PACKABLE_DTYPES = (torch.bfloat16, torch.float32)
 FORCE_STOCK_ENV = "PREFILLVIZ_STOCK_LINEARS"
+ONEDNN_SCOPE = "onednn::matmul"  # the profiler's name for a call of kernels/onednn_linear.py's Linear
 
 _active = threading.local()  # .packs: {Linear: packed weight} while packed_linears runs in this thread
 # model -> ({Linear: (weight key, the storage it was packed from, packed weight)}, {Linear: packed weight})
@@ -105,19 +107,39 @@ def linear_weights_label(model: torch.nn.Module, with_reason: bool = False) -> s
     """
     packed, why = packing_status(model)
     if packed:
-        return "linear weights pre-packed for oneDNN"
+        dtype = next(model.parameters()).dtype
+        if not with_reason:
+            return "linear weights pre-packed for oneDNN"
+        runs, why_onednn = onednn_runs(dtype)
+        return f"linear weights pre-packed for oneDNN ({why_onednn if runs else f'torch mkldnn linear: {why_onednn}'})"
     return f"stock linear layers ({why})" if with_reason and why else "stock linear layers"
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """A (out, in) weight reordered once into oneDNN's blocked layout (an opaque tensor)."""
+def pack_weight(weight: torch.Tensor):
+    """A (out, in) weight reordered once into oneDNN's blocked layout.
+
+    Where ``kernels/onednn_linear.py`` runs this dtype here, its ``Linear`` (oneDNN's matmul
+    primitive, kept per row count, as vLLM's CPU backend runs it); else torch's packed weight
+    (an opaque tensor for ``torch.ops.mkldnn._linear_pointwise``).
+    """
+    onednn = onednn_linear(weight.dtype)
     with torch.no_grad():
+        if onednn is not None:
+            return onednn.Linear(weight.detach())
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
 
 
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def packed_linear(x: torch.Tensor, packed, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` with the weight from ``pack_weight``."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    if isinstance(packed, torch.Tensor):
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    if torch._C._autograd._profiler_enabled():  # a profile pass: the call is no torch op, so name it for the op table
+        with torch.profiler.record_function(ONEDNN_SCOPE):
+            out = packed(x)
+    else:
+        out = packed(x)
+    return out if bias is None else out.add_(bias)
+
 
 
 def _weight_key(weight: torch.Tensor) -> tuple[int, int]:

@@ -15,13 +15,13 @@ from prefillviz import cli, devices
 from prefillviz.config import EngineConfig
 from prefillviz.devices import check_dtype
 from prefillviz.dtype_speed import SLOW_FACTOR, DtypeSpeed, dtype_speed
-from prefillviz.engine import packed_weights
+from prefillviz.engine import llama_weights, packed_weights
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.errors import ModelLoadError
 from prefillviz.experiments.prefill import load_prefill_bundle, prefill_bundle, run_prefill
 from prefillviz.experiments.warm_up import warm_up
 from tests.conftest import assert_matches_hf
-from tests.model.test_packed_weights import OpNames
+from tests.model.test_packed_weights import OpNames, record_packed_calls  # noqa: F401 (autouse: counts packed_linear calls here too)
 
 AVX2_ERROR = "mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
 
@@ -117,7 +117,8 @@ def test_warm_up_packs_the_weights_and_the_headline_ttft_is_a_median(bundled):
     model = bundled.model
     assert warm_up(bundled) > 0
     if packed_weights.packing_status(model)[0]:  # the packs the first measured run would otherwise make
-        assert model in packed_weights._models
+        # the engine's own forward packs its stacked weights (llama_weights), the stock forward its linears
+        assert True in llama_weights._models.get(model, {}) or model in packed_weights._models
     result = run_prefill(bundled, "The capital of France is")
     runs = result.ttft_runs_s
     assert len(runs) == 5 and sorted(runs)[2] == result.ttft_s  # the kept trace is the median run's

@@ -2,7 +2,9 @@
 and, like the engine's attention, a change to the shared model that the last thread out undoes.
 
 Which op ran is read with a TorchDispatchMode, which sees every op the dispatcher runs in
-its thread: a packed linear is ``mkldnn._linear_pointwise``, a stock one ``aten.linear``.
+its thread: a stock linear is ``aten.linear``. A packed one runs either torch's
+``mkldnn._linear_pointwise`` or oneDNN's matmul primitive (``kernels/onednn_linear.py``, no torch
+op), so ``packed_linear`` itself is wrapped to record its calls in the recording thread.
 """
 
 import copy
@@ -15,20 +17,47 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from prefillviz.config import EngineConfig
 from prefillviz.engine.attention import ATTENTION_NAME, engine_attention
 from prefillviz.engine.engine import LLMEngine
+from prefillviz.engine import packed_weights
 from prefillviz.engine.packed_weights import cpu_runs_packed_linear, packed_linears, packing_status
 from tests.conftest import assert_matches_hf
 
 pytestmark = pytest.mark.skipif(not packing_status(torch.nn.Linear(2, 2))[0], reason=f"no packed fp32 linear here: {packing_status(torch.nn.Linear(2, 2))[1]}")
 
+PACKED_CALL = "packed_linear"
 BF16_TOLERANCE = 0.1  # max |logit| difference between packed and stock bf16 runs (measured: 0)
 
 
+_recording = threading.local()  # .names: the active OpNames' list in this thread
+
+
+@pytest.fixture(autouse=True)
+def record_packed_calls(monkeypatch):
+    """Every ``packed_linear`` call, named in the list of the OpNames recording in its thread."""
+    original = packed_weights.packed_linear
+
+    def recorded(*args, **kwargs):
+        names = getattr(_recording, "names", None)
+        if names is not None:
+            names.append(PACKED_CALL)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(packed_weights, "packed_linear", recorded)
+
+
 class OpNames(TorchDispatchMode):
-    """Records the name of every op dispatched in this thread while active."""
+    """Records the name of every op dispatched in this thread while active, and every packed linear."""
 
     def __init__(self):
         super().__init__()
         self.names = []
+
+    def __enter__(self):
+        _recording.names = self.names
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _recording.names = None
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.names.append(str(func.overloadpacket))
@@ -39,7 +68,7 @@ class OpNames(TorchDispatchMode):
 
     @property
     def packed(self):
-        return self.count("mkldnn._linear_pointwise")
+        return self.count(PACKED_CALL)
 
     @property
     def stock(self):  # F.linear shows as aten.linear in inference mode, as mm/addmm otherwise

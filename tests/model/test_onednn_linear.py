@@ -1,0 +1,85 @@
+"""oneDNN's matmul primitive as the engine's packed linear (kernels/onednn_linear.py): the same
+product as F.linear (fp32 within 1e-4, bf16 within bf16's rounding) at every row count, with
+a bias and leading dimensions, past its cache of 64 row counts, and from two threads at once
+on one weight (the app's sessions share the model)."""
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.onednn_linear import onednn_runs
+
+FP32 = dict(rtol=1e-4, atol=1e-4)
+
+
+def test_fp32_matches_f_linear_at_every_row_count(onednn):
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(96, 80, generator=generator)
+    linear = onednn.Linear(weight)
+    assert (linear.out_features, linear.in_features) == (96, 80)
+    for rows in [1, 2, 5, 31, 32, 33, 100, 1, 32]:  # new row counts, then cached ones
+        x = torch.randn(rows, 80, generator=generator)
+        torch.testing.assert_close(linear(x), F.linear(x, weight), **FP32)
+    assert linear(torch.empty(0, 80)).shape == (0, 96)
+
+
+def test_bias_leading_dimensions_and_a_strided_input(onednn):
+    generator = torch.Generator().manual_seed(1)
+    weight, bias = torch.randn(24, 16, generator=generator), torch.randn(24, generator=generator)
+    x = torch.randn(2, 3, 16, generator=generator)
+    torch.testing.assert_close(onednn.Linear(weight, bias)(x), F.linear(x, weight, bias), **FP32)
+    wide = torch.randn(5, 32, generator=generator)[:, ::2]  # not contiguous
+    torch.testing.assert_close(onednn.Linear(weight)(wide), F.linear(wide, weight), **FP32)
+
+
+def test_more_row_counts_than_it_keeps(onednn):
+    weight = torch.randn(40, 24)
+    linear = onednn.Linear(weight)
+    for rows in list(range(1, 80)) + [3, 70]:  # 79 counts: the oldest primitives are dropped and made again
+        x = torch.randn(rows, 24)
+        torch.testing.assert_close(linear(x), F.linear(x, weight), **FP32)
+
+
+def test_bf16_where_this_cpu_runs_it(onednn):
+    runs, why = onednn_runs(torch.bfloat16)
+    if not runs:
+        pytest.skip(why)
+    weight = torch.randn(64, 48).to(torch.bfloat16)
+    x = torch.randn(9, 48).to(torch.bfloat16)
+    got, want = onednn.Linear(weight)(x), F.linear(x.float(), weight.float())
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_two_threads_on_one_weight(onednn):
+    weight = torch.randn(256, 128)
+    linear = onednn.Linear(weight)
+    inputs = {name: [torch.randn(rows, 128) for rows in (1, 17, 64, 3)] for name in ("a", "b")}
+    errors = []
+
+    def work(name):
+        try:
+            for _ in range(40):
+                for x in inputs[name]:
+                    torch.testing.assert_close(linear(x), F.linear(x, weight), **FP32)
+        except Exception as error:  # reported in the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(name,)) for name in inputs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors and not any(thread.is_alive() for thread in threads)
+
+
+def test_wrong_inputs_raise_a_clear_error(onednn):
+    linear = onednn.Linear(torch.randn(8, 4))
+    with pytest.raises(RuntimeError, match="x \\(..., 4\\) of the weight's dtype"):
+        linear(torch.randn(2, 5))
+    with pytest.raises(RuntimeError, match="x \\(..., 4\\) of the weight's dtype"):
+        linear(torch.randn(2, 4, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="float32 or bfloat16 only"):
+        onednn.Linear(torch.randn(8, 4, dtype=torch.float64))

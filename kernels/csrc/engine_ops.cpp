@@ -10,7 +10,8 @@
 //                     read from the paged cache through its slots; scores, online softmax and
 //                     P V in fp32 (FlashAttention's tiling, on a CPU). A bf16 model on a CPU
 //                     with AVX512-BF16 (asked at run time) multiplies bf16 pairs instead
-//                     (vdpbf16ps): q.k exact, P rounded to bf16 before P V, sums in fp32
+//                     (vdpbf16ps): q.k exact, P rounded to bf16 before P V, sums in fp32; an
+//                     fp32 prefill or chunk puts its rows across the lanes (attention_row_lanes.h)
 //
 // Vectors are ATen's at::vec::Vectorized<float>: 16 lanes where torch's probe of the CPU says
 // AVX-512, 8 for AVX2, plain C++ otherwise (the build passes that probe's flags and macro).

@@ -10,7 +10,7 @@
 // It needs rows to fill the lanes, so a decode's few rows (one token times G heads) keep the
 // tile kernel (Fp32Tiles), and bf16 caches keep theirs.
 
-constexpr int kNV = kW == 16 ? 3 : 2;   // row vectors per micro-kernel (accumulators: kNV x kKB)
+constexpr int kNV = 3;                  // row vectors per micro-kernel (accumulators: kNV x kKB; 12 of AVX2's 16 registers)
 constexpr int kKB = kW == 16 ? 8 : 4;   // keys (scores) or dimensions (P V) per micro-kernel
 
 // query tokens per task: 32 where that still leaves each thread four tasks or more, else 16

@@ -175,6 +175,12 @@ def main() -> None:
 
     try:
         import torch
+
+        if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() in ("avx2", "default"):
+            # the switch that makes torch and our ops run as on an AVX2-only CPU: vLLM picks its
+            # kernels (_C_AVX2 or _C_AVX512) from these two, so it runs as on that CPU too
+            torch.cpu._is_avx512_supported = lambda: False
+            torch.cpu._is_avx512_bf16_supported = lambda: False
         import vllm
         from vllm import LLM
 

@@ -96,33 +96,30 @@ def app_url(bundled):
     server.wait(timeout=20)
 
 
-@pytest.fixture(scope="session")
-def onednn():
-    """kernels/onednn_linear.py's module. `make` installs Debian's oneDNN (as root) and builds it,
-    so CI must have it; elsewhere (no libdnnl-dev, or before `make`) the tests that need it skip."""
+def built_module(status, disable_env: str, what: str):
+    """A C++ extension's module that `make` builds, so CI must have it (unless ``disable_env`` turns
+    it off); elsewhere (no compiler or library, or before `make`) the tests that need it skip."""
     import os
 
-    from kernels.onednn_linear import onednn_status
-
-    module, why = onednn_status()
+    module, why = status()
     if module is None:
-        if os.environ.get("CI") and "PREFILLVIZ_NO_ONEDNN" not in os.environ:
-            pytest.fail(f"CI builds oneDNN's matmul with `make`, but: {why}")
+        if os.environ.get("CI") and disable_env not in os.environ:
+            pytest.fail(f"CI builds {what} with `make`, but: {why}")
         pytest.skip(why)
     return module
 
 
 @pytest.fixture(scope="session")
+def onednn():
+    """kernels/onednn_linear.py's module (`make` installs Debian's oneDNN as root, then builds it)."""
+    from kernels.onednn_linear import DISABLE_ENV, onednn_status
+
+    return built_module(onednn_status, DISABLE_ENV, "oneDNN's matmul")
+
+
+@pytest.fixture(scope="session")
 def compiled_ops():
-    """The engine's C++ ops (kernels/engine_ops.py). `make` builds them, so CI must have them;
-    elsewhere (a machine without a compiler, or before `make`) the tests that need them skip."""
-    import os
+    """The engine's C++ ops (kernels/engine_ops.py)."""
+    from kernels.engine_ops import DISABLE_ENV, engine_ops_status
 
-    from kernels.engine_ops import engine_ops_status
-
-    ops, why = engine_ops_status()
-    if ops is None:
-        if os.environ.get("CI") and "PREFILLVIZ_NO_ENGINE_OPS" not in os.environ:
-            pytest.fail(f"CI builds the engine's C++ ops with `make`, but: {why}")
-        pytest.skip(why)
-    return ops
+    return built_module(engine_ops_status, DISABLE_ENV, "the engine's C++ ops")

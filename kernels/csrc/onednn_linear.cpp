@@ -36,7 +36,12 @@ dnnl::memory::data_type dnnl_type(at::ScalarType type) {
   TORCH_CHECK(false, "onednn_linear: float32 or bfloat16 only, not ", type);
 }
 
-constexpr size_t kCachedShapes = 64;  // row counts whose primitive is kept (least recently used dropped)
+// row counts whose primitive each Linear keeps (least recently used dropped). A primitive holds
+// its own JIT code: 121 linears x 16 row counts of the bundled model measured +454 MiB, so 8 bound
+// it to about half that, and hold every row count of a bench round (1, 33, 64, 512, 1025, 2048).
+// Making one costs about 0.8 ms (a step at a new row count: ~100 ms more, once). The library's own
+// global cache would keep 1,024 more primitives, so it is turned off (module init, below).
+constexpr size_t kCachedShapes = 8;
 
 class Linear {
  public:
@@ -139,6 +144,7 @@ std::string version() {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  dnnl::set_primitive_cache_capacity(0);  // this library's copy only; torch's oneDNN keeps its own
   pybind11::class_<Linear>(m, "Linear")
       .def(pybind11::init<const at::Tensor&, const c10::optional<at::Tensor>&>(), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none())
       .def("__call__", &Linear::forward, pybind11::call_guard<pybind11::gil_scoped_release>())

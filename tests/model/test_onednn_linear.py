@@ -1,6 +1,6 @@
 """oneDNN's matmul primitive as the engine's packed linear (kernels/onednn_linear.py): the same
 product as F.linear (fp32 within 1e-4, bf16 within bf16's rounding) at every row count, with
-a bias and leading dimensions, past its cache of 64 row counts, and from two threads at once
+a bias and leading dimensions, past its cache of 8 row counts, and from two threads at once
 on one weight (the app's sessions share the model)."""
 
 import threading
@@ -37,7 +37,7 @@ def test_bias_leading_dimensions_and_a_strided_input(onednn):
 def test_more_row_counts_than_it_keeps(onednn):
     weight = torch.randn(40, 24)
     linear = onednn.Linear(weight)
-    for rows in list(range(1, 80)) + [3, 70]:  # 79 counts: the oldest primitives are dropped and made again
+    for rows in list(range(1, 80)) + [3, 70]:  # 79 counts, past the 8 kept: the oldest primitives are dropped and made again
         x = torch.randn(rows, 24)
         torch.testing.assert_close(linear(x), F.linear(x, weight), **FP32)
 

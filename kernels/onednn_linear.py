@@ -26,7 +26,6 @@ import argparse
 import functools
 import os
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -120,20 +119,13 @@ def onednn_linear(dtype: torch.dtype):
     return onednn_status()[0] if onednn_runs(dtype)[0] else None
 
 
-def _median_seconds(call, repeats: int = 30) -> float:
-    for _ in range(5):
-        call()
-    times = []
-    for _ in range(7):
-        started = time.perf_counter()
-        for _ in range(repeats):
-            call()
-        times.append((time.perf_counter() - started) / repeats)
-    return statistics.median(times)
-
-
 def compare(shapes=((3072, 576), (576, 1536), (960, 576)), rows=(1, 32, 512), dtype: torch.dtype = torch.float32) -> list[dict]:
     """Each (N, K) and row count: GFLOP/s of torch's packed linear and of ``Linear`` (medians of 7 runs, same process)."""
+    from prefillviz.instrument.timers import time_call
+
+    def median_seconds(call) -> float:
+        return time_call(call, torch.device("cpu"), runs=7, warmup=5).median_s
+
     module = onednn_linear(dtype)
     results = []
     for n, k in shapes:
@@ -143,8 +135,8 @@ def compare(shapes=((3072, 576), (576, 1536), (960, 576)), rows=(1, 32, 512), dt
         for m in rows:
             x = torch.randn(m, k).to(dtype)
             flops = 2 * m * n * k
-            torch_s = _median_seconds(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""))
-            onednn_s = _median_seconds(lambda: ours(x)) if ours else None
+            torch_s = median_seconds(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""))
+            onednn_s = median_seconds(lambda: ours(x)) if ours else None
             results.append({"N": n, "K": k, "M": m, "torch_gflops": flops / torch_s / 1e9, "onednn_gflops": flops / onednn_s / 1e9 if onednn_s else None})
     return results
 

@@ -32,7 +32,10 @@ def serve(routes: dict):
                 self.send_response(404)
                 self.end_headers()
                 return
-            route(self)
+            try:
+                route(self)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the probe hung up first, as it should on a stalled server
 
         do_GET = do_POST = answer
 

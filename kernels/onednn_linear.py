@@ -40,9 +40,10 @@ FOLDER = "onednn_linear"  # under build/
 DISABLE_ENV = "PREFILLVIZ_NO_ONEDNN"
 INCLUDE_ROOTS = (Path("/usr/include"), Path("/usr/local/include"))  # where Debian (or a source install) puts oneDNN's headers
 # the kernels ``Linear`` runs on: brgemm (AVX-512, AMX) and, where oneDNN 2.6 has none (AVX2), its
-# JIT gemm. On AVX2 code (this Zen 4 under DNNL_MAX_CPU_ISA=AVX2) that gemm made whole engine steps
-# 1.06-1.08x (512-token prefill), 1.11-1.15x (41 tokens) and 1.3x (decode) faster than torch's
-# packed linear, A/B in one process.
+# JIT gemm, a weight wider than 1,024 in blocks of 768 columns (csrc/onednn_linear.cpp says why).
+# On AVX2 code (this Zen 4 under DNNL_MAX_CPU_ISA=AVX2) that made whole engine steps 1.04x
+# (512-token prefill), 1.16-1.29x (41-256 tokens) and 1.29x (decode) faster than torch's packed
+# linear, A/B in one process.
 JIT_KERNELS = ("brg", "gemm:jit")
 
 

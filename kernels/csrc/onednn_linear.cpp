@@ -43,6 +43,15 @@ dnnl::memory::data_type dnnl_type(at::ScalarType type) {
 // global cache would keep 1,024 more primitives, so it is turned off (module init, below).
 constexpr size_t kCachedShapes = 8;
 
+// Where oneDNN has no brgemm for the CPU (oneDNN 2.6 on AVX2) it runs its JIT gemm, which blocks
+// a wide matmul badly at 2-256 rows: on AVX2 code, gate|up (3072 x 576) ran at 78-88 GFLOP/s there
+// whole and at 122-139 in column blocks of 768, as did 1536-, 6144- and 4096 x 2048-wide weights.
+// So a weight wider than kWideJit runs in blocks of kJitBlock columns on that kernel, one
+// primitive a block writing its columns of the output; one row (a decode) still runs whole, which
+// was faster there. The weight stays in its (N, K) layout, so both read the same buffer.
+constexpr int64_t kJitBlock = 768;
+constexpr int64_t kWideJit = 1024;
+
 class Linear {
  public:
   // weight (N, K), the layout of nn.Linear's; bias (N,) or None
@@ -53,8 +62,10 @@ class Linear {
     const auto dt = dnnl_type(type_);
     // the layout the matmul wants for its weights, asked of a primitive for 32 rows (vLLM asks the same)
     const dnnl::memory::desc any({k_, n_}, dt, dnnl::memory::format_tag::any);
-    const auto probe = make_desc(32, any);
-    weight_desc_ = probe.weights_desc();
+    const auto probe = make_desc(32, any, {0, n_});
+    const std::string kernel = probe.impl_info_str();
+    blocked_ = kernel.rfind("gemm", 0) == 0 && n_ > kWideJit;
+    weight_desc_ = blocked_ ? dnnl::memory::desc({k_, n_}, dt, dnnl::memory::format_tag::ba) : probe.weights_desc();
     const at::Tensor plain = weight.contiguous();
     dnnl::memory source({{k_, n_}, dt, dnnl::memory::format_tag::ba}, cpu_engine(), plain.data_ptr());  // (K, N) view of (N, K)
     packed_ = dnnl::memory(weight_desc_, cpu_engine());
@@ -73,14 +84,21 @@ class Linear {
     if (m > 0) {
       const Prepared prepared = primitive(m);
       const auto dt = dnnl_type(type_);
+      const size_t item = out.element_size();
       dnnl::memory src({{m, k_}, dt, dnnl::memory::format_tag::ab}, cpu_engine(), rows.data_ptr());
-      dnnl::memory dst({{m, n_}, dt, dnnl::memory::format_tag::ab}, cpu_engine(), out.data_ptr());
+      auto* weights = static_cast<uint8_t*>(packed_.get_data_handle());
+      auto* destination = static_cast<uint8_t*>(out.data_ptr());
       // the scratchpad is the caller's (this thread's): with the library's own, two threads running
       // one primitive at once would share it (the app's sessions share the model's linears)
       thread_local std::vector<uint8_t> scratch;
-      if (scratch.size() < prepared.scratchpad.get_size()) scratch.resize(prepared.scratchpad.get_size());
-      dnnl::memory scratchpad(prepared.scratchpad, cpu_engine(), scratch.data());
-      prepared.matmul.execute(thread_stream(), {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, packed_}, {DNNL_ARG_DST, dst}, {DNNL_ARG_SCRATCHPAD, scratchpad}});
+      for (const auto& block : prepared.blocks) {
+        if (scratch.size() < block.scratchpad.get_size()) scratch.resize(block.scratchpad.get_size());
+        dnnl::memory scratchpad(block.scratchpad, cpu_engine(), scratch.data());
+        // a block of columns [start, start + width): its rows of the (N, K) weight, its columns of the output
+        dnnl::memory weight(block.weights, cpu_engine(), blocked_ ? weights + block.start * k_ * item : weights);
+        dnnl::memory dst(block.dst, cpu_engine(), destination + block.start * item);
+        block.matmul.execute(thread_stream(), {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weight}, {DNNL_ARG_DST, dst}, {DNNL_ARG_SCRATCHPAD, scratchpad}});
+      }
       thread_stream().wait();
       if (bias_.defined()) out.add_(bias_);
     }
@@ -89,13 +107,30 @@ class Linear {
 
   int64_t out_features() const { return n_; }
   int64_t in_features() const { return k_; }
-  std::string implementation(int64_t m) { return make_desc(m, weight_desc_).impl_info_str(); }
+  std::string implementation(int64_t m) {
+    const auto columns = blocks_of(m);
+    const std::string kernel = make_desc(m, weights_of(columns.front()), columns.front()).impl_info_str();
+    return columns.size() == 1 ? kernel : kernel + ", in " + std::to_string(columns.size()) + " blocks of " + std::to_string(kJitBlock) + " columns";
+  }
 
  private:
-  dnnl::matmul::primitive_desc make_desc(int64_t m, const dnnl::memory::desc& weights) const {
+  using Columns = std::pair<int64_t, int64_t>;  // (start, width)
+
+  std::vector<Columns> blocks_of(int64_t m) const {
+    if (!blocked_ || m == 1) return {{0, n_}};
+    std::vector<Columns> columns;
+    for (int64_t start = 0; start < n_; start += kJitBlock) columns.emplace_back(start, std::min(kJitBlock, n_ - start));
+    return columns;
+  }
+
+  dnnl::memory::desc weights_of(const Columns& columns) const {  // blocked: rows of the (N, K) weight, seen as (K, width)
+    return blocked_ ? dnnl::memory::desc({k_, columns.second}, dnnl_type(type_), {1, k_}) : weight_desc_;
+  }
+
+  dnnl::matmul::primitive_desc make_desc(int64_t m, const dnnl::memory::desc& weights, const Columns& columns) const {
     const auto dt = dnnl_type(type_);
     const dnnl::memory::desc src({m, k_}, dt, dnnl::memory::format_tag::ab);
-    const dnnl::memory::desc dst({m, n_}, dt, dnnl::memory::format_tag::ab);
+    const dnnl::memory::desc dst({m, columns.second}, dt, {n_, 1});  // its columns of the (m, N) output
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
 #if DNNL_VERSION_MAJOR >= 3
@@ -105,9 +140,13 @@ class Linear {
 #endif
   }
 
-  struct Prepared {
+  struct Block {
+    int64_t start;
     dnnl::matmul matmul;
-    dnnl::memory::desc scratchpad;
+    dnnl::memory::desc weights, dst, scratchpad;
+  };
+  struct Prepared {
+    std::vector<Block> blocks;  // one, or the column blocks of a wide weight on the JIT gemm
   };
 
   Prepared primitive(int64_t m) {  // handles (shared), so another thread's eviction can't free them under us
@@ -122,12 +161,18 @@ class Linear {
       order_.pop_back();
     }
     order_.push_front(m);
-    const auto desc = make_desc(m, weight_desc_);
-    return primitives_.emplace(m, std::make_pair(Prepared{dnnl::matmul(desc), desc.scratchpad_desc()}, order_.begin())).first->second.first;
+    Prepared prepared;
+    for (const auto& columns : blocks_of(m)) {
+      const auto weights = weights_of(columns);
+      const auto desc = make_desc(m, weights, columns);
+      prepared.blocks.push_back(Block{columns.first, dnnl::matmul(desc), weights, desc.dst_desc(), desc.scratchpad_desc()});
+    }
+    return primitives_.emplace(m, std::make_pair(std::move(prepared), order_.begin())).first->second.first;
   }
 
   at::ScalarType type_;
   int64_t n_ = 0, k_ = 0;
+  bool blocked_ = false;  // a wide weight on oneDNN's JIT gemm: column blocks of kJitBlock
   dnnl::memory::desc weight_desc_;
   dnnl::memory packed_;
   at::Tensor bias_;

@@ -1,9 +1,14 @@
 """oneDNN's matmul primitive as the engine's packed linear (kernels/onednn_linear.py): the same
 product as F.linear (fp32 within 1e-4, bf16 within bf16's rounding) at every row count, with
-a bias and leading dimensions, past its cache of 8 row counts, and from two threads at once
-on one weight (the app's sessions share the model)."""
+a bias and leading dimensions, past its cache of 8 row counts, from two threads at once on one
+weight (the app's sessions share the model), and on oneDNN's JIT gemm in column blocks (AVX2)."""
 
+import json
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -83,3 +88,32 @@ def test_wrong_inputs_raise_a_clear_error(onednn):
         linear(torch.randn(2, 4, dtype=torch.float64))
     with pytest.raises(RuntimeError, match="float32 or bfloat16 only"):
         onednn.Linear(torch.randn(8, 4, dtype=torch.float64))
+
+
+JIT_GEMM_CHECK = """
+import json, torch, torch.nn.functional as F
+from kernels.onednn_linear import onednn_status
+module = onednn_status()[0]
+generator = torch.Generator().manual_seed(3)
+weight, bias = torch.randn(1800, 40, generator=generator), torch.randn(1800, generator=generator)
+linear = module.Linear(weight, bias)
+errors = {}
+for rows in (1, 2, 33, 300, 2, 1):
+    x = torch.randn(rows, 40, generator=generator)
+    errors[rows] = (linear(x) - F.linear(x, weight, bias)).abs().max().item()
+print(json.dumps({"kernel": linear.implementation(64), "one_row": linear.implementation(1), "errors": errors}))
+"""
+
+
+def test_a_wide_weight_on_the_jit_gemm_runs_in_column_blocks(onednn):
+    """oneDNN capped at AVX2, where 2.6 has no brgemm: a weight wider than 1,024 runs in blocks of
+    768 columns (1,800: 768 + 768 + 264), one row whole, each the same product as F.linear."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "DNNL_MAX_CPU_ISA": "AVX2", "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-c", JIT_GEMM_CHECK], capture_output=True, text=True, cwd=root, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    if not result["one_row"].startswith("gemm"):
+        pytest.skip(f"oneDNN runs {result['one_row']} here under DNNL_MAX_CPU_ISA=AVX2, not its JIT gemm")
+    assert result["kernel"] == f"{result['one_row']}, in 3 blocks of 768 columns"
+    assert max(result["errors"].values()) < 1e-4, result

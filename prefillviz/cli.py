@@ -105,8 +105,10 @@ def _run_prompt(args: argparse.Namespace, capture_level: str = "none", profile_d
     from prefillviz.config import EngineConfig
     from prefillviz.engine.engine import LLMEngine
     from prefillviz.engine.request import SamplingParams
+    from prefillviz.engine.request_checks import check_prompt_text
     from prefillviz.models import load_model
 
+    check_prompt_text(args.prompt)  # at once, not after loading the model
     config = EngineConfig(
         block_size=args.block_size,
         token_budget=args.token_budget,

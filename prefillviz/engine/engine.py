@@ -25,7 +25,7 @@ from prefillviz.engine.block_pool import BlockPool
 from prefillviz.engine.kv_cache import PagedKVCache
 from prefillviz.engine.records import request_record, since
 from prefillviz.engine.request import Request, RequestStatus, SamplingParams
-from prefillviz.engine.request_checks import check_request
+from prefillviz.engine.request_checks import check_prompt_text, check_request
 from prefillviz.engine.runner import ModelRunner, RunnerOutput
 from prefillviz.engine.scheduler import Scheduler, SchedulerOutput
 from prefillviz.errors import OutOfMemory, RequestError, is_out_of_memory
@@ -95,8 +95,7 @@ class LLMEngine:
         params = sampling_params or SamplingParams()
         tokenize_start = time.perf_counter()
         if isinstance(prompt, str):
-            if not prompt.strip():
-                raise RequestError("The prompt is empty: type some text to run the model on.")
+            check_prompt_text(prompt)
             token_ids = list(self.tokenizer(prompt)["input_ids"])
         else:
             token_ids = [int(t) for t in prompt]

@@ -11,6 +11,15 @@ from prefillviz.engine.request import SamplingParams
 from prefillviz.errors import RequestError
 
 
+EMPTY_TEXT = "The prompt is empty: type some text to run the model on."
+
+
+def check_prompt_text(prompt: str) -> None:
+    """Raise ``RequestError`` for a text prompt of nothing but whitespace (before any model is loaded)."""
+    if not prompt.strip():
+        raise RequestError(EMPTY_TEXT)
+
+
 def check_request(
     request_id: str, token_ids: list[int], params: SamplingParams, config: EngineConfig, info: Any, num_blocks: int,
     known_request_ids: Container[str],

@@ -18,6 +18,7 @@ from typing import Any
 
 from prefillviz.analysis.flops import model_costs
 from prefillviz.analysis.roofline import RooflinePoint
+from prefillviz.engine.request_checks import check_prompt_text
 from prefillviz.errors import ConfigError, RequestError
 from prefillviz.experiments.kv_equality import EqualityCheck, compare_inspections
 from prefillviz.experiments.model_setup import device_and_dtype, model_tokenizer_and_id
@@ -164,8 +165,7 @@ def prompt_token_ids(tokenizer: Any, prompt: str | list[int], max_tokens: int | 
         RequestError: the prompt is empty, or text was given without a tokenizer.
     """
     if isinstance(prompt, str):
-        if not prompt.strip():
-            raise RequestError("The prompt is empty: type some text to run the model on.")
+        check_prompt_text(prompt)
         if tokenizer is None:
             raise RequestError("This model has no tokenizer: give the prompt as token ids.")
         token_ids = list(tokenizer(prompt)["input_ids"])

@@ -108,10 +108,11 @@ def test_bundled_greedy_generations_equal_hf_generate_and_generate_batch(bundled
     prompts = [bundled.tokenizer(text)["input_ids"] for text in BUNDLED_PROMPTS]
     ours = engine_greedy(bundled.model, prompts, 16, token_budget=32)  # chunked and batched together
     assert ours == [hf_greedy_generate(bundled.model, p, 16) for p in prompts]
-    from transformers import GenerationConfig
+    from transformers import ContinuousBatchingConfig, GenerationConfig
 
     config = GenerationConfig(max_new_tokens=16, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    outputs = bundled.model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+    cache = ContinuousBatchingConfig(num_blocks=16, max_batch_tokens=64)  # unsized, it sizes a cache from the free memory: ~20 s
+    outputs = bundled.model.generate_batch(inputs=prompts, generation_config=config, continuous_batching_config=cache, progress_bar=False)
     by_prompt = {tuple(output.prompt_ids): list(output.generated_tokens) for output in outputs.values()}
     assert ours == [by_prompt[tuple(p)][:16] for p in prompts]
 

@@ -1,4 +1,4 @@
-"""The command line a newcomer runs: real processes, the bundled model."""
+"""The command line a newcomer runs: real processes (an error case or two through ``main`` in this one), the bundled model."""
 
 import json
 import os
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from prefillviz.cli import main
 from prefillviz.engine.packed_weights import packing_status
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,14 +45,16 @@ def test_run_imports_nothing_it_does_not_need(bundled):
     assert imported and not imported & unneeded, sorted(imported & unneeded)
 
 
-def test_run_errors_are_one_line_for_people():
-    result = prefillviz("run", "--prompt", "  ", "--dtype", "float32")
+def test_run_errors_are_one_line_for_people(capsys):
+    result = prefillviz("run", "--prompt", "  ", "--dtype", "float32")  # a real process: its exit status and its last line
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == "error: The prompt is empty: type some text to run the model on."
-    result = prefillviz("run", "--prompt", "hi", "--token-budget", "0")
-    assert result.returncode == 2 and "token_budget must be a positive" in result.stderr
-    result = prefillviz("run", "--prompt", "hi", "--model", "/no/such/folder")
-    assert result.returncode == 2 and "error:" in result.stderr and "Traceback" not in result.stderr
+    # the rest through the same main() in this process (a process each costs ~5 s of imports)
+    assert main(["run", "--prompt", "hi", "--token-budget", "0"]) == 2
+    assert "token_budget must be a positive" in capsys.readouterr().err
+    assert main(["run", "--prompt", "hi", "--model", "/no/such/folder"]) == 2
+    stderr = capsys.readouterr().err
+    assert stderr.strip().splitlines()[-1].startswith("error: ") and "Traceback" not in stderr
 
 
 def test_trace_command_writes_a_trace_that_reloads(bundled, tmp_path):

@@ -41,6 +41,7 @@ SCROLL_TO_TOP = """element => {
     while (box && !(box.scrollHeight > box.clientHeight && getComputedStyle(box).overflowY !== "visible")) box = box.parentElement;
     if (box) box.scrollTop -= 90;
 }"""
+ALL_CHARTS_DRAWN = "() => [...document.querySelectorAll('.js-plotly-plot')].every(chart => chart.querySelector('.main-svg'))"
 CHROMIUM_FLAGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync",
@@ -54,6 +55,15 @@ def ttft_ms(page) -> float:
 
 def ttft_caption(page) -> str:
     return page.get_by_text("TTFT: median of").first.inner_text().strip()
+
+
+def settled(page) -> None:
+    """Wait until the page's script run has ended and every plotly chart on it has drawn."""
+    from playwright.sync_api import expect
+
+    expect(page.locator('[data-testid="stStatusWidgetRunningIcon"]')).to_have_count(0, timeout=60_000)
+    page.wait_for_function(ALL_CHARTS_DRAWN, timeout=30_000)
+    page.wait_for_timeout(300)
 
 
 def readme_shot(page, title: str) -> None:
@@ -105,7 +115,7 @@ def test_prefill_then_every_page_in_a_real_browser(app_url):
         for index, (link, title) in enumerate(PAGES[1:], start=2):
             page.locator('[data-testid="stSidebarNav"]').get_by_text(link, exact=True).click()
             expect(page.locator("h1").first).to_contain_text(title, timeout=60_000)
-            page.wait_for_timeout(1500)  # let charts restored from the session render
+            settled(page)  # charts restored from the session drawn
             assert not page.locator('[data-testid="stException"]').count(), f"{link} shows an exception"
             page.screenshot(path=str(SCREENSHOTS / f"{index}_{title.lower().replace(' ', '_')}.png"), full_page=True)
             readme_shot(page, title)

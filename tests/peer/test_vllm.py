@@ -25,8 +25,19 @@ pytestmark = pytest.mark.usefixtures("needs_vllm")
 
 
 @pytest.fixture(scope="module")
-def vllm(bundled, needs_vllm):
-    with VLLMWorker(bundled_model.bundled_cache_dir(), dtype="float32") as worker:
+def vllm(vllm_worker):
+    """The session's fp32 worker (the app's own: tests/peer/test_vllm_pages.py's pages run on it next)."""
+    assert vllm_worker.alive
+    return vllm_worker
+
+
+SMALL_CACHE_BLOCKS = 10  # vLLM's count, its null block included: 9 blocks of 32 tokens hold requests
+
+
+@pytest.fixture(scope="module")
+def small_cache_vllm(bundled, needs_vllm):
+    """A worker whose KV cache holds 9 blocks; the module's last test stalls it, and it is stopped."""
+    with VLLMWorker(bundled_model.bundled_cache_dir(), dtype="float32", num_blocks=SMALL_CACHE_BLOCKS) as worker:
         yield worker
 
 
@@ -125,18 +136,14 @@ def test_arrival_by_time_and_seeded_sampling(bundled, vllm):
     assert first == second and first != greedy  # vLLM's seeded sampler: repeatable, and not greedy
 
 
-SMALL_CACHE_BLOCKS = 10  # vLLM's count, its null block included: 9 blocks of 32 tokens hold requests
-
-
-def test_evictions_in_a_small_cache_leave_the_same_hits(bundled):
+def test_evictions_in_a_small_cache_leave_the_same_hits(bundled, small_cache_vllm):
     tokens = bench_token_ids(bundled.tokenizer, 800)
     a, c, d = tokens[:96], tokens[200:296], tokens[400:496]  # three 3-block prefixes; the cache holds 9 blocks
     requests = [
         PeerRequest("a1", a + [5], 2), PeerRequest("c", c + [5], 2, arrival_step=4), PeerRequest("d", d + [5], 2, arrival_step=8),
         PeerRequest("a2", a + [6], 2, arrival_step=12), PeerRequest("d2", d + [7], 2, arrival_step=16),
     ]
-    with VLLMWorker(bundled_model.bundled_cache_dir(), dtype="float32", num_blocks=SMALL_CACHE_BLOCKS) as small:
-        theirs = small.run(requests, 256)
+    theirs = small_cache_vllm.run(requests, 256)
     ours = side_by_side.run_ours(bundled.model, bundled.tokenizer, requests, 256, num_blocks=SMALL_CACHE_BLOCKS - 1)
     comparison = side_by_side.compare(ours, theirs)
     # a's last block was evicted to make room for d (a freed request's tail blocks go first, as in vLLM); d's three stayed
@@ -166,13 +173,13 @@ def test_the_bench_side_by_side_fills_its_keys(bundled, vllm):
     assert result["details"]["versions"]["vllm"] and vllm.alive  # a worker it was given is left running
 
 
-def test_a_worker_that_stalls_or_dies_is_reported_and_nothing_is_left_running(bundled, vllm):
-    """The last test of the module: it stalls the module's worker, which is then stopped."""
+def test_a_worker_that_stalls_or_dies_is_reported_and_nothing_is_left_running(bundled, small_cache_vllm):
+    """The last test of the module: it stalls the small-cache worker, which is then stopped."""
     from prefillviz.peers.vllm_client import VLLMUnavailable
 
-    worker = vllm
+    worker = small_cache_vllm
     with pytest.raises(VLLMUnavailable, match="no answer within"):  # a stall: the wait has a timeout
-        worker.run([PeerRequest("long", bench_token_ids(bundled.tokenizer, 2048), 8)], 2048, timeout_s=0.05)
+        worker.run([PeerRequest("long", bench_token_ids(bundled.tokenizer, 256), 8)], 256, timeout_s=0.05)  # ~0.5 s of work
     assert not worker.alive  # it was stopped, not left running
     with pytest.raises(VLLMUnavailable, match="not running"):  # a dead worker says so
         worker.run([PeerRequest("a", [1, 2, 3], 1)], 64)

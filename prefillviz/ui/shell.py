@@ -102,7 +102,7 @@ def current_model() -> LoadedModel | None:
     model_id, device, dtype = model_choice()
     with st.sidebar:
         try:
-            with st.spinner(f"Loading {model_id} and warming it up (the bundled model's very first load dequantizes its GGUF: ~20 s)…"):
+            with st.spinner(f"Loading {model_id} and warming it up (the bundled model's very first load dequantizes its GGUF: ~10 s)…"):
                 loaded = _cached_model(model_id, device, dtype)
         except PrefillVizError as error:
             st.error(str(error))

@@ -83,6 +83,9 @@ def test_bundled_model_loads_offline_from_the_gguf(bundled_loads):
     assert info.max_context == 8192
     assert info.num_parameters == 134_515_008  # the tied lm_head is counted once
     assert info.kv_bytes_per_token == 46080
+    import gguf  # the load parsed the GGUF once (bundled._gguf_parsed_once) and put gguf's own names back
+
+    assert gguf.GGUFReader is gguf.gguf_reader.GGUFReader and gguf.get_tensor_name_map is gguf.tensor_mapping.get_tensor_name_map
 
 
 def test_bundled_model_knows_the_capital_of_france(bundled_loads):

@@ -1,11 +1,13 @@
-"""Command line: ``python -m prefillviz run|trace|bench|kernels|probe-server``.
+"""Command line: ``python -m prefillviz run|trace|bench|kernels|tune|probe-server``.
 
 ``run`` prefills one prompt on the engine and prints what came out (``--json`` for one JSON
 object). ``trace`` runs it at a capture level and writes the trace (JSON + NPZ) to a folder.
 ``bench`` prints the benchmark figures as one JSON object (see ``bench.py``). ``kernels``
 prints the attention-kernel benchmark, time and peak memory vs N for every kernel in
 ``kernels/`` (see ``experiments/kernel_bench.py``). ``probe-server`` measures an
-OpenAI-compatible server from outside (see ``probe/``).
+OpenAI-compatible server from outside (see ``probe/``). ``tune`` times the engine's
+candidate implementations on this machine and prints the measured dispatch
+(``engine/dispatch.py``); ``--again`` measures even when a fresh table is cached.
 """
 
 from __future__ import annotations
@@ -70,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     kernels.add_argument("--runs", type=int, default=3, help="timed runs per kernel and N, after warm-up")
     kernels.add_argument("--no-flex", action="store_true", help="leave out FlexAttention (it compiles per shape)")
     kernels.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
+
+    tune = commands.add_parser("tune", help="time the engine's attention and linears candidates here and print the measured choice")
+    _add_model_arguments(tune)
+    tune.add_argument("--again", action="store_true", help="measure again even when a fresh table is cached")
+    tune.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
 
     from prefillviz.probe.command import add_parser as add_probe_parser
 
@@ -150,11 +157,41 @@ def run_command(args: argparse.Namespace) -> dict:
         "num_steps": trace.num_steps,
         "linear_layers": linear_weights_label(loaded.model, with_reason=True) if packs_weights(args) else "stock linear layers (--pack-weights off, or auto with one forward)",
         "forward": forward_label(loaded.model, "none", with_reason=True),
+        "dispatch": dispatch_summary(loaded.model, trace),
         "dtype_note": "",
     }
     if args.dtype not in ("auto", "float32") and loaded.device.type == "cpu":  # asked for a 16-bit dtype: is it slow here?
         result["dtype_note"] = dtype_speed(loaded.device, loaded.dtype).note()  # measured after the first token, not in its time
     return result
+
+
+def dispatch_summary(model, trace=None) -> dict:
+    """The measured dispatch as ``run``/``bench`` report it: each step's choice, the table's, and its timings in ms."""
+    from prefillviz.engine.dispatch import ATTENTION, LINEARS
+    from prefillviz.engine.dispatch_tuning import table_for
+
+    table = table_for(model)
+    summary = {
+        "attention": table.sentence(ATTENTION),
+        "linears": table.sentence(LINEARS),
+        "provenance": table.provenance(),
+        "choices": table.choices(),
+        "timings_ms": {b: {f: {c: round(s * 1e3, 4) for c, s in t.items()} for f, t in fams.items()} for b, fams in table.timings.items()},
+        "excluded": table.excluded,
+    }
+    if trace is not None:
+        summary["steps"] = [step.dispatch for step in trace.steps if getattr(step, "dispatch", None)]
+    return summary
+
+
+def tune_command(args: argparse.Namespace) -> dict:
+    from prefillviz.engine.dispatch_tuning import table_for
+    from prefillviz.models import load_model
+
+    loaded = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
+    table = table_for(loaded.model, refresh=args.again, progress=lambda done, what: print(f"{done:4.0%} {what}", file=sys.stderr))
+    return {"model": loaded.model_id, "device": str(loaded.device), "dtype": table.dtype, "source": table.source,
+            "measure_s": table.measure_s, **dispatch_summary(loaded.model)}
 
 
 def trace_command(args: argparse.Namespace) -> dict:
@@ -205,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(disagg_command(args), indent=2), flush=True)
         elif args.command == "kernels":
             print(json.dumps(kernels_command(args), indent=2))
+        elif args.command == "tune":
+            print(json.dumps(tune_command(args), indent=2))
         elif args.command == "probe-server":
             from prefillviz.probe.command import print_summary, probe_command
 

@@ -9,10 +9,9 @@ batch, which is wrong for chunked prefill.
 For each layer it:
 1. writes the step's new K/V into the paged cache through the slot mapping (the KV writes);
 2. for each request packed in the batch, attends its queries over the request's cached +
-   new keys (gathered through its block table), causally, offset by what was cached
-   (``kernels/paged_attention.py``: ``ENGINE_KERNEL``, one SDPA call per request, which beat
-   one packed call with a block-diagonal mask on the engine's step shapes; on a CPU a 16-bit
-   decode is two fp32 matmuls instead, which beat torch's bf16 SDPA for one query row):
+   new keys (gathered through its block table), causally, offset by what was cached, with
+   the kernel the measured dispatch chose for this step (``dispatch.py``; the runner puts the
+   step's ``choice`` in the metadata):
 
        keys  ->  0 .......... context_len
        query i (position num_computed + i) sees keys 0 .. num_computed + i
@@ -32,12 +31,12 @@ import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from kernels.paged_attention import LOOP_FP32_DECODES, PagedStep
+from kernels.paged_attention import PagedStep
+from prefillviz.engine.dispatch import StepChoice, attend
 from prefillviz.engine.kv_cache import PagedKVCache
 from prefillviz.engine.shared_settings import shared_setting
 
 ATTENTION_NAME = "prefillviz_paged"
-ENGINE_KERNEL = LOOP_FP32_DECODES  # v6: `python -m prefillviz kernels` measures it against v2 loop and v3 packed
 
 
 @dataclass
@@ -54,6 +53,7 @@ class AttentionMetadata:
     # observers see (layer_idx, module, query, key, value, metadata) after the write; the
     # instruments (timers, KV write log, query capture) attach here
     observers: list[Callable] = field(default_factory=list)
+    choice: StepChoice | None = None  # the step's measured dispatch (set by the runner before the forward)
 
     @cached_property
     def paged_step(self) -> PagedStep:
@@ -84,8 +84,9 @@ def paged_attention_forward(
 
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     cache = meta.kv_cache
-    out = ENGINE_KERNEL(query[0], key[0], value[0], cache.key_cache[layer_idx], cache.value_cache[layer_idx], meta.paged_step, scale)
-    return out.transpose(0, 1).unsqueeze(0).contiguous(), None  # (1, T, H, D)
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, heads, D)
+    out = attend(meta.choice.attention, q, k, v, cache.key_cache[layer_idx], cache.value_cache[layer_idx], meta.paged_step, scale)
+    return out.view(1, q.shape[0], q.shape[1], q.shape[2]), None  # (1, T, H, D)
 
 
 def no_mask(*args, **kwargs) -> None:

@@ -15,6 +15,7 @@ finished records instead of rebuilding every request it ever served.
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from typing import Callable
 
 import torch
@@ -232,6 +233,7 @@ class LLMEngine:
             forward_time_s=clock["forward"] - clock["prepare"],
             sample_time_s=clock["sample"] - clock["forward"],
             update_time_s=clock["update"] - clock["sample"],
+            dispatch=asdict(self.runner.last_choice) if self.runner.last_choice is not None else None,
         )
 
     def _abort(self, requests: list[Request]) -> None:

@@ -17,7 +17,10 @@ own model code instead; this is ours, for the engine's steps only:
   so no weight is copied.
 - **RoPE once over q and k together**, with the cos/sin of the step's positions computed once per
   step by the model's own rotary module (so every RoPE variant it knows applies as it is).
-- **The same attention** as the stock path: the K/V writes and ``attention.ENGINE_KERNEL``.
+- **Measured dispatch** (``dispatch.py``): each step's bucket (decode, mixed, a prefill's size)
+  names the attention and the linears this machine ran fastest there, among those that passed
+  their oracle here: the engine's C++ kernel (v7) or torch's SDPA for attention, oneDNN's matmul,
+  torch's packed linear or the stock ``F.linear`` for the linears.
 
 The arithmetic of each op is the stock model's (RMSNorm in fp32 then cast, RoPE in the model's
 dtype, SiLU): ``tests/model/test_llama_forward.py`` checks the logits against the plain HF
@@ -36,10 +39,9 @@ import os
 import torch
 import torch.nn.functional as F
 
-from kernels.engine_ops import engine_ops, engine_ops_status, rms_norm_reference, rope_reference, silu_mul_reference, step_meta
-from prefillviz.engine import attention as engine_attention
+from kernels.engine_ops import engine_ops_status, rms_norm_reference, rope_reference, silu_mul_reference, step_meta
+from prefillviz.engine.dispatch import V7, StepChoice, attend, compiled_attention_status
 from prefillviz.engine.llama_weights import LlamaWeights, llama_weights
-from prefillviz.engine.packed_weights import packing_status
 
 STOCK_FORWARD_ENV = "PREFILLVIZ_STOCK_FORWARD"
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -81,12 +83,7 @@ def _hooked(modules: list[torch.nn.Module]) -> bool:
 
 def compiled_ops_for(weights: LlamaWeights, device: torch.device, dtype: torch.dtype):
     """The engine's C++ ops when they run this model here (a CPU, fp32 or bf16, a head size they take), else None."""
-    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
-        return None
-    ops = engine_ops()
-    if ops is None or weights.head_dim % ops.vector_width() or weights.head_dim // ops.vector_width() not in (1, 2, 4, 8, 16):
-        return None
-    return ops
+    return compiled_attention_status(device, dtype, weights.head_dim)[0]
 
 
 def _observe(meta, index: int, module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -139,21 +136,20 @@ class LlamaForward:
         """Whether this step can run here: a known model, and no instrument hooked onto its modules."""
         return self.available and not _hooked(self._modules)
 
-    def __call__(self, inputs: dict, pack: bool, clock=None, hidden=None) -> torch.Tensor:
+    def __call__(self, inputs: dict, choice: StepChoice, clock=None, hidden=None) -> torch.Tensor:
         """Logits (num_kept, V) at the rows ``inputs['logits_to_keep']`` names.
 
         Args:
             inputs: ``ModelRunner.prepare``'s; its metadata's ``observers`` see each layer's
                 (layer index, attention module, q (1, H, T, D), k, v (1, KVH, T, D), metadata)
                 after the K/V writes, as the stock forward's attention function shows them.
-            pack: run the linears packed where the CPU can.
+            choice: the step's attention and linears (``dispatch_tuning.choose``).
             clock: a ``SpanClock`` to time the spans on (a timing or inspection pass).
             hidden: called with (i, h) for the residual stream h (T, hidden) after the
                 embedding (i = 0) and after each layer (i = layer + 1).
         """
         span = _Spans(clock) if clock is not None else _NoSpans()
-        pack = pack and packing_status(self.model)[0]
-        weights = llama_weights(self.model, pack)
+        weights = llama_weights(self.model, choice.linears)
         with span("embedding"):
             h = F.embedding(inputs["input_ids"][0], weights.embedding)  # (T, hidden)
         if hidden is not None:
@@ -161,19 +157,18 @@ class LlamaForward:
         cos, sin = weights.rotary(h[None], inputs["position_ids"])  # (1, T, D) in the model's dtype
         ops = compiled_ops_for(weights, h.device, h.dtype)
         if ops is not None:
-            h = self._compiled(ops, weights, h, cos[0].contiguous(), sin[0].contiguous(), inputs, span, hidden)
+            h = self._compiled(ops, weights, h, cos[0].contiguous(), sin[0].contiguous(), inputs, choice.attention, span, hidden)
         else:
-            h = self._torch(weights, h, cos[0, :, None], sin[0, :, None], inputs, span, hidden)
+            h = self._torch(weights, h, cos[0, :, None], sin[0, :, None], inputs, choice.attention, span, hidden)
         with span("lm_head"):
             return weights.lm_head(h)
 
-    def _torch(self, weights: LlamaWeights, h, cos, sin, inputs: dict, span, hidden) -> torch.Tensor:
+    def _torch(self, weights: LlamaWeights, h, cos, sin, inputs: dict, attention: str, span, hidden) -> torch.Tensor:
         """Plain torch ops, on any device and dtype; cos and sin (T, 1, D) broadcast over heads."""
         meta = inputs["prefillviz_metadata"]
         num_tokens = h.shape[0]
         H, KVH, D = weights.num_heads, weights.num_kv_heads, weights.head_dim
         cache, step = meta.kv_cache, meta.paged_step
-        kernel = engine_attention.ENGINE_KERNEL
         for index, (norm_in, qkv_proj, o_proj, norm_post, gate_up_proj, down_proj, scale) in enumerate(weights.layers):
             with span(f"layers.{index}"):
                 with span(f"layers.{index}.input_layernorm"):
@@ -185,11 +180,8 @@ class LlamaForward:
                     v = qkv[:, (H + KVH) * D :].view(num_tokens, KVH, D)
                     cache.write(index, meta.slot_mapping, k, v)
                     _observe(meta, index, weights.attention_modules[index], q, k, v)
-                    out = kernel(
-                        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), cache.key_cache[index], cache.value_cache[index], step,
-                        scale,
-                    )  # (H, T, D)
-                    attended = o_proj(out.transpose(0, 1).reshape(num_tokens, H * D))
+                    out = attend(attention, q, k, v, cache.key_cache[index], cache.value_cache[index], step, scale)  # (T, H D)
+                    attended = o_proj(out)
                 with span(f"layers.{index}.post_attention_layernorm"):
                     h = h + attended
                     x = rms_norm_reference(h, *norm_post)
@@ -200,7 +192,7 @@ class LlamaForward:
         with span("final_norm"):
             return rms_norm_reference(h.index_select(0, inputs["logits_to_keep"]), *weights.final_norm)
 
-    def _compiled(self, ops, weights: LlamaWeights, h, cos, sin, inputs: dict, span, hidden) -> torch.Tensor:
+    def _compiled(self, ops, weights: LlamaWeights, h, cos, sin, inputs: dict, attention: str, span, hidden) -> torch.Tensor:
         """The engine's C++ ops (``kernels/engine_ops.py``): about ten calls a layer; cos and sin (T, D).
 
         Each residual add is fused with the norm after it: the MLP's into the next layer's input
@@ -221,10 +213,14 @@ class LlamaForward:
                 with span(f"layers.{index}.attention"):
                     qkv = qkv_proj(x)  # (T, (H + 2 KVH) D): q and k rotated in place, k and v into the cache
                     ops.rope_write_kv(qkv, cos, sin, meta.slot_mapping, cache.key_cache[index], cache.value_cache[index], H)
+                    heads = qkv.view(num_tokens, H + 2 * KVH, D)
                     if meta.observers:
-                        heads = qkv.view(num_tokens, H + 2 * KVH, D)
                         _observe(meta, index, weights.attention_modules[index], heads[:, :H], heads[:, H : H + KVH], heads[:, H + KVH :])
-                    out = ops.paged_attention(qkv, cache.key_cache[index], cache.value_cache[index], slots, step_rows, H, scale)
+                    if attention == V7:  # straight on the q|k|v rows
+                        out = ops.paged_attention(qkv, cache.key_cache[index], cache.value_cache[index], slots, step_rows, H, scale)
+                    else:
+                        out = attend(attention, heads[:, :H], heads[:, H : H + KVH], heads[:, H + KVH :], cache.key_cache[index],
+                                     cache.value_cache[index], meta.paged_step, scale)
                     attended = o_proj(out)
                 with span(f"layers.{index}.post_attention_layernorm"):
                     x = ops.add_rms_norm(attended, h, *norm_post)  # h += attention; x = norm(h)

@@ -1,8 +1,9 @@
 """The weights of a Llama-shaped model as the engine's own forward reads them (``llama_forward.py``).
 
-Made once per model and packing choice, remade when any weight changes (a new dtype or device,
-or an in-place write): q|k|v and gate|up stacked and packed for oneDNN where the CPU packs,
-the modules' own weights (no copy) elsewhere.
+Made once per model and linear implementation (the measured dispatch's choice, ``dispatch.py``),
+remade when any weight changes (a new dtype or device, or an in-place write): q|k|v and gate|up
+stacked and packed once for oneDNN's matmul or torch's packed linear, or the modules' own
+weights (no copy) for the stock ``F.linear``. A model whose buckets chose two packs holds both.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import torch.nn.functional as F
 
 from prefillviz.engine.packed_weights import pack_weight, packed_linear
 
-_models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {pack: LlamaWeights}
+_models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {linear implementation: LlamaWeights}
+STOCK = "stock"  # dispatch.STOCK: the modules' own weights, F.linear
 _lock = threading.Lock()
 
 
@@ -39,30 +41,30 @@ class _Linear:
         return torch.cat([F.linear(x, w, b) for w, b in zip(self.weights, self.biases)], dim=-1)
 
 
-def _linear(linears: list[torch.nn.Linear], pack: bool) -> _Linear:
+def _linear(linears: list[torch.nn.Linear], implementation: str) -> _Linear:
     weights = [linear.weight.detach() for linear in linears]
     biases = [None if linear.bias is None else linear.bias.detach() for linear in linears]
-    if not pack:
+    if implementation == STOCK:
         return _Linear(weights, biases)
     bias = None
     if any(b is not None for b in biases):
         bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
     stacked = torch.cat(weights) if len(weights) > 1 else weights[0]
-    return _Linear([], [], pack_weight(stacked), bias)  # the stacked copy is dropped: only its pack is kept
+    return _Linear([], [], pack_weight(stacked, implementation), bias)  # the stacked copy is dropped: only its pack is kept
 
 
 class LlamaWeights:
     """The model's weights as the engine's forward reads them (stacked, packed where the CPU can)."""
 
-    def __init__(self, model: torch.nn.Module, pack: bool) -> None:
+    def __init__(self, model: torch.nn.Module, implementation: str) -> None:
         decoder = model.model
-        self.pack = pack
+        self.implementation = implementation
         self.key = _weights_key(model)
         self.embedding = decoder.embed_tokens.weight
         self.rotary = decoder.rotary_emb
         self.final_norm = (decoder.norm.weight, _eps(decoder.norm))
         head = model.lm_head
-        self.lm_head = _linear([head], pack)
+        self.lm_head = _linear([head], implementation)
         config = model.config
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -73,11 +75,11 @@ class LlamaWeights:
             attn, mlp = layer.self_attn, layer.mlp
             self.layers.append((
                 (layer.input_layernorm.weight, _eps(layer.input_layernorm)),
-                _linear([attn.q_proj, attn.k_proj, attn.v_proj], pack),
-                _linear([attn.o_proj], pack),
+                _linear([attn.q_proj, attn.k_proj, attn.v_proj], implementation),
+                _linear([attn.o_proj], implementation),
                 (layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm)),
-                _linear([mlp.gate_proj, mlp.up_proj], pack),
-                _linear([mlp.down_proj], pack),
+                _linear([mlp.gate_proj, mlp.up_proj], implementation),
+                _linear([mlp.down_proj], implementation),
                 getattr(attn, "scaling", self.head_dim**-0.5),
             ))
 
@@ -91,11 +93,11 @@ def _weights_key(model: torch.nn.Module) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
-def llama_weights(model: torch.nn.Module, pack: bool) -> LlamaWeights:
-    """The model's stacked weights, made on first use and remade when a weight changed."""
+def llama_weights(model: torch.nn.Module, implementation: str) -> LlamaWeights:
+    """The model's stacked weights for a linear implementation, made on first use and remade when a weight changed."""
     with _lock:
-        by_pack = _models.setdefault(model, {})
-        weights = by_pack.get(pack)
+        by_implementation = _models.setdefault(model, {})
+        weights = by_implementation.get(implementation)
         if weights is None or weights.key != _weights_key(model):
-            weights = by_pack[pack] = LlamaWeights(model, pack)
+            weights = by_implementation[implementation] = LlamaWeights(model, implementation)
         return weights

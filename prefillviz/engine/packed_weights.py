@@ -48,7 +48,7 @@ FORCE_STOCK_ENV = "PREFILLVIZ_STOCK_LINEARS"
 ONEDNN_SCOPE = "onednn::matmul"  # the profiler's name for a call of kernels/onednn_linear.py's Linear
 
 _active = threading.local()  # .packs: {Linear: packed weight} while packed_linears runs in this thread
-# model -> ({Linear: (weight key, the storage it was packed from, packed weight)}, {Linear: packed weight})
+# model -> {implementation: ({Linear: (weight key, the storage it was packed from, packed weight)}, {Linear: packed weight})}
 _models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
@@ -59,6 +59,10 @@ def packing_available(device: torch.device | str, dtype: torch.dtype) -> tuple[b
         return False, "pre-packed weights are a CPU path (oneDNN); on a GPU the matmuls run as they are"
     if dtype not in PACKABLE_DTYPES:
         return False, f"no pre-packed matmul for {dtype_name(dtype)} here"
+    if os.environ.get(FORCE_STOCK_ENV, "").strip() not in ("", "0"):
+        return False, f"{FORCE_STOCK_ENV} is set: stock linear layers run, as on a CPU that can't pack"
+    if onednn_linear(dtype) is not None:
+        return True, ""
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return False, "this torch build has no oneDNN packed linear"
     return cpu_runs_packed_linear(dtype)
@@ -82,7 +86,7 @@ def cpu_runs_packed_linear(dtype: torch.dtype) -> tuple[bool, str]:
     x = torch.randn(3, 32, generator=generator).to(dtype)
     try:
         with torch.inference_mode():
-            packed = packed_linear(x, pack_weight(weight))
+            packed = packed_linear(x, pack_weight(weight, "torch packed"))
             expected = F.linear(x, weight)
     except RuntimeError as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -118,14 +122,19 @@ def linear_weights_label(model: torch.nn.Module, with_reason: bool = False) -> s
     return f"stock linear layers ({why})" if with_reason and why else "stock linear layers"
 
 
-def pack_weight(weight: torch.Tensor):
+def pack_weight(weight: torch.Tensor, implementation: str | None = None):
     """A (out, in) weight reordered once into oneDNN's blocked layout.
 
-    Where ``kernels/onednn_linear.py`` runs this dtype here, its ``Linear`` (oneDNN's matmul
-    primitive, kept per row count, as vLLM's CPU backend runs it); else torch's packed weight
-    (an opaque tensor for ``torch.ops.mkldnn._linear_pointwise``).
+    Args:
+        implementation: ``"oneDNN matmul"`` (``kernels/onednn_linear.py``'s ``Linear``: oneDNN's
+            matmul primitive, kept per row count, as vLLM's CPU backend runs it) or
+            ``"torch packed"`` (an opaque tensor for ``torch.ops.mkldnn._linear_pointwise``);
+            None: the first of them that runs here (what the peaks and the dtype speed time).
+            The engine runs whichever the measured dispatch chose (``dispatch.py``).
     """
-    onednn = onednn_linear(weight.dtype)
+    onednn = onednn_linear(weight.dtype) if implementation in (None, "oneDNN matmul") else None
+    if implementation == "oneDNN matmul" and onednn is None:
+        raise RuntimeError(f"oneDNN's matmul does not run {dtype_name(weight.dtype)} here: {onednn_runs(weight.dtype)[1]}")
     with torch.no_grad():
         if onednn is not None:
             return onednn.Linear(weight.detach())
@@ -153,21 +162,22 @@ def _weight_key(weight: torch.Tensor) -> tuple[int, int]:
     return weight.data_ptr(), weight._version
 
 
-def _model_packs(model: torch.nn.Module) -> dict:
+def _model_packs(model: torch.nn.Module, implementation: str | None) -> dict:
     """{Linear: packed weight} for the model, (re)packing the weights that changed (~0.2 ms when none did)."""
     with _lock:  # sessions share the model: pack once
-        entries, packs = _models.get(model, (None, None))
+        by_implementation = _models.setdefault(model, {})
+        entries, packs = by_implementation.get(implementation, (None, None))
         if entries is None:
             entries = dict.fromkeys(m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype in PACKABLE_DTYPES)
         changed = packs is None
         for module, entry in entries.items():
             key = _weight_key(module.weight)
             if entry is None or entry[0] != key:
-                entries[module] = (key, module.weight.untyped_storage(), pack_weight(module.weight))
+                entries[module] = (key, module.weight.untyped_storage(), pack_weight(module.weight, implementation))
                 changed = True
         if changed:
             packs = {module: entry[2] for module, entry in entries.items()}
-            _models[model] = (entries, packs)
+            by_implementation[implementation] = (entries, packs)
         return packs
 
 
@@ -202,21 +212,22 @@ def _route(linears: list[torch.nn.Linear]) -> Callable[[], None]:
 
 
 @contextmanager
-def packed_linears(model: torch.nn.Module, enabled: bool = True) -> Iterator[bool]:
+def packed_linears(model: torch.nn.Module, enabled: bool = True, implementation: str | None = None) -> Iterator[bool]:
     """Run the model's ``nn.Linear`` layers with packed weights in this thread, inside the block.
 
     Args:
         model: the loaded model (its linears are packed on first use and kept for later calls).
         enabled: False makes this a no-op (the engine's ``pack_linear_weights`` setting).
+        implementation: which pack (``pack_weight``); ``"stock"`` is a no-op too.
 
     Yields:
         Whether the linears are packed in this block (False off a CPU, for other dtypes, or
         when disabled).
     """
-    if not enabled or not packing_status(model)[0]:
+    if not enabled or implementation == "stock" or not packing_status(model)[0]:
         yield False
         return
-    packs = _model_packs(model)
+    packs = _model_packs(model, implementation)
     with shared_setting(model, "linears", lambda: _route(list(packs))):
         previous = getattr(_active, "packs", None)
         _active.packs = packs

@@ -7,7 +7,9 @@ Every scheduled token of every request goes into one (1, T) batch:
     position:     32   33   34   35|  17|  9       (each request's own positions)
     slot:         block_table[p // block_size] * block_size + p % block_size
 
-On a CPU the linear layers run with weights packed once (``packed_weights.py``).
+Which attention and linears a step runs is the measured dispatch's choice for the step's
+bucket (``dispatch.py``); on a CPU the linears it picks may run with weights packed once
+(``packed_weights.py``).
 Logits are computed only at the last row of each request that samples (``logits_to_keep``
 as an index tensor), so a prefill never pays for the lm_head over the whole prompt.
 """
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from prefillviz.engine import dispatch_tuning
 from prefillviz.engine.attention import AttentionMetadata, engine_attention
 from prefillviz.engine.kv_cache import PagedKVCache
 from prefillviz.engine.llama_forward import LlamaForward
@@ -44,6 +47,8 @@ class ModelRunner:
         self.own_forward = LlamaForward(model)  # the engine's forward; the stock one under instruments' hooks
         self.span_clock = None  # a timing or inspection pass's SpanClock, while instrument.capture runs one on the engine's forward
         self.hidden_observer = None  # an inspection pass's (i, hidden (T, hidden)) callback, likewise
+        self.last_choice: dispatch_tuning.StepChoice | None = None  # what the last step ran (the step record keeps it)
+        dispatch_tuning.table_for(model)  # measured now (once per machine, model shape and dtype), not inside a timed step
 
     def _slots(self, request: Request, start: int, end: int) -> torch.Tensor:
         positions = torch.arange(start, end)
@@ -93,9 +98,11 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inputs: dict) -> torch.Tensor:
         """One model call over the packed batch; returns logits (num_kept, V) in fp32 on CPU."""
+        meta = inputs["prefillviz_metadata"]
+        choice = meta.choice = self.last_choice = dispatch_tuning.choose(self.model, meta.paged_step, self.pack_linear_weights)
         if self.own_forward.usable():
-            return self.own_forward(inputs, self.pack_linear_weights, self.span_clock, self.hidden_observer).float().cpu()
-        with engine_attention(self.model), packed_linears(self.model, self.pack_linear_weights):
+            return self.own_forward(inputs, choice, self.span_clock, self.hidden_observer).float().cpu()
+        with engine_attention(self.model), packed_linears(self.model, choice.linears != "stock", choice.linears):
             logits = self.model(**inputs).logits[0]
         return logits.float().cpu()
 

@@ -107,6 +107,7 @@ class StepRecord:
     layer_times: LayerTimes | None = None  # timing, inspect, profile
     kv_writes: KVWriteRecord | None = None  # inspect
     hidden_norms: np.ndarray | None = None  # inspect: (L + 1, T) norm after embedding and each layer
+    dispatch: dict | None = None  # the measured dispatch's choice: {"bucket", "attention", "linears"}
 
     @property
     def num_scheduled_tokens(self) -> int:

@@ -23,6 +23,7 @@ from streamlit.errors import StreamlitAPIException
 
 from prefillviz.devices import dtype_name
 from prefillviz.dtype_speed import dtype_speed
+from prefillviz.engine.dispatch_tuning import choice_label
 from prefillviz.engine.llama_forward import forward_label
 from prefillviz.engine.packed_weights import linear_weights_label
 from prefillviz.errors import OutOfMemory, PrefillVizError, is_out_of_memory
@@ -126,7 +127,8 @@ def model_card(loaded: LoadedModel) -> None:
         f"KV cache: **{info.kv_bytes_per_token:,} B per token**  \n"
         f"{loaded.device} · {dtype_name(loaded.dtype)} · from {loaded.source} in {loaded.load_time_s:.1f} s{warm}  \n"
         f"engine: {linear_weights_label(loaded.model, with_reason=True)}  \n"
-        f"forward: {forward_label(loaded.model, 'none', with_reason=True)}; profiler passes hook the stock one"
+        f"forward: {forward_label(loaded.model, 'none', with_reason=True)}; profiler passes hook the stock one  \n"
+        f"dispatch: {choice_label(loaded.model, with_reason=True)}"
     )
 
 
@@ -135,6 +137,7 @@ def run_label(loaded: LoadedModel, capture: str) -> str:
     where = f"{loaded.model_id} on {loaded.device}, {dtype_name(loaded.dtype)}"
     return (
         f"{pass_label(capture)} · {where} · {forward_label(loaded.model, capture)} · {linear_weights_label(loaded.model)} · "
+        f"{choice_label(loaded.model)} · "
         f"{torch.get_num_threads()} torch threads"
     )
 

@@ -14,7 +14,7 @@ from prefillviz.engine.packed_weights import packing_status
 ROOT = Path(__file__).resolve().parents[2]
 RUN_KEYS = [
     "model", "device", "dtype", "num_prompt_tokens", "prompt_token_ids",
-    "first_token", "first_token_id", "time_to_first_token_s", "num_steps", "linear_layers", "forward", "dtype_note",
+    "first_token", "first_token_id", "time_to_first_token_s", "num_steps", "linear_layers", "forward", "dispatch", "dtype_note",
 ]
 
 
@@ -33,6 +33,11 @@ def test_run_json_prints_exactly_the_documented_keys(bundled):
     assert data["num_prompt_tokens"] == 5 and data["num_steps"] == 3  # chunks of 2
     assert data["dtype"] == "float32" and data["device"] == "cpu"
     assert data["time_to_first_token_s"] > 0
+    dispatch = data["dispatch"]  # the measured choice: each of the 3 steps names what it ran, from the table's candidates
+    assert [step["bucket"] for step in dispatch["steps"]] == ["prefill_128", "mixed", "decode"]  # 2 fresh tokens, 2 after cached ones, the last one alone
+    for step in dispatch["steps"]:
+        assert step["attention"] == dispatch["choices"][step["bucket"]]["attention"]
+        assert step["attention"] in dispatch["timings_ms"][step["bucket"]]["attention"]
 
 
 def test_run_imports_nothing_it_does_not_need(bundled):

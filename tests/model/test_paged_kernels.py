@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from kernels.attention import KernelCheckError
+from prefillviz.engine.dispatch import ATTENTION_CANDIDATES
 from kernels.paged_attention import (
     COMPILED,
-    ENGINE_KERNELS,
     FLEX,
     LOOP,
     LOOP_FP32_DECODES,
@@ -28,7 +28,6 @@ from kernels.paged_attention import (
     paged_naive,
     random_step,
 )
-from prefillviz.engine import attention as engine_attention
 
 TOLERANCE = 1e-5  # fp32
 STEPS = [  # [(cached, new), ...] per request
@@ -194,7 +193,7 @@ def test_registry_and_the_engines_kernel():
     assert get_paged_kernel("v3 packed") is PACKED
     with pytest.raises(KeyError, match="v1 naive"):
         get_paged_kernel("v9")
-    assert engine_attention.ENGINE_KERNEL in ENGINE_KERNELS.values()
+    assert all(get_paged_kernel(name) for name in ATTENTION_CANDIDATES)  # every candidate the dispatch times is a checked version
     assert NAIVE.status("cpu")[0] and LOOP.status("cpu")[0]
 
 

@@ -1,0 +1,312 @@
+"""Measured dispatch: which implementation of each op family an engine step runs, chosen by timing.
+
+The engine has several correct implementations of two op families:
+
+    attention   v7 compiled (the engine's C++ kernel), v6 loop with fp32 decodes, v2 loop and
+                v3 packed (torch's SDPA inside; on a CPU its flash attention runs oneDNN's brgemm
+                micro-kernels, which use AMX tiles where the CPU has them)
+    linears     oneDNN's matmul primitive (``kernels/onednn_linear.py``), torch's packed linear
+                (``torch.ops.mkldnn``), and the stock ``F.linear``
+
+Which is fastest depends on the machine: on a Zen 4 with AVX512-BF16, v7 beat SDPA; on a Xeon
+with AMX, SDPA beat v7 by 4x at 2,048 tokens. So no CPU flag and no preference written here
+picks one. ``dispatch_tuning.measure`` first checks every candidate against its oracle on
+this machine (a failure, or one that can't run here, is out, with the reason), then times the
+rest on the model's own shapes for a few step shapes (``BUCKETS``), and the fastest of each
+family in each bucket is what the engine runs:
+
+    step  ->  bucket_of(step)  ->  table.choice(bucket, family)  ->  the implementation
+
+A ``DispatchTable`` is kept per machine, device, dtype, thread count and model shape, on disk
+(``dispatch_tuning``) as the machine peaks are; ``dispatch_tuning.table_for`` finds it,
+measuring once when there is none. This module only reads a table: it never times anything. ``PREFILLVIZ_ATTENTION`` / ``PREFILLVIZ_LINEARS`` name a candidate to force (the
+ISA-cap runs and the tests use them); a forced candidate that can't run here is refused with its
+reason. Tests inject timings with ``injected_table``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import weakref
+from dataclasses import asdict, dataclass, field
+from typing import Iterator
+
+import torch
+
+from kernels.engine_ops import engine_ops_status
+from kernels.paged_attention import get_paged_kernel
+
+ATTENTION = "attention"
+LINEARS = "linears"
+FAMILIES = (ATTENTION, LINEARS)
+FORCE_ENV = {ATTENTION: "PREFILLVIZ_ATTENTION", LINEARS: "PREFILLVIZ_LINEARS"}
+
+V7 = "v7 compiled"
+ATTENTION_CANDIDATES = (V7, "v6 loop, fp32 decodes", "v2 loop", "v3 packed")
+ONEDNN, TORCH_PACKED, STOCK = "oneDNN matmul", "torch packed", "stock"
+LINEAR_CANDIDATES = (ONEDNN, TORCH_PACKED, STOCK)
+CANDIDATES = {ATTENTION: ATTENTION_CANDIDATES, LINEARS: LINEAR_CANDIDATES}
+SECOND_PACK_GAIN = 1.10  # a bucket runs another pack than the primary only when it is this much faster there
+PLAIN_NAMES = {  # what a caption calls each candidate
+    V7: "the engine's C++ kernel (v7)",
+    "v6 loop, fp32 decodes": "torch's SDPA (v6: fp32 decodes)",
+    "v2 loop": "torch's SDPA (v2: one call per request)",
+    "v3 packed": "torch's SDPA (v3: one packed call)",
+    ONEDNN: "oneDNN matmul primitives",
+    TORCH_PACKED: "torch's packed linear",
+    STOCK: "stock F.linear",
+}
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A step shape the dispatch is measured on: its requests as (num_computed, num_new)."""
+
+    name: str
+    requests: tuple[tuple[int, int], ...]
+    what: str
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(new for _, new in self.requests)
+
+
+BUCKETS = (
+    Bucket("decode", ((512, 1),), "one decode step over 512 cached tokens"),
+    Bucket("mixed", ((1024, 29), (96, 1), (96, 1), (96, 1)), "a 29-token chunk after 1,024 cached tokens with 3 decodes"),
+    Bucket("prefill_128", ((0, 128),), "a fresh 128-token prompt"),
+    Bucket("prefill_512", ((0, 512),), "a fresh 512-token prompt"),
+    Bucket("prefill_2048", ((0, 2048),), "a fresh 2,048-token prompt"),
+)
+BUCKET_NAMES = tuple(b.name for b in BUCKETS)
+
+
+def bucket_of(step) -> str:
+    """The bucket a step (``PagedStep``) is timed as: decodes only, anything over cached context, or a fresh prefill by size."""
+    query_lens = [step.query_len(r) for r in range(step.num_requests)]
+    if all(n == 1 for n in query_lens):
+        return "decode"
+    if any(step.num_computed):
+        return "mixed"
+    total = sum(query_lens)
+    return "prefill_128" if total <= 256 else "prefill_512" if total <= 1024 else "prefill_2048"
+
+
+@dataclass
+class DispatchTable:
+    """The measured choice of one machine, device, dtype, thread count and model shape.
+
+    Attributes:
+        timings: {bucket: {family: {candidate: median seconds per call}}}, the candidates
+            that passed their check (one layer's attention or linears, on the model's shape).
+        excluded: {family: {candidate: why it is out}}: can't run here, or failed its oracle check.
+        dropped: {bucket: {family: [candidates timed once only, over 3x the best]}}.
+        measured_at: ISO 8601 time; other_cpu_percent: other processes' share of the cores meanwhile.
+        source: "measured", "cache" (read from disk), or "injected" (a test's timings).
+    """
+
+    device: str
+    dtype: str
+    machine: str
+    num_threads: int
+    shape: str
+    timings: dict
+    excluded: dict = field(default_factory=dict)
+    dropped: dict = field(default_factory=dict)
+    measured_at: str = ""
+    other_cpu_percent: float | None = None
+    measure_s: float | None = None
+    source: str = "measured"
+    fingerprint: str = ""
+
+    def choice(self, bucket: str, family: str) -> str:
+        """The candidate to run: the forced one (``FORCE_ENV``) if set, else the fastest measured."""
+        forced = forced_candidate(family, self)
+        if forced:
+            return forced
+        timed = self.timings.get(bucket, {}).get(family, {})
+        if not timed:
+            raise RuntimeError(f"no {family} implementation passed its check for {bucket} on this machine: {self.excluded.get(family)}")
+        fastest = min(timed, key=timed.get)
+        if family == LINEARS:  # a second pack is a second copy of the weights: worth it only for a clear gain
+            primary = self.primary_linears()
+            if primary in timed and timed[primary] <= SECOND_PACK_GAIN * timed[fastest]:
+                return primary
+        return fastest
+
+    def primary_linears(self) -> str:
+        """The linears candidate with the least time over all buckets (the one pack every bucket shares unless another wins clearly)."""
+        totals: dict[str, float] = {}
+        for bucket in self.timings.values():
+            for name, seconds in bucket.get(LINEARS, {}).items():
+                totals[name] = totals.get(name, 0.0) + seconds
+        complete = {n: t for n, t in totals.items() if all(n in b.get(LINEARS, {}) for b in self.timings.values())}
+        return min(complete or totals, key=(complete or totals).get) if totals else ""
+
+    def choices(self) -> dict[str, dict[str, str]]:
+        """{bucket: {family: candidate}}."""
+        return {bucket: {family: self.choice(bucket, family) for family in FAMILIES} for bucket in self.timings}
+
+    def runner_up(self, bucket: str, family: str) -> tuple[str, float] | None:
+        """(the fastest candidate other than the choice, its time over the choice's), or None."""
+        timed = self.timings.get(bucket, {}).get(family, {})
+        chosen = self.choice(bucket, family)
+        others = {name: s for name, s in timed.items() if name != chosen}
+        if not others or chosen not in timed:
+            return None
+        name = min(others, key=others.get)
+        return name, others[name] / timed[chosen]
+
+    @property
+    def busy(self) -> bool:
+        from prefillviz.instrument.machine_load import BUSY_PERCENT
+
+        return self.other_cpu_percent is not None and self.other_cpu_percent > BUSY_PERCENT
+
+    def sentence(self, family: str) -> str:
+        """One line for a caption: what the family runs, and the measured times that chose it."""
+        forced = forced_candidate(family, self)
+        if forced:
+            return f"{family}: {PLAIN_NAMES[forced]}, forced by {FORCE_ENV[family]}"
+        by_choice: dict[str, list[str]] = {}
+        for bucket in self.timings:
+            by_choice.setdefault(self.choice(bucket, family), []).append(bucket)
+        parts = []
+        for name, buckets in by_choice.items():
+            part = f"{PLAIN_NAMES[name]} for {', '.join(b.replace('_', ' ') for b in buckets)}"
+            widest = max(buckets, key=lambda b: (self.runner_up(b, family) or ("", 0.0))[1])
+            beaten = self.runner_up(widest, family)
+            if beaten:
+                chosen_ms = self.timings[widest][family][name] * 1e3
+                part += (f" (at {widest.replace('_', ' ')}: {chosen_ms:.2f} ms a layer, "
+                         f"{beaten[1]:.1f}x faster than {PLAIN_NAMES[beaten[0]]})")
+            parts.append(part)
+        return f"{family}: " + "; ".join(parts)
+
+    def provenance(self) -> str:
+        """Where the timings come from: when, how busy, on what."""
+        if self.source == "injected":
+            return "timings injected by a test"
+        load = "" if self.other_cpu_percent is None else f", other processes used {self.other_cpu_percent:.0f}% of the cores"
+        when = self.measured_at.replace("T", " ")[:16] + " UTC" if self.measured_at else "unknown time"
+        return f"measured on this {self.device} ({self.machine}, {self.dtype}, {self.num_threads} threads) at {when}{load}"
+
+    def as_dict(self) -> dict:
+        """The JSON form: every timing, exclusion and the choice per bucket."""
+        return {**asdict(self), "choices": self.choices()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DispatchTable:
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**fields)
+
+
+def forced_candidate(family: str, table: DispatchTable | None = None) -> str:
+    """The candidate ``FORCE_ENV[family]`` names ('' when unset).
+
+    Raises:
+        ValueError: it names no candidate, or one the table excluded on this machine (with why).
+    """
+    name = os.environ.get(FORCE_ENV[family], "").strip()
+    if not name:
+        return ""
+    matches = [c for c in CANDIDATES[family] if c == name or c.split(",")[0].split(" ")[0] == name]
+    if not matches:
+        raise ValueError(f"{FORCE_ENV[family]}={name!r} names no {family} implementation; pick one of {', '.join(CANDIDATES[family])}.")
+    if table is not None and matches[0] in table.excluded.get(family, {}):
+        raise ValueError(f"{FORCE_ENV[family]}={name!r}, but it can't run here: {table.excluded[family][matches[0]]}")
+    return matches[0]
+
+
+def injected(timings: dict, excluded: dict | None = None, device: str = "cpu", dtype: str = "float32") -> DispatchTable:
+    """A table from given timings, as a test injects them: ``{bucket: {family: {candidate: seconds}}}``."""
+    return DispatchTable(device, dtype, "injected", torch.get_num_threads(), "injected", timings, excluded or {}, source="injected",
+                         measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+
+
+# --------------------------------------------------------------------------- per model
+_injected: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> table a test put there
+
+
+def table_key(model: torch.nn.Module) -> tuple:
+    """(device, dtype, threads, shape): what a table is measured for."""
+    parameter = next(model.parameters())
+    return str(parameter.device), str(parameter.dtype).removeprefix("torch."), torch.get_num_threads(), model_signature(model)
+
+
+def model_signature(model: torch.nn.Module) -> str:
+    """The shapes the dispatch times: heads, KV heads, head size and the linears' widths."""
+    config = model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    intermediate = getattr(config, "intermediate_size", None) or 4 * config.hidden_size
+    return f"H{heads}-KVH{kv_heads}-D{head_dim}-hidden{config.hidden_size}-mlp{intermediate}"
+
+
+def injected_for(model: torch.nn.Module) -> DispatchTable | None:
+    """The table a test injected for this model, if any."""
+    return _injected.get(model)
+
+
+@contextlib.contextmanager
+def injected_table(model: torch.nn.Module, table: DispatchTable) -> Iterator[DispatchTable]:
+    """Make the engine's steps on ``model`` use ``table`` inside the block (tests force each candidate this way)."""
+    previous = _injected.get(model)
+    _injected[model] = table
+    try:
+        yield table
+    finally:
+        if previous is None:
+            _injected.pop(model, None)
+        else:
+            _injected[model] = previous
+
+
+@dataclass(frozen=True)
+class StepChoice:
+    """What one step runs: its bucket, the attention candidate and the linears candidate."""
+
+    bucket: str
+    attention: str
+    linears: str
+
+
+def step_choice(table: DispatchTable, step, pack_linear_weights: bool = True) -> StepChoice:
+    """The implementations for this step (``pack_linear_weights=False``: the stock linears, as the engine's setting asks)."""
+    bucket = bucket_of(step)
+    linears = table.choice(bucket, LINEARS) if pack_linear_weights else STOCK
+    return StepChoice(bucket, table.choice(bucket, ATTENTION), linears)
+
+
+# --------------------------------------------------------------------------- the attention call
+def compiled_attention_status(device: torch.device | str, dtype: torch.dtype, head_dim: int) -> tuple[object | None, str]:
+    """(the engine's C++ ops when v7 runs this head size and dtype here, else None; why not)."""
+    if torch.device(device).type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        return None, "the engine's C++ ops run float32 and bfloat16 on a CPU only"
+    ops, why = engine_ops_status()
+    if ops is None:
+        return None, why
+    width = ops.vector_width()
+    if head_dim % width or head_dim // width not in (1, 2, 4, 8, 16):
+        return None, f"head size {head_dim} is not 1, 2, 4, 8 or 16 vectors of {width} floats"
+    return ops, why
+
+
+def attend(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache, value_cache, step, scale: float, meta=None):
+    """One layer's attention with candidate ``name``: q (T, H, D), k and v (T, KVH, D) -> (T, H D).
+
+    The step's new K/V are already in the cache. ``meta`` is ``engine_ops.step_meta(step)``,
+    made once per step, for v7; the SDPA versions take the views as they are.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    if name == V7:
+        from kernels import engine_ops
+
+        return engine_ops.paged_attention(engine_ops.engine_ops(), q.reshape(num_tokens, num_heads * head_dim), key_cache, value_cache, step,
+                                          num_heads, scale, meta)
+    kernel = get_paged_kernel(name)
+    out = kernel(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), key_cache, value_cache, step, scale)  # (H, T, D)
+    return out.transpose(0, 1).reshape(num_tokens, num_heads * head_dim)

@@ -1,0 +1,364 @@
+"""Measuring the dispatch table (``dispatch.py``): check every candidate, time the rest, keep the winners.
+
+For one model, device, dtype and thread count:
+
+1. **Which candidates run here.** v7 needs the engine's C++ ops for this CPU and head size;
+   oneDNN's matmul needs Debian's oneDNN and a JIT kernel for the dtype; torch's packed linear
+   needs a CPU whose oneDNN packs the dtype. Each says why not (``candidate_statuses``).
+2. **Each passes its oracle on this machine** or is out: attention against v1, the naive fp32
+   oracle, on a step with a fresh prompt, a chunk after cached context and a decode; the
+   linears against an fp32 ``F.linear`` of layer 0's own weights, within a bound derived
+   from the dtype's precision (``linear_tolerance``).
+3. **Timing**, for each bucket of ``dispatch.BUCKETS``: one layer's attention on random q/k/v of
+   the model's heads, and layer 0's four linears (q|k|v, o, gate|up, down) on its own weights,
+   each candidate as the engine calls it. A race keeps it short: every candidate runs once;
+   one over ``RACE_FACTOR`` times the best is out for that bucket (timed once), the others
+   are timed over ``RUNS`` runs and the medians compared.
+
+The table is cached per machine as the peaks are (``$PREFILLVIZ_CACHE/dispatch/``), with the
+timings, the date and the machine's load; it is measured again when it is older than
+``MAX_AGE``, was measured on a busy machine, or the candidates that run here changed (a build,
+a switch); ``refresh=True`` ("measure again") always measures.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from kernels.attention import KernelCheckError
+from kernels.engine_ops import step_meta
+from kernels.paged_attention import check_paged, get_paged_kernel, random_step
+from prefillviz.engine import dispatch
+from prefillviz.engine.dispatch import ATTENTION, BUCKETS, LINEARS, ONEDNN, STOCK, TORCH_PACKED, V7, DispatchTable, StepChoice
+from prefillviz.engine import packed_weights
+from prefillviz.engine.packed_weights import pack_weight, packed_linear
+
+FORMAT = 1  # in the cache file's name and content
+MAX_AGE = datetime.timedelta(days=7)
+RACE_FACTOR = 3.0  # a candidate this much slower than the best on its first call is not timed further
+RUNS = 3
+MIN_RUN_TIME_S = 0.005
+
+
+# --------------------------------------------------------------------------- candidates
+def candidate_statuses(model: torch.nn.Module) -> dict[str, dict[str, str]]:
+    """{family: {candidate: '' when it can run here, else why not}}."""
+    parameter = next(model.parameters())
+    device, dtype = parameter.device, parameter.dtype
+    head_dim = _shape(model)[2]
+    on_cpu = device.type == "cpu"
+    attention = {name: "" for name in dispatch.ATTENTION_CANDIDATES}
+    ops, why = dispatch.compiled_attention_status(device, dtype, head_dim)
+    attention[V7] = "" if ops is not None else why
+    if not on_cpu:
+        attention["v6 loop, fp32 decodes"] = "the same as v2 off a CPU"
+    linears = {name: "" for name in dispatch.LINEAR_CANDIDATES}
+    if not layer_linears(model):
+        linears[ONEDNN] = linears[TORCH_PACKED] = "the model's layers have no nn.Linear to pack"
+    elif not on_cpu:
+        linears[ONEDNN] = linears[TORCH_PACKED] = "pre-packed weights are a CPU path (oneDNN); on a GPU the matmuls run as they are"
+    elif os.environ.get(packed_weights.FORCE_STOCK_ENV, "").strip() not in ("", "0"):
+        linears[ONEDNN] = linears[TORCH_PACKED] = f"{packed_weights.FORCE_STOCK_ENV} is set: stock linear layers run, as on a CPU that can't pack"
+    else:
+        if packed_weights.onednn_linear(dtype) is None:  # through the module, so a test's stand-in CPU applies here too
+            linears[ONEDNN] = packed_weights.onednn_runs(dtype)[1] or "oneDNN's matmul does not run this dtype here"
+        runs, why = packed_weights.cpu_runs_packed_linear(dtype)
+        if not runs:
+            linears[TORCH_PACKED] = why
+    return {ATTENTION: attention, LINEARS: linears}
+
+
+def _shape(model: torch.nn.Module) -> tuple[int, int, int]:
+    config = model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return heads, kv_heads, getattr(config, "head_dim", None) or config.hidden_size // heads
+
+
+def layer_linears(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Layer 0's linear weights (out, in): q|k|v, o, gate|up, down stacked as the engine's forward
+    stacks them for a Llama-shaped model; else the ``nn.Linear`` weights of the first decoder block
+    (none for a model whose layers are no ``nn.Linear``, such as GPT-2's Conv1D)."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is not None and all(hasattr(layers[0].self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) and all(
+        hasattr(getattr(layers[0], "mlp", None), n) for n in ("gate_proj", "up_proj", "down_proj")
+    ):
+        attn, mlp = layers[0].self_attn, layers[0].mlp
+        with torch.no_grad():
+            return [
+                torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+                attn.o_proj.weight.detach(),
+                torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                mlp.down_proj.weight.detach(),
+            ]
+    block = next((m[0] for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)), None)
+    return [] if block is None else [m.weight.detach() for m in block.modules() if type(m) is torch.nn.Linear]
+
+
+def linear_layer(weights: list[torch.Tensor], candidate: str) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    """A function running each weight on its input (rows, in) with ``candidate``, packed once now (as the engine packs them)."""
+    if candidate == STOCK:
+        return lambda inputs: [F.linear(x, w) for x, w in zip(inputs, weights)]
+    packs = [pack_weight(w, candidate) for w in weights]
+    return lambda inputs: [packed_linear(x, p) for x, p in zip(inputs, packs)]
+
+
+def linear_inputs(weights: list[torch.Tensor], rows: int, generator: torch.Generator | None = None) -> list[torch.Tensor]:
+    """A random (rows, in) input for each weight, in its dtype and on its device."""
+    return [torch.randn(rows, w.shape[1], generator=generator).to(device=w.device, dtype=w.dtype) for w in weights]
+
+
+def linear_tolerance(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The allowed |error| of each output of ``x @ weight.T`` in x's dtype, from its precision.
+
+    Inputs are exact in the dtype; a kernel sums in fp32 (in any order) and rounds the output
+    once: at most one rounding of the dtype (eps) times |y|, plus the fp32 sum's error, bounded
+    by K * eps_fp32 * sum |x_k w_k|. Twice that, for a last conversion's rounding.
+    """
+    magnitude = x.float().abs() @ weight.float().abs().T  # sum_k |x_k w_k|, per output
+    eps = torch.finfo(x.dtype).eps
+    return 2 * (eps + x.shape[-1] * torch.finfo(torch.float32).eps) * magnitude + torch.finfo(torch.float32).tiny
+
+
+def check_linears(weights: list[torch.Tensor], candidate: str) -> str:
+    """'' when ``candidate`` computes layer 0's linears as fp32 ``F.linear`` does within ``linear_tolerance``, else what differed."""
+    if not weights:
+        return ""  # nothing to compute differently
+    generator = torch.Generator().manual_seed(0)
+    dtype = weights[0].dtype
+    try:
+        layer = linear_layer(weights, candidate)
+        for rows in (1, 7, 33):
+            inputs = linear_inputs(weights, rows, generator)
+            for got, x, weight in zip(layer(inputs), inputs, weights):
+                want = F.linear(x.float(), weight.float())
+                excess = (got.float() - want).abs() - linear_tolerance(x, weight)
+                if got.shape != want.shape or not bool(torch.isfinite(got).all()) or float(excess.max()) > 0:
+                    return f"differs from fp32 F.linear beyond the {str(dtype).removeprefix('torch.')} bound at {rows} rows"
+    except RuntimeError as error:
+        return f"failed on this CPU ({str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__})"
+    return ""
+
+
+def check_attention(model: torch.nn.Module, candidate: str) -> str:
+    """'' when ``candidate`` matches the v1 oracle (fp32) on a mixed step in the model's dtype and heads, else what differed."""
+    parameter = next(model.parameters())
+    heads, kv_heads, head_dim = _shape(model)
+    inputs = random_step([(0, 37), (40, 9), (23, 1)], heads, kv_heads, head_dim, device=parameter.device, dtype=parameter.dtype, seed=1)
+    try:
+        check_paged(get_paged_kernel(candidate), inputs)
+    except KernelCheckError as error:
+        return str(error)
+    except RuntimeError as error:
+        return f"failed on this CPU ({str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__})"
+    return ""
+
+
+class _AttentionCall:
+    """One layer's attention of ``inputs`` as the engine's forward calls it: q, k, v as row views of one q|k|v tensor."""
+
+    def __init__(self, candidate: str, inputs) -> None:
+        self.candidate, self.inputs = candidate, inputs
+        q, k, v = (t.transpose(0, 1) for t in (inputs.q, inputs.k_new, inputs.v_new))  # (T, heads, D)
+        heads, kv_heads = q.shape[1], k.shape[1]
+        rows = torch.cat([q, k, v], dim=1).contiguous()  # (T, H + 2 KVH, D), as the projections leave them
+        self.q, self.k, self.v = rows[:, :heads], rows[:, heads : heads + kv_heads], rows[:, heads + kv_heads :]
+        self.meta = step_meta(inputs.step) if candidate == V7 else None
+
+    def __call__(self) -> torch.Tensor:
+        i = self.inputs
+        return dispatch.attend(self.candidate, self.q, self.k, self.v, i.key_cache, i.value_cache, i.step, i.scale, self.meta)
+
+
+# --------------------------------------------------------------------------- timing
+def _race(calls: dict[str, Callable[[], object]], device: torch.device) -> tuple[dict[str, float], list[str]]:
+    """({candidate: median seconds per call}, [candidates dropped after one call]): see the module's docstring."""
+    from prefillviz.instrument.timers import run_seconds, time_call
+
+    first = {}
+    for name, call in calls.items():
+        call()  # warm-up (packing, primitive creation, the allocator)
+        first[name] = run_seconds(call, 1, device)
+    best = min(first.values())
+    kept = {name: call for name, call in calls.items() if first[name] <= RACE_FACTOR * best}
+    timings = {name: first[name] for name in calls if name not in kept}
+    for name, call in kept.items():
+        timings[name] = time_call(call, device, runs=RUNS, warmup=0, min_run_time_s=MIN_RUN_TIME_S).median_s
+    return timings, [name for name in calls if name not in kept]
+
+
+@torch.inference_mode()
+def measure(model: torch.nn.Module, progress: Callable[[float, str], None] | None = None) -> DispatchTable:
+    """Check every candidate here, then time the rest on every bucket (a few seconds on 2 cores)."""
+    from prefillviz.analysis.peaks import machine_name
+    from prefillviz.instrument.machine_load import MachineLoad
+
+    started = time.perf_counter()
+    parameter = next(model.parameters())
+    device, dtype = parameter.device, parameter.dtype
+    heads, kv_heads, head_dim = _shape(model)
+    statuses = candidate_statuses(model)
+    available = fingerprint(statuses)
+    weights = layer_linears(model)
+    for name, why in list(statuses[LINEARS].items()):
+        statuses[LINEARS][name] = why or check_linears(weights, name)
+    for name, why in list(statuses[ATTENTION].items()):
+        statuses[ATTENTION][name] = why or check_attention(model, name)
+    runnable = {family: [n for n, why in s.items() if not why] for family, s in statuses.items()}
+    layers = {name: linear_layer(weights, name) for name in runnable[LINEARS]}
+    timings, dropped = {}, {}
+    measured_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    with MachineLoad() as load:
+        for index, bucket in enumerate(BUCKETS):
+            if progress:
+                progress(index / len(BUCKETS), f"timing the candidates on {bucket.what}")
+            inputs = random_step(list(bucket.requests), heads, kv_heads, head_dim, device=device, dtype=dtype, seed=2)
+            attention_calls = {name: _AttentionCall(name, inputs) for name in runnable[ATTENTION]}
+            xs = linear_inputs(weights, bucket.num_tokens)
+            linear_calls = {name: (lambda layer=layer: layer(xs)) for name, layer in layers.items()}
+            timings[bucket.name], dropped[bucket.name] = {}, {}
+            for family, calls in ((ATTENTION, attention_calls), (LINEARS, linear_calls)):
+                timings[bucket.name][family], dropped[bucket.name][family] = _race(calls, device)
+    excluded = {family: {n: why for n, why in s.items() if why} for family, s in statuses.items()}
+    return DispatchTable(
+        str(device), str(dtype).removeprefix("torch."), machine_name(device), torch.get_num_threads(), dispatch.model_signature(model),
+        timings, excluded, dropped, measured_at, load.reading.other_cpu_percent, time.perf_counter() - started, "measured",
+        available,
+    )
+
+
+def fingerprint(statuses: dict) -> str:
+    """Which candidates could run (before their checks): a cached table is measured again when this changes (a build, a switch)."""
+    runnable = sorted(f"{family}:{name}" for family, s in statuses.items() for name, why in s.items() if not why)
+    return f"torch {torch.__version__}; " + ", ".join(runnable)
+
+
+# --------------------------------------------------------------------------- the cache
+def cache_path(model: torch.nn.Module) -> Path:
+    from prefillviz.analysis.peaks import machine_name
+
+    root = Path(os.environ.get("PREFILLVIZ_CACHE", "~/.cache/prefillviz")).expanduser()
+    device, dtype, threads, signature = dispatch.table_key(model)
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", machine_name(torch.device(device))).strip("-").lower() or "unknown"
+    digest = hashlib.sha1(signature.encode()).hexdigest()[:10]
+    return root / "dispatch" / f"{slug}_{device.replace(':', '')}_{dtype}_{threads}threads_{digest}_v{FORMAT}.json"
+
+
+def read_cached(path: Path) -> DispatchTable | None:
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != FORMAT:
+            return None
+        table = DispatchTable.from_dict(data["table"])
+        table.choices()  # every bucket has a choice
+    except (OSError, ValueError, TypeError, KeyError, RuntimeError):
+        return None
+    table.source = "cache"
+    return table
+
+
+def is_stale(table: DispatchTable, model: torch.nn.Module, now: datetime.datetime | None = None) -> str:
+    """Why a cached table must be measured again ('' when it is fresh)."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    try:
+        measured = datetime.datetime.fromisoformat(table.measured_at)
+    except ValueError:
+        return "its time can't be read"
+    if measured.tzinfo is None:
+        measured = measured.replace(tzinfo=datetime.timezone.utc)
+    if now - measured > MAX_AGE:
+        return f"it is older than {MAX_AGE.days} days"
+    if table.busy:
+        return "it was measured on a busy machine"
+    if table.fingerprint != fingerprint(candidate_statuses(model)):
+        return "the candidates that run here changed"
+    if set(table.timings) != {b.name for b in BUCKETS}:
+        return "its buckets are not today's"
+    return ""
+
+
+def write_cached(path: Path, table: DispatchTable) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"format": FORMAT, "table": table.as_dict()}, indent=1))
+    tmp.replace(path)
+
+
+# --------------------------------------------------------------------------- per model
+_tables: dict[tuple, DispatchTable] = {}
+_lock = threading.Lock()
+
+
+def table_for(model: torch.nn.Module, refresh: bool = False, progress: Callable[[float, str], None] | None = None) -> DispatchTable:
+    """The model's dispatch table here: injected by a test, kept from earlier in this process, cached on disk, or measured now.
+
+    Args:
+        refresh: measure again even when a fresh table is kept or cached ("measure again").
+        progress: called with (fraction done, what) while it measures.
+    """
+    table = dispatch.injected_for(model)
+    if table is not None:
+        return table
+    key = (*dispatch.table_key(model), fingerprint(candidate_statuses(model)))  # a switch or a build measures anew
+    table = _tables.get(key)
+    if table is not None and not refresh:
+        return table
+    with _lock:  # sessions share the model: measure once
+        table = _tables.get(key)
+        if table is None or refresh:
+            path = cache_path(model)
+            cached = None if refresh else read_cached(path)
+            if cached is not None and not is_stale(cached, model):
+                table = cached
+            else:
+                table = measure(model, progress)
+                try:
+                    write_cached(path, table)
+                except OSError:
+                    pass  # it only costs a measurement next time
+            _tables[key] = table
+    return table
+
+
+def known_table(model: torch.nn.Module) -> DispatchTable | None:
+    """The table the engine uses for this model if one is at hand already (nothing is measured)."""
+    return dispatch.injected_for(model) or _tables.get((*dispatch.table_key(model), fingerprint(candidate_statuses(model))))
+
+
+def choose(model: torch.nn.Module, step, pack_linear_weights: bool = True) -> StepChoice:
+    """What this step runs (``dispatch.step_choice`` on the model's table, measured first if need be)."""
+    return dispatch.step_choice(table_for(model), step, pack_linear_weights)
+
+
+def choice_label(model: torch.nn.Module, with_reason: bool = False) -> str:
+    """What the measured dispatch runs for this model, for captions (nothing is measured here).
+
+    Args:
+        with_reason: each family's sentence with the times that chose it, and where they come from (the sidebar's card).
+    """
+    table = known_table(model)
+    if table is None:
+        return "measured dispatch: not measured yet (the warm-up times the candidates)"
+    if with_reason:
+        return f"{table.sentence(ATTENTION)}. {table.sentence(LINEARS)}. Chosen by timing: {table.provenance()}."
+    parts = []
+    for family in dispatch.FAMILIES:
+        by_choice: dict[str, list[str]] = {}
+        for bucket in table.timings:
+            by_choice.setdefault(table.choice(bucket, family), []).append(bucket.replace("_", " "))
+        if len(by_choice) == 1:
+            parts.append(f"{family}: {dispatch.PLAIN_NAMES[next(iter(by_choice))]}")
+        else:
+            parts.append(f"{family}: " + ", ".join(f"{dispatch.PLAIN_NAMES[n]} ({', '.join(b)})" for n, b in by_choice.items()))
+    return "; ".join(parts) + " (measured here)"

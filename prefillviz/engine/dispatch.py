@@ -230,10 +230,14 @@ def injected(timings: dict, excluded: dict | None = None, device: str = "cpu", d
 _injected: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> table a test put there
 
 
+ISA_CAP_ENVS = ("DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")  # caps that change which code a candidate runs
+
+
 def table_key(model: torch.nn.Module) -> tuple:
-    """(device, dtype, threads, shape): what a table is measured for."""
+    """(device, dtype, threads, shape, ISA caps): what a table is measured for."""
     parameter = next(model.parameters())
-    return str(parameter.device), str(parameter.dtype).removeprefix("torch."), torch.get_num_threads(), model_signature(model)
+    caps = ",".join(f"{name}={os.environ[name]}" for name in ISA_CAP_ENVS if os.environ.get(name))
+    return str(parameter.device), str(parameter.dtype).removeprefix("torch."), torch.get_num_threads(), model_signature(model), caps
 
 
 def model_signature(model: torch.nn.Module) -> str:

@@ -249,9 +249,9 @@ def cache_path(model: torch.nn.Module) -> Path:
     from prefillviz.analysis.peaks import machine_name
 
     root = Path(os.environ.get("PREFILLVIZ_CACHE", "~/.cache/prefillviz")).expanduser()
-    device, dtype, threads, signature = dispatch.table_key(model)
+    device, dtype, threads, signature, caps = dispatch.table_key(model)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", machine_name(torch.device(device))).strip("-").lower() or "unknown"
-    digest = hashlib.sha1(signature.encode()).hexdigest()[:10]
+    digest = hashlib.sha1(f"{signature};{caps}".encode()).hexdigest()[:10]
     return root / "dispatch" / f"{slug}_{device.replace(':', '')}_{dtype}_{threads}threads_{digest}_v{FORMAT}.json"
 
 

@@ -10,6 +10,7 @@ from prefillviz.hosted import hosted_policy
 
 from kernels.attention import KERNELS
 from kernels.paged_attention import PAGED_KERNELS
+from prefillviz.engine import dispatch_tuning
 from prefillviz.experiments import kernel_bench, timing_rows
 from prefillviz.experiments import kernels as experiments
 from prefillviz.figures import kernels as figures
@@ -70,6 +71,36 @@ if loaded is not None and st.button("Measure", type="primary", key="kernels_run"
             ),
         )
     bar.empty()
+
+# ---------------------------------------------------------------- the measured dispatch
+st.subheader("What the engine runs on this machine")
+if loaded is not None:
+    table = dispatch_tuning.table_for(loaded.model)  # measured at the warm-up; read here
+    st.markdown(
+        "The engine has several correct ways to compute attention and the linear layers, and which is fastest depends "
+        "on the CPU: on a Zen 4 the engine's own C++ kernel (v7) beat torch's SDPA; on a Xeon with AMX, SDPA (whose "
+        "flash attention runs on the AMX tiles) beat v7 4x at 2,048 tokens. So nothing is chosen by the CPU's name: "
+        "each candidate is checked against its oracle here, then timed on this model's shapes for five step shapes, "
+        "and every engine step runs the fastest for its shape.  \n"
+        f"**{table.sentence('attention')}.**  \n**{table.sentence('linears')}.**"
+    )
+    dispatch_rows = table.rows()
+    columns = st.columns(2)
+    for column, family in zip(columns, ("attention", "linears")):
+        dispatch_chart = figures.dispatch_figure(dispatch_rows, family, f"{loaded.model_id}, {table.dtype}, {table.num_threads} threads")
+        column.plotly_chart(dispatch_chart, key=f"kernels_dispatch_{family}_chart")
+    excluded = [f"{name} ({why})" for reasons in table.excluded.values() for name, why in reasons.items()]
+    st.caption(
+        f"Timings {table.provenance()}; one layer's attention on random q/k/v of the model's heads, and layer 0's four "
+        "linears on its own weights, median of 3 runs (a candidate over 3x the best on its first call is timed once). "
+        + (f"Not candidates here: {'; '.join(excluded)}." if excluded else "Every candidate runs here.")
+    )
+    downloads("kernels_dispatch", "kernels_dispatch_dl", table=dispatch_rows, data=table.as_dict())
+    if st.button("Measure again", key="kernels_dispatch_again", disabled=policy.enabled,
+                 help="time every candidate again now (a few seconds); the choice is kept per machine and re-measured after a week"):
+        with run_guarded("Measuring the dispatch again"), st.spinner("Timing every candidate on every step shape…"):
+            dispatch_tuning.table_for(loaded.model, refresh=True)
+        st.rerun()
 
 result = get_result("kernels")
 if result is None:
@@ -221,7 +252,7 @@ if result.benchmark is not None:
         "**v3 packed** puts every request of the step in one call with a block-diagonal causal mask; **v4 flex** "
         "does that with FlexAttention's block mask; **v6** is v2 with 16-bit decodes on a CPU done as two fp32 "
         "matmuls, and is what the stock forward runs; **v7 compiled** is the engine's own C++ kernel (FlashAttention's "
-        "tiling on a CPU, straight off the paged cache), which the engine's forward runs wherever its C++ ops are built."
+        "tiling on a CPU, straight off the paged cache). Which of them the engine runs is the measured choice above."
     )
     st.dataframe(
         pd.DataFrame([{"version": k.name, "what it changes": k.changes} for k in PAGED_KERNELS]), hide_index=True

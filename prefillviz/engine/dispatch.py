@@ -199,6 +199,15 @@ class DispatchTable:
         when = self.measured_at.replace("T", " ")[:16] + " UTC" if self.measured_at else "unknown time"
         return f"measured on this {self.device} ({self.machine}, {self.dtype}, {self.num_threads} threads) at {when}{load}"
 
+    def rows(self) -> list[dict]:
+        """One row per bucket, family and timed candidate: ms per layer, and whether the engine runs it there."""
+        what = {b.name: b.what for b in BUCKETS}
+        return [
+            {"bucket": bucket, "step": what.get(bucket, bucket), "family": family, "candidate": name, "ms_per_layer": seconds * 1e3,
+             "chosen": name == self.choice(bucket, family), "timed_once": name in self.dropped.get(bucket, {}).get(family, [])}
+            for bucket, families in self.timings.items() for family, timed in families.items() for name, seconds in timed.items()
+        ]
+
     def as_dict(self) -> dict:
         """The JSON form: every timing, exclusion and the choice per bucket."""
         return {**asdict(self), "choices": self.choices()}

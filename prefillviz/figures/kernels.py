@@ -180,3 +180,28 @@ def sweep_memory_figure(rows: list[dict], subtitle: str = "", title: str = "Atte
     fig = go.Figure(_sweep_lines(rows, "peak_memory_MiB", suffix=" measured") + _sweep_lines(rows, "largest_intermediate_MiB", "dot", " largest intermediate"))
     _log_axes(fig, rows)
     return _layout(fig, title, subtitle, "tokens N (log scale)", "memory (MiB, log scale)")
+
+
+def dispatch_figure(rows: list[dict], family: str, subtitle: str = "") -> go.Figure:
+    """The measured dispatch of one family (``DispatchTable.rows``): each candidate's ms per layer in
+    every bucket, log scale; the one the engine runs there is outlined and marked."""
+    rows = [row for row in rows if row["family"] == family]
+    buckets = list(dict.fromkeys(row["bucket"] for row in rows))
+    palette = [style.PREFILL, style.CACHE_HIT, style.DECODE, style.PARTIAL, style.EVICTED]
+    fig = go.Figure()
+    for index, candidate in enumerate(dict.fromkeys(row["candidate"] for row in rows)):
+        mine = {row["bucket"]: row for row in rows if row["candidate"] == candidate}
+        fig.add_bar(
+            name=candidate,
+            x=[bucket.replace("_", " ") for bucket in buckets],
+            y=[mine[b]["ms_per_layer"] if b in mine else None for b in buckets],
+            marker={"color": palette[index % len(palette)], "line": {"width": [4 if mine.get(b, {}).get("chosen") else 0 for b in buckets],
+                                                                    "color": "black"}},
+            text=["chosen" if mine.get(b, {}).get("chosen") else "" for b in buckets],
+            textposition="outside",
+            hovertemplate="%{x}: %{y:.3f} ms a layer<extra>" + candidate + "</extra>",
+        )
+    _layout(fig, f"Measured dispatch: {family}, one layer per step shape", subtitle, "step shape (bucket)", "ms per layer (log)")
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(type="log")
+    return fig

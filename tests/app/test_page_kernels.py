@@ -42,7 +42,8 @@ def measured(bundled, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(peaks_history, "peaks_cache_path", lambda device="cpu", dtype="float32": peaks_dir / cache_path(device, dtype).name)
         app = kernels_page()
-        assert not app.get("plotly_chart")  # nothing before a run
+        # before a run: only the measured dispatch the warm-up made, one chart per op family
+        assert [chart.key for chart in app.get("plotly_chart")] == ["kernels_dispatch_attention_chart", "kernels_dispatch_linears_chart"]
         app.button(key="kernels_run").click().run()
         yield app
 
@@ -61,7 +62,7 @@ def test_measure_draws_every_figure_from_real_data_and_offers_the_chrome_trace(m
 
     specs = list(charts(app).values())
     titles = [spec["layout"]["title"]["text"] for spec in specs]
-    assert len(specs) == 12, titles  # layers, prediction, ops, timeline, kernel time + memory, 3 x benchmark time + memory
+    assert len(specs) == 14, titles  # dispatch x 2, layers, prediction, ops, timeline, kernel time + memory, 3 x benchmark time + memory
     bars = layer_chart(app)["data"]
     assert [trace["name"] for trace in bars][:3] == ["attention", "MLP", "norms"]
     assert all(len(trace["y"]) == 30 for trace in bars) and all(y > 0 for y in bars[1]["y"])
@@ -119,3 +120,20 @@ def test_measure_peaks_again_adds_a_measurement_and_the_prediction_uses_the_new_
     monkeypatch.setattr(peaks_history, "measure_peaks", lambda device, dtype: pytest.fail("measured without a click"))
     app.run()  # a rerun without a click keeps the new peaks and measures nothing
     assert num_peak_measurements(app) == 2 and metric_value(app, "Machine peaks") == "1,000,000 GFLOP/s"
+
+
+def test_the_page_shows_the_measured_choice_and_measures_it_again(measured, monkeypatch):
+    from prefillviz.engine import dispatch_tuning
+
+    app = measured
+    text = " ".join(block.value for block in app.markdown)
+    assert "attention: " in text and "linears: " in text and "x faster than" in text
+    attention = next(spec for spec in charts(app).values() if spec["layout"]["title"]["text"].startswith("Measured dispatch: attention"))
+    assert [bar["x"] for bar in attention["data"]][0] == ["decode", "mixed", "prefill 128", "prefill 512", "prefill 2048"]
+    chosen = [(bar["name"], x) for bar in attention["data"] for x, label in zip(bar["x"], bar["text"]) if label == "chosen"]
+    assert len(chosen) == 5  # one chosen candidate per step shape
+    calls = []
+    real = dispatch_tuning.measure
+    monkeypatch.setattr(dispatch_tuning, "measure", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    app.button(key="kernels_dispatch_again").click().run()
+    assert calls == [1] and not app.exception

@@ -30,6 +30,7 @@ from prefillviz.bench_vllm import skipped as vllm_skipped
 from prefillviz.bench_vllm import vllm_side_by_side
 from prefillviz.config import EngineConfig
 from prefillviz.devices import dtype_name
+from prefillviz.engine.dispatch_tuning import summary as dispatch_summary
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.packed_weights import packed_linears, packing_status
 from prefillviz.experiments.chunked import build_workload, latency_summary, run_workload
@@ -160,6 +161,7 @@ def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, run
         "chunked_total_time_ratio": chunked["total_time_ratio"],
         "engine_over_hf_cb": peer["speedup"],
         **{key: versus_vllm[key] for key in VLLM_KEYS},
+        "dispatch": dispatch_summary(model),  # what the engine ran: the measured choice per step shape, and its timings
         "details": {
             "vllm": versus_vllm["details"],
             "hf_forward_s": median_and_spread(hf_times),

@@ -362,3 +362,20 @@ def choice_label(model: torch.nn.Module, with_reason: bool = False) -> str:
         else:
             parts.append(f"{family}: " + ", ".join(f"{dispatch.PLAIN_NAMES[n]} ({', '.join(b)})" for n, b in by_choice.items()))
     return "; ".join(parts) + " (measured here)"
+
+
+def summary(model: torch.nn.Module, trace=None) -> dict:
+    """The measured dispatch as ``run --json``, ``tune`` and ``bench --json`` report it: the sentences, the
+    choice per bucket, every timing in ms, what is excluded and why, and (with a trace) what each step ran."""
+    table = table_for(model)
+    result = {
+        ATTENTION: table.sentence(ATTENTION),
+        LINEARS: table.sentence(LINEARS),
+        "provenance": table.provenance(),
+        "choices": table.choices(),
+        "timings_ms": {b: {f: {c: round(s * 1e3, 4) for c, s in t.items()} for f, t in fams.items()} for b, fams in table.timings.items()},
+        "excluded": table.excluded,
+    }
+    if trace is not None:
+        result["steps"] = [step.dispatch for step in trace.steps if step.dispatch]
+    return result

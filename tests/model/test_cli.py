@@ -92,6 +92,7 @@ def test_bench_json_has_the_documented_keys(bundled):
     assert peer["outputs_compared"] == len(peer["prompt_lengths"]) >= 2
     assert peer["outputs_equal"] == peer["outputs_compared"]  # fp32: the same greedy tokens as HF's own
     assert data["sequential_over_parallel"] > 1  # 24 steps cost more than one
+    assert set(data["dispatch"]["choices"]) == {"decode", "mixed", "prefill_128", "prefill_512", "prefill_2048"}  # what the engine ran
     assert data["details"]["hf_forward_s"]["runs"] == 2
     packing = data["details"]["packed_weights"]  # the engine's CPU linears, against stock, at 1, 32 and N tokens
     applies, why = packing_status(bundled.model)  # fp32 packs on every x86 CPU we know of, but the probe decides

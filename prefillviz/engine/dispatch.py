@@ -27,6 +27,7 @@ reason. Tests inject timings with ``injected_table``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import datetime
 import os
 import weakref
@@ -132,11 +133,12 @@ class DispatchTable:
             raise RuntimeError(f"no {family} implementation passed its check for {bucket} on this machine: {self.excluded.get(family)}")
         fastest = min(timed, key=timed.get)
         if family == LINEARS:  # a second pack is a second copy of the weights: worth it only for a clear gain
-            primary = self.primary_linears()
+            primary = self.primary_linears
             if primary in timed and timed[primary] <= SECOND_PACK_GAIN * timed[fastest]:
                 return primary
         return fastest
 
+    @functools.cached_property
     def primary_linears(self) -> str:
         """The linears candidate with the least time over all buckets (the one pack every bucket shares unless another wins clearly)."""
         totals: dict[str, float] = {}
@@ -248,9 +250,9 @@ _injected: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> t
 ISA_CAP_ENVS = ("DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")  # caps that change which code a candidate runs
 
 
-def table_key(model: torch.nn.Module) -> tuple:
-    """(device, dtype, threads, shape, ISA caps): what a table is measured for."""
-    parameter = next(model.parameters())
+def table_key(model: torch.nn.Module, parameter: torch.Tensor | None = None) -> tuple:
+    """(device, dtype, threads, shape, ISA caps): what a table is measured for (``parameter``: any of the model's, if at hand)."""
+    parameter = next(model.parameters()) if parameter is None else parameter
     caps = ",".join(f"{name}={os.environ[name]}" for name in ISA_CAP_ENVS if os.environ.get(name))
     return str(parameter.device), str(parameter.dtype).removeprefix("torch."), torch.get_num_threads(), model_signature(model), caps
 

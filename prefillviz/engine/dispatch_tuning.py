@@ -30,6 +30,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Callable
 
@@ -52,9 +53,9 @@ MIN_RUN_TIME_S = 0.005
 
 
 # --------------------------------------------------------------------------- candidates
-def candidate_statuses(model: torch.nn.Module) -> dict[str, dict[str, str]]:
-    """{family: {candidate: '' when it can run here, else why not}}."""
-    parameter = next(model.parameters())
+def candidate_statuses(model: torch.nn.Module, parameter: torch.Tensor | None = None) -> dict[str, dict[str, str]]:
+    """{family: {candidate: '' when it can run here, else why not}} (``parameter``: any of the model's, if at hand)."""
+    parameter = next(model.parameters()) if parameter is None else parameter
     device, dtype = parameter.device, parameter.dtype
     head_dim = _shape(model)[2]
     on_cpu = device.type == "cpu"
@@ -64,7 +65,7 @@ def candidate_statuses(model: torch.nn.Module) -> dict[str, dict[str, str]]:
     if not on_cpu:
         attention["v6 loop, fp32 decodes"] = "the same as v2 off a CPU"
     linears = {name: "" for name in dispatch.LINEAR_CANDIDATES}
-    if not layer_linears(model):
+    if not _has_linears(model):
         linears[ONEDNN] = linears[TORCH_PACKED] = "the model's layers have no nn.Linear to pack"
     elif not on_cpu:
         linears[ONEDNN] = linears[TORCH_PACKED] = "pre-packed weights are a CPU path (oneDNN); on a GPU the matmuls run as they are"
@@ -77,6 +78,17 @@ def candidate_statuses(model: torch.nn.Module) -> dict[str, dict[str, str]]:
         if not runs:
             linears[TORCH_PACKED] = why
     return {ATTENTION: attention, LINEARS: linears}
+
+
+def _has_linears(model: torch.nn.Module) -> bool:
+    """Whether the model has ``nn.Linear`` layers to pack (asked at every step: kept per model)."""
+    has = _linears_of.get(model)
+    if has is None:
+        has = _linears_of[model] = any(type(m) is torch.nn.Linear for m in model.modules())
+    return has
+
+
+_linears_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _shape(model: torch.nn.Module) -> tuple[int, int, int]:
@@ -310,7 +322,8 @@ def table_for(model: torch.nn.Module, refresh: bool = False, progress: Callable[
     table = dispatch.injected_for(model)
     if table is not None:
         return table
-    key = (*dispatch.table_key(model), fingerprint(candidate_statuses(model)))  # a switch or a build measures anew
+    parameter = next(model.parameters())
+    key = (*dispatch.table_key(model, parameter), fingerprint(candidate_statuses(model, parameter)))  # a switch or a build measures anew
     table = _tables.get(key)
     if table is not None and not refresh:
         return table

@@ -87,7 +87,7 @@ def test_the_zen4_figures_pick_v7_and_a_second_pack_needs_a_clear_gain():
     timings["prefill_2048"][LINEARS] = {ONEDNN: 1.0, TORCH_PACKED: 0.8, STOCK: 1.2}  # a clear gain: worth a second pack
     table = injected(timings)
     assert {table.choice(b, ATTENTION) for b in BUCKET_NAMES} == {V7}
-    assert table.primary_linears() == ONEDNN
+    assert table.primary_linears == ONEDNN
     assert table.choice("prefill_512", LINEARS) == ONEDNN
     assert table.choice("prefill_2048", LINEARS) == TORCH_PACKED
 

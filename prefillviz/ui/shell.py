@@ -67,7 +67,7 @@ def model_choice() -> tuple[str, str, str]:
         with st.expander("Model settings", expanded=not presenter_mode()):
             custom = "" if policy.enabled else kept(st.text_input, "…or another Hugging Face id or local folder", key="sidebar_custom_model").strip()
             device = kept(st.selectbox, "Device", DEVICES, key="sidebar_device")
-            dtype = kept(st.selectbox, "dtype", DTYPES, key="sidebar_dtype", help="auto: bf16 on GPU and on CPUs with fast bf16, else fp32. A dtype this CPU can't run is refused with a message; a slow one is flagged with its measured factor.")
+            dtype = kept(st.selectbox, "dtype", DTYPES, key="sidebar_dtype", help="auto: bf16 on GPU and on a CPU where bf16 measured at least 1.25x faster than fp32, else fp32. A dtype this CPU can't run is refused with a message; a slow one is flagged with its measured factor.")
         kept(st.radio, "Chart image format (each chart's camera button)", ["png", "svg"], key="export_format", horizontal=True)
     if presenter_mode():
         st.markdown(PRESENTER_CSS, unsafe_allow_html=True)

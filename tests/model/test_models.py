@@ -16,7 +16,8 @@ import torch
 
 from prefillviz import bundled, hub
 from prefillviz.errors import ModelLoadError
-from prefillviz.devices import cpu_has_fast_bf16, resolve_device, resolve_dtype
+from prefillviz import devices
+from prefillviz.devices import BF16_AUTO_SPEEDUP, cpu_bf16_speedup, resolve_device, resolve_dtype
 from prefillviz.model_registry import BUNDLED_MODEL_ID, RECOMMENDED_MODELS
 from prefillviz.models import load_model
 from tests.tiny_models import make_tiny_llama
@@ -282,13 +283,21 @@ def test_dtype_and_device_resolution():
     cpu = torch.device("cpu")
     assert resolve_device("cpu") == cpu
     assert resolve_device("auto").type in {"cpu", "cuda", "mps"}
-    assert (resolve_dtype("auto", cpu) == torch.bfloat16) == cpu_has_fast_bf16()
+    speedup = cpu_bf16_speedup()  # measured here, not read from the CPU's flags
+    assert (resolve_dtype("auto", cpu) == torch.bfloat16) == (speedup is not None and speedup >= BF16_AUTO_SPEEDUP)
     assert resolve_dtype("auto", cpu) in {torch.bfloat16, torch.float32}
     if torch.backends.mps.is_available():
         assert resolve_dtype("auto", "mps") == torch.float32
     assert resolve_dtype("float16", cpu) == torch.float16
     assert resolve_dtype(torch.bfloat16, cpu) == torch.bfloat16
-    assert cpu_has_fast_bf16() is cpu_has_fast_bf16()  # cached bool
+    assert cpu_bf16_speedup() is speedup  # measured once per process
+
+
+@pytest.mark.parametrize("speedup,expected", [(4.7, torch.bfloat16), (1.3, torch.bfloat16), (1.1, torch.float32), (0.2, torch.float32), (None, torch.float32)])
+def test_auto_picks_bfloat16_on_a_cpu_only_where_it_measured_faster(monkeypatch, speedup, expected):
+    """4.7: bf16 on AMX or AVX512-BF16; 0.2: an AVX2-only CPU, where bf16 matmuls are emulated; None: bf16 can't run."""
+    monkeypatch.setattr(devices, "cpu_bf16_speedup", lambda: speedup)
+    assert resolve_dtype("auto", "cpu") == expected
 
 
 def test_no_remote_code_is_ever_trusted():

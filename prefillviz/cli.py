@@ -8,16 +8,20 @@ prints the attention-kernel benchmark, time and peak memory vs N for every kerne
 OpenAI-compatible server from outside (see ``probe/``). ``tune`` times the engine's
 candidate implementations on this machine and prints the measured dispatch
 (``engine/dispatch.py``); ``--again`` measures even when a fresh table is cached.
+
+Every size option is checked before the work starts (against the model's context right after it
+loads): a bad one is one ``error:`` line naming the option, the value and the limit, exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 
-from prefillviz.errors import ConfigError, PrefillVizError
+from prefillviz.errors import ConfigError, PrefillVizError, RequestError
 from prefillviz.experiments.kernel_bench import BENCH_SIZES, SHAPES
 
 
@@ -94,12 +98,58 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def _option(option: str):
+    """A check's error raised inside names the option it is about: ``--sizes 16384: N = 16,384 is past ...``."""
+    try:
+        yield
+    except PrefillVizError as error:
+        raise type(error)(f"{option}: {error}") from None
+
+
+def _at_least(option: str, value: int, minimum: int, meaning: str) -> None:
+    """Refuse ``option value`` below ``minimum`` before any work starts (the model's load included)."""
+    if value < minimum:
+        raise ConfigError(f"{option} {value}: must be at least {minimum} ({meaning}).")
+
+
+def _check_context(option: str, value: int, what: str, total: int, largest: int, loaded, also: str = "") -> None:
+    """Refuse ``option value`` whose longest sequence, ``what`` = ``total`` tokens, passes the loaded
+    model's context; ``largest`` is the most the option may ask, given the other options."""
+    context = loaded.info.max_context
+    if context and total > context:
+        fix = f"use {option} {largest} or less{also}" if largest >= 1 else "ask for fewer tokens"
+        raise RequestError(f"{option} {value}: {what} = {total:,} tokens, but {loaded.model_id}'s context is {context:,} tokens; {fix}.")
+
+
 def disagg_command(args: argparse.Namespace) -> dict:
+    from prefillviz.config import EngineConfig
     from prefillviz.disagg.experiment import compare_setups
     from prefillviz.experiments.chunked import build_workload
     from prefillviz.models import load_model
 
+    with _option(f"--token-budget {args.token_budget}"):
+        EngineConfig(token_budget=args.token_budget)  # the workload's engines' own check, before the model loads
+    handover = "the prefill worker makes the first token, the decode worker the rest"
+    for option, value, minimum, meaning in (
+        ("--num-short", args.num_short, 0, "short requests decoding when the long prompt arrives"),
+        ("--short-prompt-tokens", args.short_prompt_tokens, 1, "a prompt needs a token"),
+        ("--short-new-tokens", args.short_new_tokens, 2, handover),
+        ("--long-prompt-tokens", args.long_prompt_tokens, 1, "a prompt needs a token"),
+        ("--long-new-tokens", args.long_new_tokens, 2, handover),
+        ("--arrival-step", args.arrival_step, 0, "engine steps before the long prompt arrives"),
+    ):
+        _at_least(option, value, minimum, meaning)
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
+    context = loaded.info.max_context or 0
+    requests = [("long", args.long_prompt_tokens, args.long_new_tokens)]
+    requests += [("short", args.short_prompt_tokens, args.short_new_tokens)] * (args.num_short > 0)
+    for kind, prompt_tokens, new_tokens in requests:  # each within the context, before any engine runs
+        what, total = f"the {kind} request is {prompt_tokens:,} prompt + {new_tokens:,} new tokens", prompt_tokens + new_tokens
+        if prompt_tokens >= new_tokens:  # the larger part is the one to cut
+            _check_context(f"--{kind}-prompt-tokens", prompt_tokens, what, total, context - new_tokens, loaded)
+        else:
+            _check_context(f"--{kind}-new-tokens", new_tokens, what, total, context - prompt_tokens, loaded)
     workload = build_workload(
         loaded.tokenizer, args.num_short, args.short_prompt_tokens, args.short_new_tokens, args.long_prompt_tokens,
         args.long_new_tokens, args.arrival_step, args.token_budget,
@@ -112,18 +162,23 @@ def _run_prompt(args: argparse.Namespace, capture_level: str = "none", profile_d
     from prefillviz.config import EngineConfig
     from prefillviz.engine.engine import LLMEngine
     from prefillviz.engine.request import SamplingParams
-    from prefillviz.engine.request_checks import check_prompt_text
+    from prefillviz.engine.request_checks import check_context, check_prompt_text
     from prefillviz.models import load_model
 
     check_prompt_text(args.prompt)  # at once, not after loading the model
-    config = EngineConfig(
-        block_size=args.block_size,
-        token_budget=args.token_budget,
-        enable_prefix_caching=not args.no_prefix_cache,
-        enable_chunked_prefill=not args.no_chunking,
-        pack_linear_weights=packs_weights(args),
-    )
+    _at_least("--max-new-tokens", args.max_new_tokens, 1, "the prefill samples the first token")
+    with _option(f"--token-budget {args.token_budget}, --block-size {args.block_size}"):
+        config = EngineConfig(
+            block_size=args.block_size,
+            token_budget=args.token_budget,
+            enable_prefix_caching=not args.no_prefix_cache,
+            enable_chunked_prefill=not args.no_chunking,
+            pack_linear_weights=packs_weights(args),
+        )
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
+    num_prompt_tokens, context = len(loaded.tokenizer(args.prompt)["input_ids"]), loaded.info.max_context
+    with _option(f"--max-new-tokens {args.max_new_tokens}" if not context or num_prompt_tokens < context else "--prompt"):
+        check_context(num_prompt_tokens, args.max_new_tokens, context, loaded.model_id)  # before the engine, which may first measure its dispatch
     engine = LLMEngine(loaded.model, loaded.tokenizer, config, model_id=loaded.model_id)
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
@@ -208,8 +263,32 @@ def trace_command(args: argparse.Namespace) -> dict:
     }
 
 
+def bench_command(args: argparse.Namespace) -> dict:
+    _at_least("--num-tokens", args.num_tokens, 1, "the prompt length the bench prefills")
+    _at_least("--runs", args.runs, 1, "timed runs per figure")
+    from prefillviz.bench import run_bench
+    from prefillviz.models import load_model
+
+    check_bench_sizes(load_model(args.model, device=args.device, dtype=args.dtype), args.num_tokens, not args.no_vllm)  # the bench loads its own
+    return run_bench(args.model, args.device, args.dtype, args.num_tokens, args.runs, args.quick, not args.no_vllm)
+
+
+def check_bench_sizes(loaded, num_tokens: int, with_vllm: bool) -> None:
+    """``bench --num-tokens N`` within the model's context, before any part runs. Its longest sequence
+    (``bench.py``) is the prefix hit's: a 2N-token prefix, 32 more prompt tokens and the first new one
+    (the peer's 2N-token prompts with 32 new, the chunked workload's 2N + 4, are shorter); the
+    side-by-side with vLLM (``bench_vllm.py``) prefills 4N and gives vLLM a max_model_len of 4N + 64."""
+    from prefillviz.peers.vllm_client import unavailable_for
+
+    context = loaded.info.max_context or 0
+    if with_vllm and unavailable_for(loaded.model_id, loaded.device.type) is None:
+        also = f" ({(context - 33) // 2} or less with --no-vllm)"
+        _check_context("--num-tokens", num_tokens, "the bench prefills up to 4 x N + 64", 4 * num_tokens + 64, (context - 64) // 4, loaded, also)
+    _check_context("--num-tokens", num_tokens, "the bench's prefix hit runs 2 x N + 33", 2 * num_tokens + 33, (context - 33) // 2, loaded)
+
+
 def kernels_command(args: argparse.Namespace) -> dict:
-    from prefillviz.experiments.kernel_bench import benchmark_json, run_kernel_benchmark
+    from prefillviz.experiments.kernel_bench import benchmark_json, check_sizes, run_kernel_benchmark
     from prefillviz.devices import require_dtype, resolve_device, resolve_dtype
 
     try:
@@ -219,7 +298,10 @@ def kernels_command(args: argparse.Namespace) -> dict:
     families = tuple(f.strip() for f in args.families.split(",") if f.strip())
     if not sizes or min(sizes) < 1 or not families or set(families) - {"dense", "paged"}:
         raise ConfigError("Need --sizes of positive N and --families among dense, paged.")
+    _at_least("--runs", args.runs, 1, "timed runs per kernel and N")
     device = resolve_device(args.device)
+    with _option(f"--sizes {args.sizes}"):
+        check_sizes(args.shape, sizes, device)
     dtype = resolve_dtype(args.dtype, device)
     require_dtype(device, dtype)
     bench = run_kernel_benchmark(*SHAPES[args.shape], sizes, device, dtype, families, not args.no_flex, args.runs)
@@ -250,9 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             result = probe_command(args)
             print(json.dumps(result, indent=2)) if args.json else print_summary(result)
         else:
-            from prefillviz.bench import run_bench
-
-            print(json.dumps(run_bench(args.model, args.device, args.dtype, args.num_tokens, args.runs, args.quick, not args.no_vllm), indent=2))
+            print(json.dumps(bench_command(args), indent=2))
     except PrefillVizError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -20,6 +20,22 @@ def check_prompt_text(prompt: str) -> None:
         raise RequestError(EMPTY_TEXT)
 
 
+def check_context(num_prompt_tokens: int, max_new_tokens: int, max_context: int | None, model_name: str = "this model") -> None:
+    """Raise ``RequestError`` when the prompt and its new tokens pass the model's context (None: no
+    limit known). ``check_request`` runs it in the engine; the CLI runs it before building one."""
+    total = num_prompt_tokens + max_new_tokens
+    if not max_context or total <= max_context:
+        return
+    if num_prompt_tokens < max_context:
+        fix = f"Ask for at most {max_context - num_prompt_tokens:,} new tokens, or shorten the prompt."
+    else:
+        fix = "Shorten the prompt."
+    raise RequestError(
+        f"The prompt has {num_prompt_tokens:,} tokens; with {max_new_tokens:,} new token(s) that is {total:,}, "
+        f"more than {model_name}'s context of {max_context:,} tokens. {fix}"
+    )
+
+
 def check_request(
     request_id: str, token_ids: list[int], params: SamplingParams, config: EngineConfig, info: Any, num_blocks: int,
     known_request_ids: Container[str],
@@ -42,12 +58,8 @@ def check_request(
         raise RequestError(
             f"This engine serves {' and '.join(limits)}; this one has {len(token_ids):,} and asks for {params.max_new_tokens}."
         )
+    check_context(len(token_ids), params.max_new_tokens, info.max_context)
     total = len(token_ids) + params.max_new_tokens
-    if info.max_context and total > info.max_context:
-        raise RequestError(
-            f"The prompt has {len(token_ids):,} tokens; with {params.max_new_tokens} new token(s) that is "
-            f"{total:,}, more than this model's context of {info.max_context:,} tokens. Shorten the prompt."
-        )
     capacity = num_blocks * config.block_size
     if total > capacity:
         raise RequestError(

@@ -21,6 +21,7 @@ draws the same rows.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +31,7 @@ from kernels import paged_attention as paged
 from kernels.attention import KernelResult
 from prefillviz.analysis.peaks import machine_name
 from prefillviz.devices import dtype_name
+from prefillviz.errors import ConfigError
 from prefillviz.progress import FractionProgress
 
 BENCH_SIZES = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -37,6 +39,7 @@ SHAPES = {  # name: (query heads, KV heads, head dim) of a model's attention
     "smollm2-135m": (9, 3, 64),  # the bundled model
     "llama-3.2-1b": (32, 8, 64),
 }
+SHAPE_CONTEXTS = {"smollm2-135m": 8192, "llama-3.2-1b": 131072}  # name: the model's context (max_position_embeddings)
 MIXED_CHUNK, MIXED_DECODES = 128, 4
 NAIVE_MAX_SCORE_BYTES = {"cpu": 3 * 2**30, "cuda": 24 * 2**30}
 """v1 is timed with its whole (H, N, N) fp32-sized score matrix only up to this size."""
@@ -124,6 +127,36 @@ def naive_fits(num_heads: int, n: int, device: str) -> tuple[bool, str]:
     return False, f"its (H, N, N) scores would take {need / 2**30:.1f} GiB (cap {cap / 2**30:.0f} GiB on {torch.device(device).type})"
 
 
+def device_memory_bytes(device: torch.device | str) -> int:
+    """All the memory of ``device``: a GPU's own, else the machine's RAM (psutil)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    import psutil
+
+    return psutil.virtual_memory().total
+
+
+def check_sizes(shape_name: str, sizes: list[int], device: torch.device | str) -> None:
+    """Raise ``ConfigError``, before any kernel runs, for an N past the shape's model context, or one
+    whose (H, N, N) fp32 score matrix, v1's, would not fit in the device's memory at all. That is the
+    cap on N: past it v1 can't exist, and the row-blocked oracle every kernel is checked against
+    still does O(H N^2) work per check (below it, v1 is only skipped over ``NAIVE_MAX_SCORE_BYTES``)."""
+    num_heads = SHAPES[shape_name][0]
+    memory = device_memory_bytes(device)
+    largest = math.isqrt(memory // (num_heads * 4))  # the largest N whose (H, N, N) fp32 scores fit
+    context = SHAPE_CONTEXTS.get(shape_name)
+    for n in sizes:
+        if context is not None and n > context and context <= largest:
+            raise ConfigError(f"N = {n:,} is past {shape_name}'s context of {context:,} tokens; use N of {context:,} or less.")
+        if n > largest:
+            raise ConfigError(
+                f"N = {n:,} needs {num_heads * n * n * 4 / 2**30:,.1f} GiB for v1's (H, N, N) fp32 scores (H = {num_heads}), "
+                f"more than this {'GPU' if torch.device(device).type == 'cuda' else 'machine'}'s {memory / 2**30:,.1f} GiB; "
+                f"use N of {largest:,} or less."
+            )
+
+
 def _dense_inputs(num_heads, num_kv_heads, head_dim, n, device, dtype, generator):
     shapes = ((num_heads, n, head_dim), (num_kv_heads, n, head_dim), (num_kv_heads, n, head_dim))
     return [torch.randn(*shape, generator=generator).to(device=device, dtype=dtype) for shape in shapes]
@@ -206,4 +239,7 @@ def benchmark_json(bench: KernelBenchmark) -> dict:
     }
 
 
-__all__ = ["BENCH_SIZES", "SHAPES", "KernelBenchmark", "benchmark_json", "kernel_rows", "mixed_requests", "run_kernel_benchmark"]
+__all__ = [
+    "BENCH_SIZES", "SHAPES", "SHAPE_CONTEXTS", "KernelBenchmark", "benchmark_json", "check_sizes", "kernel_rows", "mixed_requests",
+    "run_kernel_benchmark",
+]

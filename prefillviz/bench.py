@@ -65,15 +65,18 @@ QUICK_SIZES = BenchSizes(  # bench --quick: the test of the JSON's keys and shap
 )
 
 
-def run_bench(model_id: str, device: str, dtype: str, num_tokens: int = 512, runs: int = 7, quick: bool = False, with_vllm: bool = True) -> dict:
+def run_bench(
+    model_id: str, device: str, dtype: str, num_tokens: int = 512, runs: int = 7, quick: bool = False, with_vllm: bool = True, loaded=None
+) -> dict:
     """Measure and return the benchmark figures (see the README for each key).
 
     Args:
         quick: every part on ``QUICK_SIZES``: the same keys, no figures to read.
         with_vllm: False leaves out the side-by-side with vLLM (its keys are None, with the reason).
+        loaded: the model already loaded (the command line loads it to check the sizes first); None loads it.
     """
     sizes = QUICK_SIZES if quick else FULL_SIZES
-    loaded = load_model(model_id, device=device, dtype=dtype)
+    loaded = loaded or load_model(model_id, device=device, dtype=dtype)
     model, device_ = loaded.model, loaded.device
     token_ids = bench_token_ids(loaded.tokenizer, num_tokens)
     input_ids = torch.tensor([token_ids], device=device_)

@@ -194,6 +194,7 @@ def packs_weights(args: argparse.Namespace) -> bool:
 
 def run_command(args: argparse.Namespace) -> dict:
     from prefillviz.dtype_speed import dtype_speed
+    from prefillviz.engine.dispatch_tuning import summary as dispatch_summary
     from prefillviz.engine.llama_forward import forward_label
     from prefillviz.engine.packed_weights import linear_weights_label
 
@@ -220,26 +221,8 @@ def run_command(args: argparse.Namespace) -> dict:
     return result
 
 
-def dispatch_summary(model, trace=None) -> dict:
-    """The measured dispatch as ``run``/``bench`` report it: each step's choice, the table's, and its timings in ms."""
-    from prefillviz.engine.dispatch import ATTENTION, LINEARS
-    from prefillviz.engine.dispatch_tuning import table_for
-
-    table = table_for(model)
-    summary = {
-        "attention": table.sentence(ATTENTION),
-        "linears": table.sentence(LINEARS),
-        "provenance": table.provenance(),
-        "choices": table.choices(),
-        "timings_ms": {b: {f: {c: round(s * 1e3, 4) for c, s in t.items()} for f, t in fams.items()} for b, fams in table.timings.items()},
-        "excluded": table.excluded,
-    }
-    if trace is not None:
-        summary["steps"] = [step.dispatch for step in trace.steps if getattr(step, "dispatch", None)]
-    return summary
-
-
 def tune_command(args: argparse.Namespace) -> dict:
+    from prefillviz.engine.dispatch_tuning import summary as dispatch_summary
     from prefillviz.engine.dispatch_tuning import table_for
     from prefillviz.models import load_model
 
@@ -269,8 +252,9 @@ def bench_command(args: argparse.Namespace) -> dict:
     from prefillviz.bench import run_bench
     from prefillviz.models import load_model
 
-    check_bench_sizes(load_model(args.model, device=args.device, dtype=args.dtype), args.num_tokens, not args.no_vllm)  # the bench loads its own
-    return run_bench(args.model, args.device, args.dtype, args.num_tokens, args.runs, args.quick, not args.no_vllm)
+    loaded = load_model(args.model, device=args.device, dtype=args.dtype)
+    check_bench_sizes(loaded, args.num_tokens, not args.no_vllm)  # before any part of the bench runs
+    return run_bench(args.model, args.device, args.dtype, args.num_tokens, args.runs, args.quick, not args.no_vllm, loaded=loaded)
 
 
 def check_bench_sizes(loaded, num_tokens: int, with_vllm: bool) -> None:

@@ -87,10 +87,14 @@ BUCKET_NAMES = tuple(b.name for b in BUCKETS)
 
 def bucket_of(step) -> str:
     """The bucket a step (``PagedStep``) is timed as: decodes only, anything over cached context, or a fresh prefill by size."""
-    query_lens = [step.query_len(r) for r in range(step.num_requests)]
+    return bucket_for([step.query_len(r) for r in range(step.num_requests)], step.num_computed)
+
+
+def bucket_for(query_lens: list[int], num_computed: list[int]) -> str:
+    """``bucket_of`` from each request's new tokens and what it had cached."""
     if all(n == 1 for n in query_lens):
         return "decode"
-    if any(step.num_computed):
+    if any(num_computed):
         return "mixed"
     total = sum(query_lens)
     return "prefill_128" if total <= 256 else "prefill_512" if total <= 1024 else "prefill_2048"

@@ -344,6 +344,20 @@ def table_for(model: torch.nn.Module, refresh: bool = False, progress: Callable[
     return table
 
 
+def table_for_heads(num_heads: int, num_kv_heads: int, head_dim: int, device: str, dtype: str) -> DispatchTable | None:
+    """The newest table measured on this machine for a model with these attention heads (kept in this
+    process or cached on disk), or None: what the kernels command marks as the engine's choice."""
+    prefix = f"H{num_heads}-KVH{num_kv_heads}-D{head_dim}-"
+    threads = torch.get_num_threads()
+    found = [t for t in _tables.values() if t.shape.startswith(prefix) and (t.device, t.dtype, t.num_threads) == (device, dtype, threads)]
+    folder = Path(os.environ.get("PREFILLVIZ_CACHE", "~/.cache/prefillviz")).expanduser() / "dispatch"
+    for path in sorted(folder.glob(f"*_{device.replace(':', '')}_{dtype}_{threads}threads_*_v{FORMAT}.json")) if folder.is_dir() else []:
+        table = read_cached(path)
+        if table is not None and table.shape.startswith(prefix):
+            found.append(table)
+    return max(found, key=lambda t: t.measured_at, default=None)
+
+
 def known_table(model: torch.nn.Module) -> DispatchTable | None:
     """The table the engine uses for this model if one is at hand already (nothing is measured)."""
     return dispatch.injected_for(model) or _tables.get((*dispatch.table_key(model), fingerprint(candidate_statuses(model))))

@@ -222,8 +222,35 @@ def run_kernel_benchmark(
     return bench
 
 
+def engine_choice(bench: KernelBenchmark) -> dict:
+    """What the engine's measured dispatch runs for this shape here, and which rows it is.
+
+    Returns:
+        {"measured": whether a table exists for these heads here, "provenance" or "why",
+        "by_bucket": {bucket: attention candidate}, "rows": [indexes into ``bench.rows()`` that the engine runs]}.
+    """
+    from prefillviz.engine.dispatch import ATTENTION, bucket_for
+    from prefillviz.engine.dispatch_tuning import table_for_heads
+
+    table = table_for_heads(bench.num_heads, bench.num_kv_heads, bench.head_dim, bench.device, bench.dtype)
+    if table is None:
+        return {"measured": False, "why": "the engine's dispatch is not measured for these heads, device and dtype here yet (python -m prefillviz tune)"}
+    by_bucket = {bucket: table.choice(bucket, ATTENTION) for bucket in table.timings}
+    chosen = []
+    for index, row in enumerate(bench.rows()):
+        if row["family"] != "paged":
+            continue
+        bucket = "mixed" if row["workload"] == "mixed" else bucket_for([row["N"]], [0])
+        if row["kernel"] == by_bucket.get(bucket):
+            chosen.append(index)
+    return {"measured": True, "provenance": table.provenance(), "by_bucket": by_bucket, "rows": chosen}
+
+
 def benchmark_json(bench: KernelBenchmark) -> dict:
-    """The benchmark as one JSON-ready object: machine, shape, rows, skipped, summary."""
+    """The benchmark as one JSON-ready object: machine, shape, rows (each paged row says whether it is the
+    engine's measured choice there), skipped, summary, and the engine's choice."""
+    choice = engine_choice(bench)
+    rows = [{**row, "engine_choice": index in choice.get("rows", [])} for index, row in enumerate(bench.rows())]
     return {
         "machine": {
             "name": machine_name(bench.device),
@@ -233,9 +260,10 @@ def benchmark_json(bench: KernelBenchmark) -> dict:
         },
         "shape": {"num_heads": bench.num_heads, "num_kv_heads": bench.num_kv_heads, "head_dim": bench.head_dim, "dtype": bench.dtype},
         "sizes": bench.sizes,
-        "rows": bench.rows(),
+        "rows": rows,
         "skipped": bench.skipped,
         "summary": bench.summary(),
+        "engine_choice": {k: v for k, v in choice.items() if k != "rows"},
     }
 
 

@@ -172,7 +172,7 @@ def test_bench_sizes_are_refused_before_the_bench_runs(loads_bundled, capsys):
         f"{BUNDLED}'s context is 8,192 tokens; use --num-tokens 4079 or less."
     )
     benched = []
-    loads_bundled.setattr("prefillviz.bench.run_bench", lambda *args: benched.append(args[3]) or {})
+    loads_bundled.setattr("prefillviz.bench.run_bench", lambda *args, **kwargs: benched.append(args[3]) or {})
     assert main(["bench", "--num-tokens", "2032"]) == 0 and main(["bench", "--num-tokens", "4079", "--no-vllm"]) == 0
     assert benched == [2032, 4079]  # the largest sizes pass the check
 

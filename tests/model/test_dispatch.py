@@ -216,3 +216,20 @@ def test_tune_prints_the_choice_and_the_timings_behind_it(bundled, capsys):
                 assert timed[chosen[family]] == min(timed.values()) or family == LINEARS  # linears: the primary pack within 10%
     assert result["attention"].startswith("attention: ") and "x faster than" in result["attention"] + result["linears"]
     assert all(name in ATTENTION_CANDIDATES + LINEAR_CANDIDATES for fam in result["excluded"].values() for name in fam)
+
+
+def test_the_kernels_command_marks_the_engines_choice(monkeypatch, tmp_path):
+    from prefillviz.experiments.kernel_bench import benchmark_json, run_kernel_benchmark
+
+    monkeypatch.setenv("PREFILLVIZ_CACHE", str(tmp_path))  # no table on disk: only the one kept below
+    timings = {b: {ATTENTION: {"v2 loop": 1.0, "v3 packed": 2.0}, LINEARS: {STOCK: 1.0}} for b in BUCKET_NAMES}
+    timings["mixed"][ATTENTION] = {"v2 loop": 2.0, "v3 packed": 1.0}
+    table = dispatch.DispatchTable("cpu", "float32", "here", torch.get_num_threads(), "H4-KVH2-D16-hidden64-mlp128", timings,
+                                   measured_at="2026-12-02T06:00:00+00:00")
+    bench = run_kernel_benchmark(4, 2, 16, [32], "cpu", torch.float32, ("paged",), include_flex=False, runs=1)
+    assert benchmark_json(bench)["engine_choice"]["measured"] is False  # nothing measured for these heads yet: said, not guessed
+    monkeypatch.setattr(dispatch_tuning, "_tables", {("key",): table})
+    result = benchmark_json(bench)
+    assert result["engine_choice"]["by_bucket"]["prefill_128"] == "v2 loop" and result["engine_choice"]["by_bucket"]["mixed"] == "v3 packed"
+    marked = {(row["workload"], row["kernel"]) for row in result["rows"] if row["engine_choice"]}
+    assert marked == {("prefill", "v2 loop"), ("mixed", "v3 packed")}

@@ -192,8 +192,8 @@ class DispatchTable:
             beaten = self.runner_up(widest, family)
             if beaten:
                 chosen_ms = self.timings[widest][family][name] * 1e3
-                part += (f" (at {widest.replace('_', ' ')}: {chosen_ms:.2f} ms a layer, "
-                         f"{beaten[1]:.1f}x faster than {PLAIN_NAMES[beaten[0]]})")
+                versus = f"{beaten[1]:.1f}x faster than" if beaten[1] >= 1.05 else "within 5% of"
+                part += f" (at {widest.replace('_', ' ')}: {chosen_ms:.2f} ms a layer, {versus} {PLAIN_NAMES[beaten[0]]})"
             parts.append(part)
         return f"{family}: " + "; ".join(parts)
 

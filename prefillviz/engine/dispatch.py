@@ -38,6 +38,7 @@ import torch
 
 from kernels.engine_ops import engine_ops_status
 from kernels.paged_attention import get_paged_kernel
+from prefillviz.errors import ConfigError
 
 ATTENTION = "attention"
 LINEARS = "linears"
@@ -228,16 +229,16 @@ def forced_candidate(family: str, table: DispatchTable | None = None) -> str:
     """The candidate ``FORCE_ENV[family]`` names ('' when unset).
 
     Raises:
-        ValueError: it names no candidate, or one the table excluded on this machine (with why).
+        ConfigError: it names no candidate, or one the table excluded on this machine (with why).
     """
     name = os.environ.get(FORCE_ENV[family], "").strip()
     if not name:
         return ""
     matches = [c for c in CANDIDATES[family] if c == name or c.split(",")[0].split(" ")[0] == name]
     if not matches:
-        raise ValueError(f"{FORCE_ENV[family]}={name!r} names no {family} implementation; pick one of {', '.join(CANDIDATES[family])}.")
+        raise ConfigError(f"{FORCE_ENV[family]}={name!r} names no {family} implementation; pick one of {', '.join(CANDIDATES[family])}.")
     if table is not None and matches[0] in table.excluded.get(family, {}):
-        raise ValueError(f"{FORCE_ENV[family]}={name!r}, but it can't run here: {table.excluded[family][matches[0]]}")
+        raise ConfigError(f"{FORCE_ENV[family]}={name!r}, but it can't run here: {table.excluded[family][matches[0]]}")
     return matches[0]
 
 

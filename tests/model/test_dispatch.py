@@ -33,6 +33,7 @@ from prefillviz.engine.dispatch import (
 )
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
+from prefillviz.errors import ConfigError
 from prefillviz.oracle import hf_greedy_generate, hf_last_logits
 from tests.conftest import FP32_TOLERANCE
 
@@ -98,10 +99,10 @@ def test_a_forced_candidate_wins_and_one_that_cannot_run_is_refused(monkeypatch)
     monkeypatch.setenv("PREFILLVIZ_ATTENTION", "v2")
     assert table.choice("decode", ATTENTION) == "v2 loop" and "forced by PREFILLVIZ_ATTENTION" in table.sentence(ATTENTION)
     monkeypatch.setenv("PREFILLVIZ_LINEARS", "oneDNN matmul")
-    with pytest.raises(ValueError, match="can't run here: oneDNN is not installed"):
+    with pytest.raises(ConfigError, match="can't run here: oneDNN is not installed"):
         table.choice("decode", LINEARS)
     monkeypatch.setenv("PREFILLVIZ_LINEARS", "v9")
-    with pytest.raises(ValueError, match="names no linears implementation"):
+    with pytest.raises(ConfigError, match="names no linears implementation"):
         table.choice("decode", LINEARS)
 
 

@@ -91,7 +91,8 @@ def cpu_runs_packed_linear(dtype: torch.dtype) -> tuple[bool, str]:
     except RuntimeError as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return False, f"this CPU can't run oneDNN's packed {dtype_name(dtype)} matmul ({reason}); stock linear layers run instead"
-    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
+    # each side rounds its outputs once (a step of dtype each) + two fp32 sums of 32 unit-normal products (sqrt(32) eps_fp32 x sum |x w| ~ 32)
+    tolerance = 2 * torch.finfo(dtype).eps + 2 * 32**1.5 * torch.finfo(torch.float32).eps
     if packed.shape != expected.shape or not torch.allclose(packed.float(), expected.float(), rtol=tolerance, atol=tolerance):
         return False, f"oneDNN's packed {dtype_name(dtype)} matmul gave wrong results on this CPU; stock linear layers run instead"
     return True, ""

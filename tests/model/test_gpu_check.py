@@ -37,7 +37,7 @@ def test_self_test_runs_every_check_and_passes(bundled, tmp_path):
     except ImportError:
         assert "skipped" in triton_check
     else:  # installed: checked under the interpreter against the oracle
-        assert triton_check["mode"] == "triton interpreter" and triton_check["max_abs_diff"] < 1e-4
+        assert triton_check["mode"] == "triton interpreter" and triton_check["max_abs_diff"] <= triton_check["allowed"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="there is a GPU here")

@@ -14,10 +14,6 @@ from prefillviz.oracle import hf_last_logits
 from tests.tiny_models import make_tiny_llama
 from tests.tolerances import MODEL_STEPS, assert_same_greedy_token, logits_allowed_difference
 
-# an absolute bound on the bundled fp32 model's logits against HF, kept while tests/model/test_dispatch.py
-# imports it: every other test derives its bound from the dtype and the logits (tests/tolerances.py)
-FP32_TOLERANCE = 1e-3
-
 TESTS = Path(__file__).resolve().parent
 TIERS = ("unit", "model", "app", "browser", "peer")  # folder name = marker name
 

@@ -14,8 +14,7 @@ from prefillviz.analysis.attention_maps import attention_probs
 from prefillviz.analysis.first_token import first_token_view
 from prefillviz.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
-from kernels.onednn_linear import onednn_linear
-from prefillviz.engine.packed_weights import ONEDNN_SCOPE, packing_status
+from prefillviz.engine.packed_weights import ONEDNN_SCOPE
 from prefillviz.engine.request import SamplingParams
 from prefillviz.errors import ConfigError
 from prefillviz.instrument.trace_io import load_trace, save_trace
@@ -124,8 +123,9 @@ def test_profile_level_has_scopes_op_table_and_a_chrome_trace(bundled, tmp_path)
     for scope in ["layers.0.attention", "layers.29.mlp", "layers.3.input_layernorm", "layers.3.post_attention_layernorm", "lm_head"]:
         assert ops[scope]["calls"] == 1
     linears = sum(type(m) is torch.nn.Linear for m in bundled.model.modules())
-    if packing_status(bundled.model)[0]:  # the engine's packed linears, as they ran on a CPU that packs
-        packed_op = ONEDNN_SCOPE if onednn_linear(bundled.model.dtype) else "mkldnn::_linear_pointwise"
+    chosen = trace.steps[0].dispatch["linears"]  # what the measured dispatch ran for this step's shape
+    if chosen != "stock":  # the engine's packed linears, as they ran on a CPU that packs
+        packed_op = ONEDNN_SCOPE if chosen == "oneDNN matmul" else "mkldnn::_linear_pointwise"
         assert ops[packed_op]["calls"] == linears
     else:  # stock linears where the probe said no (F.linear: addmm/mm/linear in the op table)
         assert "mkldnn::_linear_pointwise" not in ops and sum(ops.get(op, {}).get("calls", 0) for op in ("aten::mm", "aten::addmm")) >= linears

@@ -188,6 +188,7 @@ def test_the_table_is_cached_and_measured_again_when_stale(tiny_llama, tmp_path,
 
 def test_a_switch_that_removes_a_candidate_gives_a_table_without_it(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("PREFILLVIZ_CACHE", str(tmp_path))
+    monkeypatch.setattr(dispatch_tuning, "_tables", {})  # not a table an earlier test kept for the same runnable candidates
     monkeypatch.setenv("PREFILLVIZ_STOCK_LINEARS", "1")
     table = dispatch_tuning.table_for(tiny_llama)
     assert {table.choice(b, LINEARS) for b in BUCKET_NAMES} == {STOCK}
@@ -211,6 +212,7 @@ def test_the_kernels_command_marks_the_engines_choice(monkeypatch, tmp_path):
     from prefillviz.experiments.kernel_bench import benchmark_json, run_kernel_benchmark
 
     monkeypatch.setenv("PREFILLVIZ_CACHE", str(tmp_path))  # no table on disk: only the one kept below
+    monkeypatch.setattr(dispatch_tuning, "_tables", {})  # nor one an earlier test kept for the tiny model's heads
     timings = {b: {ATTENTION: {"v2 loop": 1.0, "v3 packed": 2.0}, LINEARS: {STOCK: 1.0}} for b in BUCKET_NAMES}
     timings["mixed"][ATTENTION] = {"v2 loop": 2.0, "v3 packed": 1.0}
     table = dispatch.DispatchTable("cpu", "float32", "here", torch.get_num_threads(), "H4-KVH2-D16-hidden64-mlp128", timings,

@@ -3,7 +3,7 @@
 #                   a Zen 4) runs them (test-isa's CI subset: 1-3 min), then the whole test suite (every tier, vLLM's too)
 # make test-fast  - the unit tier and the small model tests (no bundled model), under 2 minutes
 # make test-isa   - the kernel, numerics and engine tests under each lower ISA cap this CPU allows (oneDNN's DNNL_MAX_CPU_ISA,
-#                   torch's ATEN_CPU_CAPABILITY, building their C++ ops first) and the engine's switches (scripts/isa_caps.py; ~30 min)
+#                   torch's ATEN_CPU_CAPABILITY, building their C++ ops first) and the engine's switches (scripts/isa_caps.py; 12-30 min)
 # make bench      - the benchmark figures as one JSON object (the full sizes; minutes)
 # make vllm       - real vLLM in .venv-vllm of its own, for the side-by-side views, tests and bench (~6 min, once)
 # make vllm-serve - real `vllm serve` with the bundled model on http://127.0.0.1:8000, for the "Your server" page and probe-server

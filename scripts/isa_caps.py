@@ -355,6 +355,7 @@ class Outcome:
     failures: list[str] = field(default_factory=list)
     timed_out: bool = False
     log: str = ""
+    files: tuple[str, ...] = ()  # the test files it ran
 
     @property
     def failed(self) -> bool:
@@ -415,7 +416,8 @@ def run_pytest(run: Run, files: tuple[str, ...], verdict: Verdict, timeout_s: fl
             returncode, timed_out = process.wait(), True
     seconds = time.perf_counter() - started
     output = log.read_text(errors="replace")
-    return Outcome(run.title, verdict, returncode, pytest_counts(output), seconds, pytest_failures(output), timed_out, str(log.relative_to(ROOT)))
+    return Outcome(run.title, verdict, returncode, pytest_counts(output), seconds, pytest_failures(output), timed_out, str(log.relative_to(ROOT)),
+                   files)
 
 
 # --------------------------------------------------------------------------- builds
@@ -454,7 +456,7 @@ def build_for(cap: str, modules: list[str], timeout_s: float = 900) -> list[str]
 # --------------------------------------------------------------------------- the summary
 def summary(outcomes: list[Outcome], seconds: float, machine: str) -> tuple[str, int]:
     """(the last lines, the exit status): 1 when a reachable run failed. Each failed test is named once, with the runs it
-    failed under, so a test that fails under every run (not a cap's code) stands apart from one that fails under one cap."""
+    failed under, so a test that fails in every run of its file (not a cap's code) stands apart from one that fails under one cap."""
     ran = [o for o in outcomes if o.returncode is not None or o.verdict.status == "broken"]
     failed = [o for o in ran if o.failed]
     lines = [f"isa caps on {machine}: {len(ran) - len(failed)} of {len(ran)} runs passed in {seconds:.0f} s",
@@ -466,7 +468,9 @@ def summary(outcomes: list[Outcome], seconds: float, machine: str) -> tuple[str,
             under.setdefault(test, []).append(outcome.label)
     if under:
         lines.append("  failed, and under which runs:")
-        lines += [f"    {test}: {'every run' if len(labels) == len(ran) > 1 else ', '.join(labels)}" for test, labels in under.items()]
+        for test, labels in under.items():
+            with_file = [o for o in ran if test.split("::")[0] in o.files]
+            lines.append(f"    {test}: {'every run of its file' if len(labels) == len(with_file) > 1 else ', '.join(labels)}")
     return "\n".join(lines), (1 if failed else 0)
 
 

@@ -165,15 +165,17 @@ def test_the_exit_status_is_1_when_a_reachable_run_fails_and_exit_5_counts():
     assert "    the run (timed out; log: out/isa_caps/s.log): DNNL_MAX_CPU_ISA=SSE41" in text
 
 
-def test_a_test_that_fails_under_every_run_is_told_from_one_that_fails_under_one_cap():
+def test_a_test_that_fails_in_every_run_of_its_file_is_told_from_one_that_fails_under_one_cap():
     run = isa_caps.Verdict("run", "reachable")
     everywhere = "FAILED tests/model/test_dispatch.py::test_k - assert True is False"
+    files = ("tests/model/test_dispatch.py", "tests/model/test_capture.py")
     sse41 = isa_caps.Outcome("DNNL_MAX_CPU_ISA=SSE41", run, 1, "2 failed, 9 passed", 9.0,
-                             [everywhere, "FAILED tests/model/test_capture.py::test_p - KeyError: 'onednn::matmul'"])
-    avx2 = isa_caps.Outcome("DNNL_MAX_CPU_ISA=AVX2", run, 1, "1 failed, 10 passed", 9.0, [everywhere])
-    text, status = isa_caps.summary([sse41, avx2], 20.0, "AMD EPYC")
+                             [everywhere, "FAILED tests/model/test_capture.py::test_p - KeyError: 'onednn::matmul'"], files=files)
+    avx2 = isa_caps.Outcome("DNNL_MAX_CPU_ISA=AVX2", run, 1, "1 failed, 10 passed", 9.0, [everywhere], files=files)
+    forced = isa_caps.Outcome("PREFILLVIZ_ATTENTION=v7", run, 0, "24 passed", 9.0, files=("tests/model/test_engine_oracle.py",))
+    text, status = isa_caps.summary([sse41, avx2, forced], 30.0, "AMD EPYC")
     assert status == 1 and text.splitlines()[-3:] == [
         "  failed, and under which runs:",
-        "    tests/model/test_dispatch.py::test_k: every run",
+        "    tests/model/test_dispatch.py::test_k: every run of its file",
         "    tests/model/test_capture.py::test_p: DNNL_MAX_CPU_ISA=SSE41",
     ]

@@ -51,6 +51,8 @@ ONEDNN, TORCH_PACKED, STOCK = "oneDNN matmul", "torch packed", "stock"
 LINEAR_CANDIDATES = (ONEDNN, TORCH_PACKED, STOCK)
 CANDIDATES = {ATTENTION: ATTENTION_CANDIDATES, LINEARS: LINEAR_CANDIDATES}
 KINDS = {V7: "C++", "v6 loop, fp32 decodes": "SDPA", "v2 loop": "SDPA", "v3 packed": "SDPA"}  # a caption compares across kinds
+BUSY_PERCENT = 10.0  # other processes' share of the cores above which a measurement is taken again (stricter than a page's 25%)
+NOISY_SPREAD = 1.5  # a chosen candidate's slowest run over its fastest above this: the measurement is taken again
 SECOND_PACK_GAIN = 1.10  # a bucket runs another pack than the primary only when it is this much faster there
 PLAIN_NAMES = {  # what a caption calls each candidate
     V7: "the engine's C++ kernel (v7)",
@@ -111,6 +113,8 @@ class DispatchTable:
         excluded: {family: {candidate: why it is out}}: can't run here, or failed its oracle check.
         dropped: {bucket: {family: [candidates timed once only, over 3x the best]}}.
         measured_at: ISO 8601 time; other_cpu_percent: other processes' share of the cores meanwhile.
+        spreads: {bucket: {family: {candidate: its slowest run over its fastest}}}: a chosen one over
+            ``NOISY_SPREAD`` makes the table ``noisy`` (measured again next time, and said so).
         source: "measured", "cache" (read from disk), or "injected" (a test's timings).
     """
 
@@ -127,6 +131,7 @@ class DispatchTable:
     measure_s: float | None = None
     source: str = "measured"
     fingerprint: str = ""
+    spreads: dict = field(default_factory=dict)  # {bucket: {family: {candidate: slowest run / fastest run}}}
 
     def choice(self, bucket: str, family: str) -> str:
         """The candidate to run: the forced one (``FORCE_ENV``) if set, else the fastest measured."""
@@ -174,9 +179,17 @@ class DispatchTable:
 
     @property
     def busy(self) -> bool:
-        from prefillviz.instrument.machine_load import BUSY_PERCENT
-
+        """Other processes used more than ``BUSY_PERCENT`` of the cores while it was measured."""
         return self.other_cpu_percent is not None and self.other_cpu_percent > BUSY_PERCENT
+
+    @property
+    def noisy(self) -> bool:
+        """A chosen candidate's runs varied by more than ``NOISY_SPREAD``: another program competed for the cores
+        (on two cores, one more busy thread can slow every threaded kernel many times, more than the load shows)."""
+        return any(
+            self.spreads.get(bucket, {}).get(family, {}).get(self.choice(bucket, family), 1.0) > NOISY_SPREAD
+            for bucket in self.timings for family in FAMILIES
+        )
 
     def sentence(self, family: str) -> str:
         """One line for a caption: what the family runs, and the measured times that chose it."""
@@ -204,7 +217,8 @@ class DispatchTable:
             return "timings injected by a test"
         load = "" if self.other_cpu_percent is None else f", other processes used {self.other_cpu_percent:.0f}% of the cores"
         when = self.measured_at.replace("T", " ")[:16] + " UTC" if self.measured_at else "unknown time"
-        return f"measured on this {self.device} ({self.machine}, {self.dtype}, {self.num_threads} threads) at {when}{load}"
+        doubt = " (busy or noisy: measured again at the next start; Measure again when the machine is quiet)" if self.busy or self.noisy else ""
+        return f"measured on this {self.device} ({self.machine}, {self.dtype}, {self.num_threads} threads) at {when}{load}{doubt}"
 
     def rows(self) -> list[dict]:
         """One row per bucket, family and timed candidate: ms per layer, and whether the engine runs it there."""

@@ -194,8 +194,8 @@ class _AttentionCall:
 
 
 # --------------------------------------------------------------------------- timing
-def _race(calls: dict[str, Callable[[], object]], device: torch.device) -> tuple[dict[str, float], list[str]]:
-    """({candidate: median seconds per call}, [candidates dropped after one call]): see the module's docstring."""
+def _race(calls: dict[str, Callable[[], object]], device: torch.device) -> tuple[dict[str, float], list[str], dict[str, float]]:
+    """({candidate: median seconds per call}, [candidates dropped after one call], {candidate: slowest run over fastest})."""
     from prefillviz.instrument.timers import run_seconds, time_call
 
     first = {}
@@ -205,9 +205,11 @@ def _race(calls: dict[str, Callable[[], object]], device: torch.device) -> tuple
     best = min(first.values())
     kept = {name: call for name, call in calls.items() if first[name] <= RACE_FACTOR * best}
     timings = {name: first[name] for name in calls if name not in kept}
+    spreads = {}
     for name, call in kept.items():
-        timings[name] = time_call(call, device, runs=RUNS, warmup=0, min_run_time_s=MIN_RUN_TIME_S).median_s
-    return timings, [name for name in calls if name not in kept]
+        timing = time_call(call, device, runs=RUNS, warmup=0, min_run_time_s=MIN_RUN_TIME_S)
+        timings[name], spreads[name] = timing.median_s, timing.max_s / max(timing.min_s, 1e-12)
+    return timings, [name for name in calls if name not in kept], spreads
 
 
 @torch.inference_mode()
@@ -229,7 +231,7 @@ def measure(model: torch.nn.Module, progress: Callable[[float, str], None] | Non
         statuses[ATTENTION][name] = why or check_attention(model, name)
     runnable = {family: [n for n, why in s.items() if not why] for family, s in statuses.items()}
     layers = {name: linear_layer(weights, name) for name in runnable[LINEARS]}
-    timings, dropped = {}, {}
+    timings, dropped, spreads = {}, {}, {}
     measured_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     with MachineLoad() as load:
         for index, bucket in enumerate(BUCKETS):
@@ -239,14 +241,14 @@ def measure(model: torch.nn.Module, progress: Callable[[float, str], None] | Non
             attention_calls = {name: _AttentionCall(name, inputs) for name in runnable[ATTENTION]}
             xs = linear_inputs(weights, bucket.num_tokens)
             linear_calls = {name: (lambda layer=layer: layer(xs)) for name, layer in layers.items()}
-            timings[bucket.name], dropped[bucket.name] = {}, {}
+            timings[bucket.name], dropped[bucket.name], spreads[bucket.name] = {}, {}, {}
             for family, calls in ((ATTENTION, attention_calls), (LINEARS, linear_calls)):
-                timings[bucket.name][family], dropped[bucket.name][family] = _race(calls, device)
+                timings[bucket.name][family], dropped[bucket.name][family], spreads[bucket.name][family] = _race(calls, device)
     excluded = {family: {n: why for n, why in s.items() if why} for family, s in statuses.items()}
     return DispatchTable(
         str(device), str(dtype).removeprefix("torch."), machine_name(device), torch.get_num_threads(), dispatch.model_signature(model),
         timings, excluded, dropped, measured_at, load.reading.other_cpu_percent, time.perf_counter() - started, "measured",
-        available,
+        available, spreads,
     )
 
 
@@ -293,6 +295,8 @@ def is_stale(table: DispatchTable, model: torch.nn.Module, now: datetime.datetim
         return f"it is older than {MAX_AGE.days} days"
     if table.busy:
         return "it was measured on a busy machine"
+    if table.noisy:
+        return "its runs varied too much (another program competed for the cores)"
     if table.fingerprint != fingerprint(candidate_statuses(model)):
         return "the candidates that run here changed"
     if set(table.timings) != {b.name for b in BUCKETS}:

@@ -59,9 +59,8 @@ def packing_available(device: torch.device | str, dtype: torch.dtype) -> tuple[b
         return False, "pre-packed weights are a CPU path (oneDNN); on a GPU the matmuls run as they are"
     if dtype not in PACKABLE_DTYPES:
         return False, f"no pre-packed matmul for {dtype_name(dtype)} here"
-    if os.environ.get(FORCE_STOCK_ENV, "").strip() not in ("", "0"):
-        return False, f"{FORCE_STOCK_ENV} is set: stock linear layers run, as on a CPU that can't pack"
-    if onednn_linear(dtype) is not None:
+    stock_forced = os.environ.get(FORCE_STOCK_ENV, "").strip() not in ("", "0")  # then the probe below says why not
+    if not stock_forced and onednn_linear(dtype) is not None:
         return True, ""
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return False, "this torch build has no oneDNN packed linear"

@@ -112,6 +112,12 @@ def bundled_bf16(bundled):
     return copy.deepcopy(bundled.model).to(torch.bfloat16)
 
 
+@pytest.fixture(scope="module")
+def bundled_bf16_weights_in_fp32(bundled_bf16):
+    """The bf16 model's own (rounded) weights computed in fp32: the reference every bf16 path is held to."""
+    return copy.deepcopy(bundled_bf16).float()
+
+
 def engine_run(model, prompt, max_new_tokens=3):
     """First-token logits, the generated tokens and each step's dispatch (a 24-token prompt in chunks of 16: prefill, mixed, decodes)."""
     engine = LLMEngine(model, tokenizer=None, config=EngineConfig(token_budget=16))
@@ -125,7 +131,7 @@ FORCINGS = [(ATTENTION, c) for c in ATTENTION_CANDIDATES] + [(LINEARS, c) for c 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("family,candidate", FORCINGS, ids=[c for _, c in FORCINGS])
-def test_each_candidate_made_fastest_is_run_and_matches_hf(bundled, bundled_bf16, dtype, family, candidate):
+def test_each_candidate_made_fastest_is_run_and_matches_hf(bundled, bundled_bf16, bundled_bf16_weights_in_fp32, dtype, family, candidate):
     model = bundled.model if dtype == "float32" else bundled_bf16
     statuses = dispatch_tuning.candidate_statuses(model)
     if statuses[family][candidate]:
@@ -135,11 +141,17 @@ def test_each_candidate_made_fastest_is_run_and_matches_hf(bundled, bundled_bf16
         logits, generated, steps = engine_run(model, prompt)
     assert [s["bucket"] for s in steps] == ["prefill_128", "mixed", "decode", "decode"]
     assert all(s[family] == candidate for s in steps)
-    reference = hf_last_logits(model, prompt)
-    allowed = logits_allowed_difference(model, reference, num_tokens=len(prompt))  # MODEL_STEPS of the dtype's grid (tests/tolerances.py)
-    assert_within(logits, reference, allowed, f"{candidate} in {dtype} against the HF forward")
-    assert_same_greedy_token(reference, logits, allowed)
-    assert_same_greedy_generation(model, prompt, generated, hf_greedy_generate(model, prompt, 3))
+    if dtype == "float32":
+        reference = hf_last_logits(model, prompt)
+        allowed = logits_allowed_difference(model, reference, num_tokens=len(prompt))  # MODEL_STEPS of fp32's grid (tests/tolerances.py)
+        assert_within(logits, reference, allowed, f"{candidate} against the HF forward")
+        assert_same_greedy_token(reference, logits, allowed)
+        assert_same_greedy_generation(model, prompt, generated, hf_greedy_generate(model, prompt, 3))
+    else:  # every bf16 path (HF's too) rounds elsewhere: each is held to the fp32 forward of the same bf16 weights
+        reference = hf_last_logits(bundled_bf16_weights_in_fp32, prompt)
+        allowed = logits_allowed_difference(model, reference, num_tokens=len(prompt))  # MODEL_STEPS of bf16's grid
+        assert_within(logits, reference, allowed, f"{candidate} in bf16 against the fp32 forward of its weights")
+        assert_same_greedy_token(reference, logits, allowed)
 
 
 # --------------------------------------------------------------------------- measuring
@@ -172,6 +184,7 @@ def test_the_table_is_cached_and_measured_again_when_stale(tiny_llama, tmp_path,
     path = dispatch_tuning.cache_path(tiny_llama)
     assert path.exists() and measured.source == "measured"
     measured.other_cpu_percent = 0.0  # as if measured on a quiet machine (this one may be busy with other tests)
+    measured.spreads = {}
     dispatch_tuning.write_cached(path, measured)
     monkeypatch.setattr(dispatch_tuning, "_tables", {})  # a new process: read from the cache, not timed again
     monkeypatch.setattr(dispatch_tuning, "measure", lambda *a, **k: pytest.fail("a fresh cached table must not be measured again"))
@@ -181,6 +194,9 @@ def test_the_table_is_cached_and_measured_again_when_stale(tiny_llama, tmp_path,
     assert "older than" in dispatch_tuning.is_stale(dispatch.DispatchTable.from_dict({**cached.as_dict(), "measured_at": old.isoformat()}), tiny_llama)
     assert "busy" in dispatch_tuning.is_stale(dispatch.DispatchTable.from_dict({**cached.as_dict(), "other_cpu_percent": 90.0}), tiny_llama)
     assert "changed" in dispatch_tuning.is_stale(dispatch.DispatchTable.from_dict({**cached.as_dict(), "fingerprint": "torch 0; nothing"}), tiny_llama)
+    noisy_spreads = {b: {f: {c: 3.0 for c in t} for f, t in fams.items()} for b, fams in cached.timings.items()}  # a run 3x another
+    noisy = dispatch.DispatchTable.from_dict({**cached.as_dict(), "spreads": noisy_spreads})
+    assert noisy.noisy and "varied" in dispatch_tuning.is_stale(noisy, tiny_llama) and "measured again" in noisy.provenance()
     assert dispatch_tuning.is_stale(cached, tiny_llama) == ""
     data = json.loads(path.read_text())
     assert data["table"]["choices"] == measured.choices() and data["format"] == dispatch_tuning.FORMAT

@@ -30,7 +30,7 @@ from prefillviz.bench_vllm import skipped as vllm_skipped
 from prefillviz.bench_vllm import vllm_side_by_side
 from prefillviz.config import EngineConfig
 from prefillviz.devices import dtype_name
-from prefillviz.engine.dispatch_tuning import summary as dispatch_summary
+from prefillviz.engine.dispatch_tables import summary as dispatch_summary
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.packed_weights import packed_linears, packing_status
 from prefillviz.experiments.chunked import build_workload, latency_summary, run_workload

@@ -16,12 +16,12 @@ loads): a bad one is one ``error:`` line naming the option, the value and the li
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
 
-from prefillviz.errors import ConfigError, PrefillVizError, RequestError
+from prefillviz.cli_checks import at_least, check_bench_sizes, check_context_of, option_named
+from prefillviz.errors import ConfigError, PrefillVizError
 from prefillviz.experiments.kernel_bench import BENCH_SIZES, SHAPES
 
 
@@ -98,37 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-@contextlib.contextmanager
-def _option(option: str):
-    """A check's error raised inside names the option it is about: ``--sizes 16384: N = 16,384 is past ...``."""
-    try:
-        yield
-    except PrefillVizError as error:
-        raise type(error)(f"{option}: {error}") from None
-
-
-def _at_least(option: str, value: int, minimum: int, meaning: str) -> None:
-    """Refuse ``option value`` below ``minimum`` before any work starts (the model's load included)."""
-    if value < minimum:
-        raise ConfigError(f"{option} {value}: must be at least {minimum} ({meaning}).")
-
-
-def _check_context(option: str, value: int, what: str, total: int, largest: int, loaded, also: str = "") -> None:
-    """Refuse ``option value`` whose longest sequence, ``what`` = ``total`` tokens, passes the loaded
-    model's context; ``largest`` is the most the option may ask, given the other options."""
-    context = loaded.info.max_context
-    if context and total > context:
-        fix = f"use {option} {largest} or less{also}" if largest >= 1 else "ask for fewer tokens"
-        raise RequestError(f"{option} {value}: {what} = {total:,} tokens, but {loaded.model_id}'s context is {context:,} tokens; {fix}.")
-
-
 def disagg_command(args: argparse.Namespace) -> dict:
     from prefillviz.config import EngineConfig
     from prefillviz.disagg.experiment import compare_setups
     from prefillviz.experiments.chunked import build_workload
     from prefillviz.models import load_model
 
-    with _option(f"--token-budget {args.token_budget}"):
+    with option_named(f"--token-budget {args.token_budget}"):
         EngineConfig(token_budget=args.token_budget)  # the workload's engines' own check, before the model loads
     handover = "the prefill worker makes the first token, the decode worker the rest"
     for option, value, minimum, meaning in (
@@ -139,7 +115,7 @@ def disagg_command(args: argparse.Namespace) -> dict:
         ("--long-new-tokens", args.long_new_tokens, 2, handover),
         ("--arrival-step", args.arrival_step, 0, "engine steps before the long prompt arrives"),
     ):
-        _at_least(option, value, minimum, meaning)
+        at_least(option, value, minimum, meaning)
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
     context = loaded.info.max_context or 0
     requests = [("long", args.long_prompt_tokens, args.long_new_tokens)]
@@ -147,9 +123,9 @@ def disagg_command(args: argparse.Namespace) -> dict:
     for kind, prompt_tokens, new_tokens in requests:  # each within the context, before any engine runs
         what, total = f"the {kind} request is {prompt_tokens:,} prompt + {new_tokens:,} new tokens", prompt_tokens + new_tokens
         if prompt_tokens >= new_tokens:  # the larger part is the one to cut
-            _check_context(f"--{kind}-prompt-tokens", prompt_tokens, what, total, context - new_tokens, loaded)
+            check_context_of(f"--{kind}-prompt-tokens", prompt_tokens, what, total, context - new_tokens, loaded)
         else:
-            _check_context(f"--{kind}-new-tokens", new_tokens, what, total, context - prompt_tokens, loaded)
+            check_context_of(f"--{kind}-new-tokens", new_tokens, what, total, context - prompt_tokens, loaded)
     workload = build_workload(
         loaded.tokenizer, args.num_short, args.short_prompt_tokens, args.short_new_tokens, args.long_prompt_tokens,
         args.long_new_tokens, args.arrival_step, args.token_budget,
@@ -166,8 +142,8 @@ def _run_prompt(args: argparse.Namespace, capture_level: str = "none", profile_d
     from prefillviz.models import load_model
 
     check_prompt_text(args.prompt)  # at once, not after loading the model
-    _at_least("--max-new-tokens", args.max_new_tokens, 1, "the prefill samples the first token")
-    with _option(f"--token-budget {args.token_budget}, --block-size {args.block_size}"):
+    at_least("--max-new-tokens", args.max_new_tokens, 1, "the prefill samples the first token")
+    with option_named(f"--token-budget {args.token_budget}, --block-size {args.block_size}"):
         config = EngineConfig(
             block_size=args.block_size,
             token_budget=args.token_budget,
@@ -177,7 +153,7 @@ def _run_prompt(args: argparse.Namespace, capture_level: str = "none", profile_d
         )
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
     num_prompt_tokens, context = len(loaded.tokenizer(args.prompt)["input_ids"]), loaded.info.max_context
-    with _option(f"--max-new-tokens {args.max_new_tokens}" if not context or num_prompt_tokens < context else "--prompt"):
+    with option_named(f"--max-new-tokens {args.max_new_tokens}" if not context or num_prompt_tokens < context else "--prompt"):
         check_context(num_prompt_tokens, args.max_new_tokens, context, loaded.model_id)  # before the engine, which may first measure its dispatch
     engine = LLMEngine(loaded.model, loaded.tokenizer, config, model_id=loaded.model_id)
     params = SamplingParams(
@@ -194,7 +170,7 @@ def packs_weights(args: argparse.Namespace) -> bool:
 
 def run_command(args: argparse.Namespace) -> dict:
     from prefillviz.dtype_speed import dtype_speed
-    from prefillviz.engine.dispatch_tuning import summary as dispatch_summary
+    from prefillviz.engine.dispatch_tables import summary as dispatch_summary
     from prefillviz.engine.llama_forward import forward_label
     from prefillviz.engine.packed_weights import linear_weights_label
 
@@ -222,8 +198,8 @@ def run_command(args: argparse.Namespace) -> dict:
 
 
 def tune_command(args: argparse.Namespace) -> dict:
-    from prefillviz.engine.dispatch_tuning import summary as dispatch_summary
-    from prefillviz.engine.dispatch_tuning import table_for
+    from prefillviz.engine.dispatch_tables import summary as dispatch_summary
+    from prefillviz.engine.dispatch_tables import table_for
     from prefillviz.models import load_model
 
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
@@ -247,28 +223,14 @@ def trace_command(args: argparse.Namespace) -> dict:
 
 
 def bench_command(args: argparse.Namespace) -> dict:
-    _at_least("--num-tokens", args.num_tokens, 1, "the prompt length the bench prefills")
-    _at_least("--runs", args.runs, 1, "timed runs per figure")
+    at_least("--num-tokens", args.num_tokens, 1, "the prompt length the bench prefills")
+    at_least("--runs", args.runs, 1, "timed runs per figure")
     from prefillviz.bench import run_bench
     from prefillviz.models import load_model
 
     loaded = load_model(args.model, device=args.device, dtype=args.dtype)
     check_bench_sizes(loaded, args.num_tokens, not args.no_vllm)  # before any part of the bench runs
     return run_bench(args.model, args.device, args.dtype, args.num_tokens, args.runs, args.quick, not args.no_vllm, loaded=loaded)
-
-
-def check_bench_sizes(loaded, num_tokens: int, with_vllm: bool) -> None:
-    """``bench --num-tokens N`` within the model's context, before any part runs. Its longest sequence
-    (``bench.py``) is the prefix hit's: a 2N-token prefix, 32 more prompt tokens and the first new one
-    (the peer's 2N-token prompts with 32 new, the chunked workload's 2N + 4, are shorter); the
-    side-by-side with vLLM (``bench_vllm.py``) prefills 4N and gives vLLM a max_model_len of 4N + 64."""
-    from prefillviz.peers.vllm_client import unavailable_for
-
-    context = loaded.info.max_context or 0
-    if with_vllm and unavailable_for(loaded.model_id, loaded.device.type) is None:
-        also = f" ({(context - 33) // 2} or less with --no-vllm)"
-        _check_context("--num-tokens", num_tokens, "the bench prefills up to 4 x N + 64", 4 * num_tokens + 64, (context - 64) // 4, loaded, also)
-    _check_context("--num-tokens", num_tokens, "the bench's prefix hit runs 2 x N + 33", 2 * num_tokens + 33, (context - 33) // 2, loaded)
 
 
 def kernels_command(args: argparse.Namespace) -> dict:
@@ -282,9 +244,9 @@ def kernels_command(args: argparse.Namespace) -> dict:
     families = tuple(f.strip() for f in args.families.split(",") if f.strip())
     if not sizes or min(sizes) < 1 or not families or set(families) - {"dense", "paged"}:
         raise ConfigError("Need --sizes of positive N and --families among dense, paged.")
-    _at_least("--runs", args.runs, 1, "timed runs per kernel and N")
+    at_least("--runs", args.runs, 1, "timed runs per kernel and N")
     device = resolve_device(args.device)
-    with _option(f"--sizes {args.sizes}"):
+    with option_named(f"--sizes {args.sizes}"):
         check_sizes(args.shape, sizes, device)
     dtype = resolve_dtype(args.dtype, device)
     require_dtype(device, dtype)

@@ -10,7 +10,7 @@ from prefillviz.hosted import hosted_policy
 
 from kernels.attention import KERNELS
 from kernels.paged_attention import PAGED_KERNELS
-from prefillviz.engine import dispatch_tuning
+from prefillviz.engine import dispatch_tables
 from prefillviz.experiments import kernel_bench, timing_rows
 from prefillviz.experiments import kernels as experiments
 from prefillviz.figures import kernels as figures
@@ -75,7 +75,7 @@ if loaded is not None and st.button("Measure", type="primary", key="kernels_run"
 # ---------------------------------------------------------------- the measured dispatch
 st.subheader("What the engine runs on this machine")
 if loaded is not None:
-    table = dispatch_tuning.table_for(loaded.model)  # measured at the warm-up; read here
+    table = dispatch_tables.table_for(loaded.model)  # measured at the warm-up; read here
     st.markdown(
         "The engine has several correct ways to compute attention and the linear layers, and which is fastest depends "
         "on the CPU: on a Zen 4 the engine's own C++ kernel (v7) beat torch's SDPA; on a Xeon with AMX, SDPA (whose "
@@ -99,7 +99,7 @@ if loaded is not None:
     if st.button("Measure again", key="kernels_dispatch_again", disabled=policy.enabled,
                  help="time every candidate again now (a few seconds); the choice is kept per machine and re-measured after a week"):
         with run_guarded("Measuring the dispatch again"), st.spinner("Timing every candidate on every step shape…"):
-            dispatch_tuning.table_for(loaded.model, refresh=True)
+            dispatch_tables.table_for(loaded.model, refresh=True)
         st.rerun()
 
 result = get_result("kernels")

@@ -31,8 +31,9 @@ import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from kernels.paged_attention import PagedStep
-from prefillviz.engine.dispatch import StepChoice, attend
+from kernels.engine_ops import engine_ops_status
+from kernels.paged_attention import PagedStep, get_paged_kernel
+from prefillviz.engine.dispatch import V7, StepChoice
 from prefillviz.engine.kv_cache import PagedKVCache
 from prefillviz.engine.shared_settings import shared_setting
 
@@ -59,6 +60,36 @@ class AttentionMetadata:
     def paged_step(self) -> PagedStep:
         """The step as the kernels in ``kernels/paged_attention.py`` take it (made once, used by every layer)."""
         return PagedStep(self.query_start_loc, self.num_computed_tokens, self.slot_mapping, self.context_slots)
+
+
+def compiled_attention_status(device: torch.device | str, dtype: torch.dtype, head_dim: int) -> tuple[object | None, str]:
+    """(the engine's C++ ops when v7 runs this head size and dtype here, else None; why not)."""
+    if torch.device(device).type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        return None, "the engine's C++ ops run float32 and bfloat16 on a CPU only"
+    ops, why = engine_ops_status()
+    if ops is None:
+        return None, why
+    width = ops.vector_width()
+    if head_dim % width or head_dim // width not in (1, 2, 4, 8, 16):
+        return None, f"head size {head_dim} is not 1, 2, 4, 8 or 16 vectors of {width} floats"
+    return ops, why
+
+
+def attend(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache, value_cache, step, scale: float, meta=None):
+    """One layer's attention with candidate ``name``: q (T, H, D), k and v (T, KVH, D) -> (T, H D).
+
+    The step's new K/V are already in the cache. ``meta`` is ``engine_ops.step_meta(step)``,
+    made once per step, for v7; the SDPA versions take the views as they are.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    if name == V7:
+        from kernels import engine_ops
+
+        return engine_ops.paged_attention(engine_ops.engine_ops(), q.reshape(num_tokens, num_heads * head_dim), key_cache, value_cache, step,
+                                          num_heads, scale, meta)
+    kernel = get_paged_kernel(name)
+    out = kernel(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), key_cache, value_cache, step, scale)  # (H, T, D)
+    return out.transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
 
 
 def paged_attention_forward(

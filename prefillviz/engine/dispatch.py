@@ -18,26 +18,21 @@ family in each bucket is what the engine runs:
     step  ->  bucket_of(step)  ->  table.choice(bucket, family)  ->  the implementation
 
 A ``DispatchTable`` is kept per machine, device, dtype, thread count and model shape, on disk
-(``dispatch_tuning``) as the machine peaks are; ``dispatch_tuning.table_for`` finds it,
+(``dispatch_tables``) as the machine peaks are; ``dispatch_tables.table_for`` finds it,
 measuring once when there is none. This module only reads a table: it never times anything. ``PREFILLVIZ_ATTENTION`` / ``PREFILLVIZ_LINEARS`` name a candidate to force (the
 ISA-cap runs and the tests use them); a forced candidate that can't run here is refused with its
-reason. Tests inject timings with ``injected_table``.
+reason. Tests inject timings with ``dispatch_tables.injected_table``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import datetime
 import os
-import weakref
 from dataclasses import asdict, dataclass, field
-from typing import Iterator
 
 import torch
 
-from kernels.engine_ops import engine_ops_status
-from kernels.paged_attention import get_paged_kernel
 from prefillviz.errors import ConfigError
 
 ATTENTION = "attention"
@@ -263,9 +258,6 @@ def injected(timings: dict, excluded: dict | None = None, device: str = "cpu", d
 
 
 # --------------------------------------------------------------------------- per model
-_injected: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> table a test put there
-
-
 ISA_CAP_ENVS = ("DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")  # caps that change which code a candidate runs
 
 
@@ -286,25 +278,6 @@ def model_signature(model: torch.nn.Module) -> str:
     return f"H{heads}-KVH{kv_heads}-D{head_dim}-hidden{config.hidden_size}-mlp{intermediate}"
 
 
-def injected_for(model: torch.nn.Module) -> DispatchTable | None:
-    """The table a test injected for this model, if any."""
-    return _injected.get(model)
-
-
-@contextlib.contextmanager
-def injected_table(model: torch.nn.Module, table: DispatchTable) -> Iterator[DispatchTable]:
-    """Make the engine's steps on ``model`` use ``table`` inside the block (tests force each candidate this way)."""
-    previous = _injected.get(model)
-    _injected[model] = table
-    try:
-        yield table
-    finally:
-        if previous is None:
-            _injected.pop(model, None)
-        else:
-            _injected[model] = previous
-
-
 @dataclass(frozen=True)
 class StepChoice:
     """What one step runs: its bucket, the attention candidate and the linears candidate."""
@@ -319,34 +292,3 @@ def step_choice(table: DispatchTable, step, pack_linear_weights: bool = True) ->
     bucket = bucket_of(step)
     linears = table.choice(bucket, LINEARS) if pack_linear_weights else STOCK
     return StepChoice(bucket, table.choice(bucket, ATTENTION), linears)
-
-
-# --------------------------------------------------------------------------- the attention call
-def compiled_attention_status(device: torch.device | str, dtype: torch.dtype, head_dim: int) -> tuple[object | None, str]:
-    """(the engine's C++ ops when v7 runs this head size and dtype here, else None; why not)."""
-    if torch.device(device).type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
-        return None, "the engine's C++ ops run float32 and bfloat16 on a CPU only"
-    ops, why = engine_ops_status()
-    if ops is None:
-        return None, why
-    width = ops.vector_width()
-    if head_dim % width or head_dim // width not in (1, 2, 4, 8, 16):
-        return None, f"head size {head_dim} is not 1, 2, 4, 8 or 16 vectors of {width} floats"
-    return ops, why
-
-
-def attend(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache, value_cache, step, scale: float, meta=None):
-    """One layer's attention with candidate ``name``: q (T, H, D), k and v (T, KVH, D) -> (T, H D).
-
-    The step's new K/V are already in the cache. ``meta`` is ``engine_ops.step_meta(step)``,
-    made once per step, for v7; the SDPA versions take the views as they are.
-    """
-    num_tokens, num_heads, head_dim = q.shape
-    if name == V7:
-        from kernels import engine_ops
-
-        return engine_ops.paged_attention(engine_ops.engine_ops(), q.reshape(num_tokens, num_heads * head_dim), key_cache, value_cache, step,
-                                          num_heads, scale, meta)
-    kernel = get_paged_kernel(name)
-    out = kernel(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), key_cache, value_cache, step, scale)  # (H, T, D)
-    return out.transpose(0, 1).reshape(num_tokens, num_heads * head_dim)

@@ -40,7 +40,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels.engine_ops import engine_ops_status, rms_norm_reference, rope_reference, silu_mul_reference, step_meta
-from prefillviz.engine.dispatch import V7, StepChoice, attend, compiled_attention_status
+from prefillviz.engine.attention import attend, compiled_attention_status
+from prefillviz.engine.dispatch import V7, StepChoice
 from prefillviz.engine.llama_weights import LlamaWeights, llama_weights
 
 STOCK_FORWARD_ENV = "PREFILLVIZ_STOCK_FORWARD"
@@ -143,7 +144,7 @@ class LlamaForward:
             inputs: ``ModelRunner.prepare``'s; its metadata's ``observers`` see each layer's
                 (layer index, attention module, q (1, H, T, D), k, v (1, KVH, T, D), metadata)
                 after the K/V writes, as the stock forward's attention function shows them.
-            choice: the step's attention and linears (``dispatch_tuning.choose``).
+            choice: the step's attention and linears (``dispatch_tables.choose``).
             clock: a ``SpanClock`` to time the spans on (a timing or inspection pass).
             hidden: called with (i, h) for the residual stream h (T, hidden) after the
                 embedding (i = 0) and after each layer (i = layer + 1).

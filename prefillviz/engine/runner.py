@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from prefillviz.engine import dispatch_tuning
+from prefillviz.engine import dispatch_tables
 from prefillviz.engine.attention import AttentionMetadata, engine_attention
 from prefillviz.engine.kv_cache import PagedKVCache
 from prefillviz.engine.llama_forward import LlamaForward
@@ -47,8 +47,8 @@ class ModelRunner:
         self.own_forward = LlamaForward(model)  # the engine's forward; the stock one under instruments' hooks
         self.span_clock = None  # a timing or inspection pass's SpanClock, while instrument.capture runs one on the engine's forward
         self.hidden_observer = None  # an inspection pass's (i, hidden (T, hidden)) callback, likewise
-        self.last_choice: dispatch_tuning.StepChoice | None = None  # what the last step ran (the step record keeps it)
-        dispatch_tuning.table_for(model)  # measured now (once per machine, model shape and dtype), not inside a timed step
+        self.last_choice: dispatch_tables.StepChoice | None = None  # what the last step ran (the step record keeps it)
+        dispatch_tables.table_for(model)  # measured now (once per machine, model shape and dtype), not inside a timed step
 
     def _slots(self, request: Request, start: int, end: int) -> torch.Tensor:
         positions = torch.arange(start, end)
@@ -99,7 +99,7 @@ class ModelRunner:
     def forward(self, inputs: dict) -> torch.Tensor:
         """One model call over the packed batch; returns logits (num_kept, V) in fp32 on CPU."""
         meta = inputs["prefillviz_metadata"]
-        choice = meta.choice = self.last_choice = dispatch_tuning.choose(self.model, meta.paged_step, self.pack_linear_weights)
+        choice = meta.choice = self.last_choice = dispatch_tables.choose(self.model, meta.paged_step, self.pack_linear_weights)
         if self.own_forward.usable():
             return self.own_forward(inputs, choice, self.span_clock, self.hidden_observer).float().cpu()
         with engine_attention(self.model), packed_linears(self.model, choice.linears != "stock", choice.linears):

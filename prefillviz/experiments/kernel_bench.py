@@ -230,7 +230,7 @@ def engine_choice(bench: KernelBenchmark) -> dict:
         "by_bucket": {bucket: attention candidate}, "rows": [indexes into ``bench.rows()`` that the engine runs]}.
     """
     from prefillviz.engine.dispatch import ATTENTION, bucket_for
-    from prefillviz.engine.dispatch_tuning import table_for_heads
+    from prefillviz.engine.dispatch_tables import table_for_heads
 
     table = table_for_heads(bench.num_heads, bench.num_kv_heads, bench.head_dim, bench.device, bench.dtype)
     if table is None:

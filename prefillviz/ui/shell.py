@@ -23,7 +23,7 @@ from streamlit.errors import StreamlitAPIException
 
 from prefillviz.devices import dtype_name
 from prefillviz.dtype_speed import dtype_speed
-from prefillviz.engine.dispatch_tuning import choice_label
+from prefillviz.engine.dispatch_tables import choice_label
 from prefillviz.engine.llama_forward import forward_label
 from prefillviz.engine.packed_weights import linear_weights_label
 from prefillviz.errors import OutOfMemory, PrefillVizError, is_out_of_memory

@@ -15,7 +15,7 @@ from prefillviz import cli, devices
 from prefillviz.config import EngineConfig
 from prefillviz.devices import check_dtype
 from prefillviz.dtype_speed import SLOW_FACTOR, DtypeSpeed, dtype_speed
-from prefillviz.engine import dispatch_tuning, llama_weights, packed_weights
+from prefillviz.engine import dispatch_tables, llama_weights, packed_weights
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.errors import ModelLoadError
 from prefillviz.experiments.prefill import load_prefill_bundle, prefill_bundle, run_prefill
@@ -126,7 +126,7 @@ def test_a_slow_dtype_says_so_with_its_measured_factor():
 def test_warm_up_packs_the_weights_and_the_headline_ttft_is_a_median(bundled):
     model = bundled.model
     assert warm_up(bundled) > 0
-    chosen = dispatch_tuning.table_for(model).choice("prefill_128", "linears")  # what the warm-up's short prompt ran
+    chosen = dispatch_tables.table_for(model).choice("prefill_128", "linears")  # what the warm-up's short prompt ran
     if chosen != "stock":  # the packs the first measured run would otherwise make
         # the engine's own forward packs its stacked weights (llama_weights), the stock forward its linears
         assert chosen in llama_weights._models.get(model, {}) or chosen in packed_weights._models.get(model, {})

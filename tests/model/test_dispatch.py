@@ -16,7 +16,8 @@ import torch
 from kernels.paged_attention import PagedStep
 from prefillviz import cli
 from prefillviz.config import EngineConfig
-from prefillviz.engine import dispatch, dispatch_tuning
+from prefillviz.engine import dispatch, dispatch_tables, dispatch_tuning
+from prefillviz.engine.dispatch_tables import injected_table
 from prefillviz.engine.dispatch import (
     ATTENTION,
     ATTENTION_CANDIDATES,
@@ -29,7 +30,6 @@ from prefillviz.engine.dispatch import (
     V7,
     bucket_of,
     injected,
-    injected_table,
 )
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
@@ -179,34 +179,34 @@ def test_measuring_checks_each_candidate_and_excludes_a_wrong_one(tiny_llama, mo
 
 def test_the_table_is_cached_and_measured_again_when_stale(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("PREFILLVIZ_CACHE", str(tmp_path))
-    monkeypatch.setattr(dispatch_tuning, "_tables", {})
-    measured = dispatch_tuning.table_for(tiny_llama)
-    path = dispatch_tuning.cache_path(tiny_llama)
+    monkeypatch.setattr(dispatch_tables, "_tables", {})
+    measured = dispatch_tables.table_for(tiny_llama)
+    path = dispatch_tables.cache_path(tiny_llama)
     assert path.exists() and measured.source == "measured"
     measured.other_cpu_percent = 0.0  # as if measured on a quiet machine (this one may be busy with other tests)
     measured.spreads = {}
-    dispatch_tuning.write_cached(path, measured)
-    monkeypatch.setattr(dispatch_tuning, "_tables", {})  # a new process: read from the cache, not timed again
+    dispatch_tables.write_cached(path, measured)
+    monkeypatch.setattr(dispatch_tables, "_tables", {})  # a new process: read from the cache, not timed again
     monkeypatch.setattr(dispatch_tuning, "measure", lambda *a, **k: pytest.fail("a fresh cached table must not be measured again"))
-    cached = dispatch_tuning.table_for(tiny_llama)
+    cached = dispatch_tables.table_for(tiny_llama)
     assert cached.source == "cache" and cached.choices() == measured.choices() and cached.timings == measured.timings
-    old = datetime.datetime.now(datetime.timezone.utc) - dispatch_tuning.MAX_AGE - datetime.timedelta(hours=1)
-    assert "older than" in dispatch_tuning.is_stale(dispatch.DispatchTable.from_dict({**cached.as_dict(), "measured_at": old.isoformat()}), tiny_llama)
-    assert "busy" in dispatch_tuning.is_stale(dispatch.DispatchTable.from_dict({**cached.as_dict(), "other_cpu_percent": 90.0}), tiny_llama)
-    assert "changed" in dispatch_tuning.is_stale(dispatch.DispatchTable.from_dict({**cached.as_dict(), "fingerprint": "torch 0; nothing"}), tiny_llama)
+    old = datetime.datetime.now(datetime.timezone.utc) - dispatch_tables.MAX_AGE - datetime.timedelta(hours=1)
+    assert "older than" in dispatch_tables.is_stale(dispatch.DispatchTable.from_dict({**cached.as_dict(), "measured_at": old.isoformat()}), tiny_llama)
+    assert "busy" in dispatch_tables.is_stale(dispatch.DispatchTable.from_dict({**cached.as_dict(), "other_cpu_percent": 90.0}), tiny_llama)
+    assert "changed" in dispatch_tables.is_stale(dispatch.DispatchTable.from_dict({**cached.as_dict(), "fingerprint": "torch 0; nothing"}), tiny_llama)
     noisy_spreads = {b: {f: {c: 3.0 for c in t} for f, t in fams.items()} for b, fams in cached.timings.items()}  # a run 3x another
     noisy = dispatch.DispatchTable.from_dict({**cached.as_dict(), "spreads": noisy_spreads})
-    assert noisy.noisy and "varied" in dispatch_tuning.is_stale(noisy, tiny_llama) and "measured again" in noisy.provenance()
-    assert dispatch_tuning.is_stale(cached, tiny_llama) == ""
+    assert noisy.noisy and "varied" in dispatch_tables.is_stale(noisy, tiny_llama) and "measured again" in noisy.provenance()
+    assert dispatch_tables.is_stale(cached, tiny_llama) == ""
     data = json.loads(path.read_text())
-    assert data["table"]["choices"] == measured.choices() and data["format"] == dispatch_tuning.FORMAT
+    assert data["table"]["choices"] == measured.choices() and data["format"] == dispatch_tables.FORMAT
 
 
 def test_a_switch_that_removes_a_candidate_gives_a_table_without_it(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("PREFILLVIZ_CACHE", str(tmp_path))
-    monkeypatch.setattr(dispatch_tuning, "_tables", {})  # not a table an earlier test kept for the same runnable candidates
+    monkeypatch.setattr(dispatch_tables, "_tables", {})  # not a table an earlier test kept for the same runnable candidates
     monkeypatch.setenv("PREFILLVIZ_STOCK_LINEARS", "1")
-    table = dispatch_tuning.table_for(tiny_llama)
+    table = dispatch_tables.table_for(tiny_llama)
     assert {table.choice(b, LINEARS) for b in BUCKET_NAMES} == {STOCK}
     assert "PREFILLVIZ_STOCK_LINEARS is set" in table.excluded[LINEARS][ONEDNN]
 
@@ -228,14 +228,14 @@ def test_the_kernels_command_marks_the_engines_choice(monkeypatch, tmp_path):
     from prefillviz.experiments.kernel_bench import benchmark_json, run_kernel_benchmark
 
     monkeypatch.setenv("PREFILLVIZ_CACHE", str(tmp_path))  # no table on disk: only the one kept below
-    monkeypatch.setattr(dispatch_tuning, "_tables", {})  # nor one an earlier test kept for the tiny model's heads
+    monkeypatch.setattr(dispatch_tables, "_tables", {})  # nor one an earlier test kept for the tiny model's heads
     timings = {b: {ATTENTION: {"v2 loop": 1.0, "v3 packed": 2.0}, LINEARS: {STOCK: 1.0}} for b in BUCKET_NAMES}
     timings["mixed"][ATTENTION] = {"v2 loop": 2.0, "v3 packed": 1.0}
     table = dispatch.DispatchTable("cpu", "float32", "here", torch.get_num_threads(), "H4-KVH2-D16-hidden64-mlp128", timings,
                                    measured_at="2026-12-02T06:00:00+00:00")
     bench = run_kernel_benchmark(4, 2, 16, [32], "cpu", torch.float32, ("paged",), include_flex=False, runs=1)
     assert benchmark_json(bench)["engine_choice"]["measured"] is False  # nothing measured for these heads yet: said, not guessed
-    monkeypatch.setattr(dispatch_tuning, "_tables", {("key",): table})
+    monkeypatch.setattr(dispatch_tables, "_tables", {("key",): table})
     result = benchmark_json(bench)
     assert result["engine_choice"]["by_bucket"]["prefill_128"] == "v2 loop" and result["engine_choice"]["by_bucket"]["mixed"] == "v3 packed"
     marked = {(row["workload"], row["kernel"]) for row in result["rows"] if row["engine_choice"]}

@@ -1,0 +1,209 @@
+"""The measured dispatch tables, kept: in this process, on disk per machine, and read for captions.
+
+``table_for`` gives a model's table: one a test injected, one kept in this process, one cached
+on disk as the machine peaks are (``$PREFILLVIZ_CACHE/dispatch/``, with the timings, the date and
+the machine's load), or one measured now (``dispatch_tuning.measure``). A cached table is measured
+again when it is older than ``MAX_AGE``, was measured on a busy machine or noisily, or the
+candidates that can run here changed (a build, a switch); ``refresh=True`` ("measure again")
+always measures. The engine's runner asks ``choose`` at every step (~25 us).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import re
+import threading
+import weakref
+import contextlib
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from prefillviz.engine import dispatch, dispatch_tuning
+from prefillviz.engine.dispatch import ATTENTION, BUCKETS, LINEARS, DispatchTable, StepChoice
+from prefillviz.engine.dispatch_tuning import candidate_statuses, fingerprint
+
+FORMAT = 1  # in the cache file's name and content
+MAX_AGE = datetime.timedelta(days=7)
+
+
+# --------------------------------------------------------------------------- the cache
+def cache_path(model: torch.nn.Module) -> Path:
+    from prefillviz.analysis.peaks import machine_name
+
+    root = Path(os.environ.get("PREFILLVIZ_CACHE", "~/.cache/prefillviz")).expanduser()
+    device, dtype, threads, signature, caps = dispatch.table_key(model)
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", machine_name(torch.device(device))).strip("-").lower() or "unknown"
+    digest = hashlib.sha1(f"{signature};{caps}".encode()).hexdigest()[:10]
+    return root / "dispatch" / f"{slug}_{device.replace(':', '')}_{dtype}_{threads}threads_{digest}_v{FORMAT}.json"
+
+
+def read_cached(path: Path) -> DispatchTable | None:
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != FORMAT:
+            return None
+        table = DispatchTable.from_dict(data["table"])
+        table.choices()  # every bucket has a choice
+    except (OSError, ValueError, TypeError, KeyError, RuntimeError):
+        return None
+    table.source = "cache"
+    return table
+
+
+def is_stale(table: DispatchTable, model: torch.nn.Module, now: datetime.datetime | None = None) -> str:
+    """Why a cached table must be measured again ('' when it is fresh)."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    try:
+        measured = datetime.datetime.fromisoformat(table.measured_at)
+    except ValueError:
+        return "its time can't be read"
+    if measured.tzinfo is None:
+        measured = measured.replace(tzinfo=datetime.timezone.utc)
+    if now - measured > MAX_AGE:
+        return f"it is older than {MAX_AGE.days} days"
+    if table.busy:
+        return "it was measured on a busy machine"
+    if table.noisy:
+        return "its runs varied too much (another program competed for the cores)"
+    if table.fingerprint != fingerprint(candidate_statuses(model)):
+        return "the candidates that run here changed"
+    if set(table.timings) != {b.name for b in BUCKETS}:
+        return "its buckets are not today's"
+    return ""
+
+
+def write_cached(path: Path, table: DispatchTable) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"format": FORMAT, "table": table.as_dict()}, indent=1))
+    tmp.replace(path)
+
+
+# --------------------------------------------------------------------------- per model
+_injected: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> table a test put there
+
+
+
+
+def injected_for(model: torch.nn.Module) -> DispatchTable | None:
+    """The table a test injected for this model, if any."""
+    return _injected.get(model)
+
+
+@contextlib.contextmanager
+def injected_table(model: torch.nn.Module, table: DispatchTable) -> Iterator[DispatchTable]:
+    """Make the engine's steps on ``model`` use ``table`` inside the block (tests force each candidate this way)."""
+    previous = _injected.get(model)
+    _injected[model] = table
+    try:
+        yield table
+    finally:
+        if previous is None:
+            _injected.pop(model, None)
+        else:
+            _injected[model] = previous
+
+
+_tables: dict[tuple, DispatchTable] = {}
+_lock = threading.Lock()
+
+
+def table_for(model: torch.nn.Module, refresh: bool = False, progress: Callable[[float, str], None] | None = None) -> DispatchTable:
+    """The model's dispatch table here: injected by a test, kept from earlier in this process, cached on disk, or measured now.
+
+    Args:
+        refresh: measure again even when a fresh table is kept or cached ("measure again").
+        progress: called with (fraction done, what) while it measures.
+    """
+    table = injected_for(model)
+    if table is not None:
+        return table
+    parameter = next(model.parameters())
+    key = (*dispatch.table_key(model, parameter), fingerprint(candidate_statuses(model, parameter)))  # a switch or a build measures anew
+    table = _tables.get(key)
+    if table is not None and not refresh:
+        return table
+    with _lock:  # sessions share the model: measure once
+        table = _tables.get(key)
+        if table is None or refresh:
+            path = cache_path(model)
+            cached = None if refresh else read_cached(path)
+            if cached is not None and not is_stale(cached, model):
+                table = cached
+            else:
+                table = dispatch_tuning.measure(model, progress)  # through the module: a test can stand in for it
+                try:
+                    write_cached(path, table)
+                except OSError:
+                    pass  # it only costs a measurement next time
+            _tables[key] = table
+    return table
+
+
+def table_for_heads(num_heads: int, num_kv_heads: int, head_dim: int, device: str, dtype: str) -> DispatchTable | None:
+    """The newest table measured on this machine for a model with these attention heads (kept in this
+    process or cached on disk), or None: what the kernels command marks as the engine's choice."""
+    prefix = f"H{num_heads}-KVH{num_kv_heads}-D{head_dim}-"
+    threads = torch.get_num_threads()
+    found = [t for t in _tables.values() if t.shape.startswith(prefix) and (t.device, t.dtype, t.num_threads) == (device, dtype, threads)]
+    folder = Path(os.environ.get("PREFILLVIZ_CACHE", "~/.cache/prefillviz")).expanduser() / "dispatch"
+    for path in sorted(folder.glob(f"*_{device.replace(':', '')}_{dtype}_{threads}threads_*_v{FORMAT}.json")) if folder.is_dir() else []:
+        table = read_cached(path)
+        if table is not None and table.shape.startswith(prefix):
+            found.append(table)
+    return max(found, key=lambda t: t.measured_at, default=None)
+
+
+def known_table(model: torch.nn.Module) -> DispatchTable | None:
+    """The table the engine uses for this model if one is at hand already (nothing is measured)."""
+    return injected_for(model) or _tables.get((*dispatch.table_key(model), fingerprint(candidate_statuses(model))))
+
+
+def choose(model: torch.nn.Module, step, pack_linear_weights: bool = True) -> StepChoice:
+    """What this step runs (``dispatch.step_choice`` on the model's table, measured first if need be)."""
+    return dispatch.step_choice(table_for(model), step, pack_linear_weights)
+
+
+def choice_label(model: torch.nn.Module, with_reason: bool = False) -> str:
+    """What the measured dispatch runs for this model, for captions (nothing is measured here).
+
+    Args:
+        with_reason: each family's sentence with the times that chose it, and where they come from (the sidebar's card).
+    """
+    table = known_table(model)
+    if table is None:
+        return "measured dispatch: not measured yet (the warm-up times the candidates)"
+    if with_reason:
+        return f"{table.sentence(ATTENTION)}. {table.sentence(LINEARS)}. Chosen by timing: {table.provenance()}."
+    parts = []
+    for family in dispatch.FAMILIES:
+        by_choice: dict[str, list[str]] = {}
+        for bucket in table.timings:
+            by_choice.setdefault(table.choice(bucket, family), []).append(bucket.replace("_", " "))
+        if len(by_choice) == 1:
+            parts.append(f"{family}: {dispatch.PLAIN_NAMES[next(iter(by_choice))]}")
+        else:
+            parts.append(f"{family}: " + ", ".join(f"{dispatch.PLAIN_NAMES[n]} ({', '.join(b)})" for n, b in by_choice.items()))
+    return "; ".join(parts) + " (measured here)"
+
+
+def summary(model: torch.nn.Module, trace=None) -> dict:
+    """The measured dispatch as ``run --json``, ``tune`` and ``bench --json`` report it: the sentences, the
+    choice per bucket, every timing in ms, what is excluded and why, and (with a trace) what each step ran."""
+    table = table_for(model)
+    result = {
+        ATTENTION: table.sentence(ATTENTION),
+        LINEARS: table.sentence(LINEARS),
+        "provenance": table.provenance(),
+        "choices": table.choices(),
+        "timings_ms": {b: {f: {c: round(s * 1e3, 4) for c, s in t.items()} for f, t in fams.items()} for b, fams in table.timings.items()},
+        "excluded": table.excluded,
+    }
+    if trace is not None:
+        result["steps"] = [step.dispatch for step in trace.steps if step.dispatch]
+    return result

@@ -136,6 +136,7 @@ def test_sidebar_says_why_the_linears_are_stock_and_flags_a_slow_dtype(bundled, 
 
     reason = "this CPU can't run oneDNN's packed bfloat16 matmul (forced by the test)"
     monkeypatch.setattr(packed_weights, "cpu_runs_packed_linear", lambda dtype: (False, reason))
+    monkeypatch.setattr(packed_weights, "onednn_linear", lambda dtype: None)  # nor oneDNN's own matmul, as on an AVX2-only CPU
     monkeypatch.setattr(shell, "dtype_speed", lambda device, dtype: DtypeSpeed(str(device), "bfloat16", 3.21, "a test matmul"))
     app = AppTest.from_file(APP, default_timeout=240)
     app.run()

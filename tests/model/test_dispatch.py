@@ -194,7 +194,7 @@ def test_the_table_is_cached_and_measured_again_when_stale(tiny_llama, tmp_path,
     assert "older than" in dispatch_tables.is_stale(dispatch.DispatchTable.from_dict({**cached.as_dict(), "measured_at": old.isoformat()}), tiny_llama)
     assert "busy" in dispatch_tables.is_stale(dispatch.DispatchTable.from_dict({**cached.as_dict(), "other_cpu_percent": 90.0}), tiny_llama)
     assert "changed" in dispatch_tables.is_stale(dispatch.DispatchTable.from_dict({**cached.as_dict(), "fingerprint": "torch 0; nothing"}), tiny_llama)
-    noisy_spreads = {b: {f: {c: 3.0 for c in t} for f, t in fams.items()} for b, fams in cached.timings.items()}  # a run 3x another
+    noisy_spreads = {b: {f: {c: 4.0 for c in t} for f, t in fams.items()} for b, fams in cached.timings.items()}  # a run 4x another
     noisy = dispatch.DispatchTable.from_dict({**cached.as_dict(), "spreads": noisy_spreads})
     assert noisy.noisy and "varied" in dispatch_tables.is_stale(noisy, tiny_llama) and "measured again" in noisy.provenance()
     assert dispatch_tables.is_stale(cached, tiny_llama) == ""

@@ -10,6 +10,7 @@ def test_runs_never_overlap_and_go_in_arrival_order():
     queue = RunQueue()
     running, max_running, order, positions = [0], [0], [], {}
     lock = threading.Lock()
+    everyone_waits = threading.Event()  # the first run holds its turn until the other four are queued
 
     def run(name):
         with queue.turn(on_wait=lambda ahead: positions.setdefault(name, ahead), poll_s=0.01):
@@ -17,15 +18,23 @@ def test_runs_never_overlap_and_go_in_arrival_order():
                 running[0] += 1
                 max_running[0] = max(max_running[0], running[0])
                 order.append(name)
+            if name == 0:
+                everyone_waits.wait(timeout=10)
             time.sleep(0.05)
             with lock:
                 running[0] -= 1
+
+    def until(condition) -> None:  # the threads' arrival, not a guessed sleep, orders them (a loaded CI machine is slow)
+        deadline = time.monotonic() + 10
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.002)
 
     threads = []
     for i in range(5):
         threads.append(threading.Thread(target=run, args=(i,)))
         threads[-1].start()
-        time.sleep(0.01)  # arrive in order
+        until(lambda: order if i == 0 else queue.num_waiting == i)  # run 0 holds the turn; run i is the i-th in line
+    everyone_waits.set()
     for thread in threads:
         thread.join()
     assert max_running[0] == 1

@@ -268,12 +268,18 @@ def table_key(model: torch.nn.Module, parameter: torch.Tensor | None = None) -> 
     return str(parameter.device), str(parameter.dtype).removeprefix("torch."), torch.get_num_threads(), model_signature(model), caps
 
 
-def model_signature(model: torch.nn.Module) -> str:
-    """The shapes the dispatch times: heads, KV heads, head size and the linears' widths."""
+def attention_heads(model: torch.nn.Module) -> tuple[int, int, int]:
+    """(query heads, KV heads, head size) from the model's config."""
     config = model.config
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return heads, kv_heads, getattr(config, "head_dim", None) or config.hidden_size // heads
+
+
+def model_signature(model: torch.nn.Module) -> str:
+    """The shapes the dispatch times: heads, KV heads, head size and the linears' widths."""
+    config = model.config
+    heads, kv_heads, head_dim = attention_heads(model)
     intermediate = getattr(config, "intermediate_size", None) or 4 * config.hidden_size
     return f"H{heads}-KVH{kv_heads}-D{head_dim}-hidden{config.hidden_size}-mlp{intermediate}"
 

@@ -48,7 +48,7 @@ def candidate_statuses(model: torch.nn.Module, parameter: torch.Tensor | None = 
     """{family: {candidate: '' when it can run here, else why not}} (``parameter``: any of the model's, if at hand)."""
     parameter = next(model.parameters()) if parameter is None else parameter
     device, dtype = parameter.device, parameter.dtype
-    head_dim = _shape(model)[2]
+    head_dim = dispatch.attention_heads(model)[2]
     on_cpu = device.type == "cpu"
     attention = {name: "" for name in dispatch.ATTENTION_CANDIDATES}
     ops, why = compiled_attention_status(device, dtype, head_dim)
@@ -80,13 +80,6 @@ def _has_linears(model: torch.nn.Module) -> bool:
 
 
 _linears_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _shape(model: torch.nn.Module) -> tuple[int, int, int]:
-    config = model.config
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    return heads, kv_heads, getattr(config, "head_dim", None) or config.hidden_size // heads
 
 
 def layer_linears(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -157,7 +150,7 @@ def check_linears(weights: list[torch.Tensor], candidate: str) -> str:
 def check_attention(model: torch.nn.Module, candidate: str) -> str:
     """'' when ``candidate`` matches the v1 oracle (fp32) on a mixed step in the model's dtype and heads, else what differed."""
     parameter = next(model.parameters())
-    heads, kv_heads, head_dim = _shape(model)
+    heads, kv_heads, head_dim = dispatch.attention_heads(model)
     inputs = random_step([(0, 37), (40, 9), (23, 1)], heads, kv_heads, head_dim, device=parameter.device, dtype=parameter.dtype, seed=1)
     try:
         check_paged(get_paged_kernel(candidate), inputs)
@@ -212,7 +205,7 @@ def measure(model: torch.nn.Module, progress: Callable[[float, str], None] | Non
     started = time.perf_counter()
     parameter = next(model.parameters())
     device, dtype = parameter.device, parameter.dtype
-    heads, kv_heads, head_dim = _shape(model)
+    heads, kv_heads, head_dim = dispatch.attention_heads(model)
     statuses = candidate_statuses(model)
     available = fingerprint(statuses)
     weights = layer_linears(model)

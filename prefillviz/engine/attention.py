@@ -31,7 +31,7 @@ import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from kernels.engine_ops import engine_ops_status
+from kernels.engine_ops import engine_ops_status, step_meta
 from kernels.paged_attention import PagedStep, get_paged_kernel
 from prefillviz.engine.dispatch import V7, StepChoice
 from prefillviz.engine.kv_cache import PagedKVCache
@@ -60,6 +60,11 @@ class AttentionMetadata:
     def paged_step(self) -> PagedStep:
         """The step as the kernels in ``kernels/paged_attention.py`` take it (made once, used by every layer)."""
         return PagedStep(self.query_start_loc, self.num_computed_tokens, self.slot_mapping, self.context_slots)
+
+    @cached_property
+    def compiled_meta(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``engine_ops.step_meta`` of the step, for v7: made once, read by every layer."""
+        return step_meta(self.paged_step)
 
 
 def compiled_attention_status(device: torch.device | str, dtype: torch.dtype, head_dim: int) -> tuple[object | None, str]:
@@ -116,7 +121,8 @@ def paged_attention_forward(
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     cache = meta.kv_cache
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, heads, D)
-    out = attend(meta.choice.attention, q, k, v, cache.key_cache[layer_idx], cache.value_cache[layer_idx], meta.paged_step, scale)
+    out = attend(meta.choice.attention, q, k, v, cache.key_cache[layer_idx], cache.value_cache[layer_idx], meta.paged_step, scale,
+                 meta.compiled_meta if meta.choice.attention == V7 else None)
     return out.view(1, q.shape[0], q.shape[1], q.shape[2]), None  # (1, T, H, D)
 
 

@@ -39,7 +39,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from kernels.engine_ops import engine_ops_status, rms_norm_reference, rope_reference, silu_mul_reference, step_meta
+from kernels.engine_ops import engine_ops_status, rms_norm_reference, rope_reference, silu_mul_reference
 from prefillviz.engine.attention import attend, compiled_attention_status
 from prefillviz.engine.dispatch import V7, StepChoice
 from prefillviz.engine.llama_weights import LlamaWeights, llama_weights
@@ -201,7 +201,7 @@ class LlamaForward:
         """
         meta = inputs["prefillviz_metadata"]
         cache = meta.kv_cache
-        slots, step_rows = step_meta(meta.paged_step)
+        slots, step_rows = meta.compiled_meta
         H, KVH, D = weights.num_heads, weights.num_kv_heads, weights.head_dim
         num_tokens = h.shape[0]
         mlp_out = None  # the previous layer's MLP output, not yet added to h

@@ -4,7 +4,7 @@
 object). ``trace`` runs it at a capture level and writes the trace (JSON + NPZ) to a folder.
 ``bench`` prints the benchmark figures as one JSON object (see ``bench.py``). ``kernels``
 prints the attention-kernel benchmark, time and peak memory vs N for every kernel in
-``kernels/`` (see ``experiments/kernel_bench.py``). ``probe-server`` measures an
+``prefillviz/kernels/`` (see ``experiments/kernel_bench.py``). ``probe-server`` measures an
 OpenAI-compatible server from outside (see ``probe/``). ``tune`` times the engine's
 candidate implementations on this machine and prints the measured dispatch
 (``engine/dispatch.py``); ``--again`` measures even when a fresh table is cached.
@@ -21,12 +21,13 @@ import os
 import sys
 
 from prefillviz.cli_checks import at_least, check_bench_sizes, check_context_of, option_named
-from prefillviz.errors import ConfigError, PrefillVizError
-from prefillviz.experiments.kernel_bench import BENCH_SIZES, SHAPES
+from prefillviz.engine.errors import ConfigError, PrefillVizError
+from prefillviz.instrument.capture import run_captured
+from prefillviz.measure.kernel_bench import BENCH_SIZES, SHAPES
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    from prefillviz.model_registry import BUNDLED_MODEL_ID
+    from prefillviz.loading.model_registry import BUNDLED_MODEL_ID
 
     parser.add_argument("--model", default=BUNDLED_MODEL_ID, help="hub id, local folder, or the bundled default")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
@@ -99,10 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def disagg_command(args: argparse.Namespace) -> dict:
-    from prefillviz.config import EngineConfig
     from prefillviz.disagg.experiment import compare_setups
+    from prefillviz.engine.config import EngineConfig
     from prefillviz.experiments.chunked import build_workload
-    from prefillviz.models import load_model
+    from prefillviz.loading.models import load_model
 
     with option_named(f"--token-budget {args.token_budget}"):
         EngineConfig(token_budget=args.token_budget)  # the workload's engines' own check, before the model loads
@@ -135,11 +136,11 @@ def disagg_command(args: argparse.Namespace) -> dict:
 
 def _run_prompt(args: argparse.Namespace, capture_level: str = "none", profile_dir: str | None = None):
     """Load the model, prefill ``args.prompt`` on a fresh engine; returns (loaded model, trace, request id)."""
-    from prefillviz.config import EngineConfig
+    from prefillviz.engine.config import EngineConfig
     from prefillviz.engine.engine import LLMEngine
     from prefillviz.engine.request import SamplingParams
     from prefillviz.engine.request_checks import check_context, check_prompt_text
-    from prefillviz.models import load_model
+    from prefillviz.loading.models import load_model
 
     check_prompt_text(args.prompt)  # at once, not after loading the model
     at_least("--max-new-tokens", args.max_new_tokens, 1, "the prefill samples the first token")
@@ -160,7 +161,7 @@ def _run_prompt(args: argparse.Namespace, capture_level: str = "none", profile_d
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
     )
     request = engine.add_request(args.prompt, params)
-    return loaded, engine.run(capture_level=capture_level, profile_dir=profile_dir), request.request_id
+    return loaded, run_captured(engine, capture_level=capture_level, profile_dir=profile_dir), request.request_id
 
 
 def packs_weights(args: argparse.Namespace) -> bool:
@@ -169,10 +170,10 @@ def packs_weights(args: argparse.Namespace) -> bool:
 
 
 def run_command(args: argparse.Namespace) -> dict:
-    from prefillviz.dtype_speed import dtype_speed
     from prefillviz.engine.dispatch_tables import summary as dispatch_summary
     from prefillviz.engine.llama_forward import forward_label
     from prefillviz.engine.packed_weights import linear_weights_label
+    from prefillviz.measure.dtype_speed import dtype_speed
 
     loaded, trace, request_id = _run_prompt(args)
     record = trace.requests[request_id]
@@ -200,7 +201,7 @@ def run_command(args: argparse.Namespace) -> dict:
 def tune_command(args: argparse.Namespace) -> dict:
     from prefillviz.engine.dispatch_tables import summary as dispatch_summary
     from prefillviz.engine.dispatch_tables import table_for
-    from prefillviz.models import load_model
+    from prefillviz.loading.models import load_model
 
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
     table = table_for(loaded.model, refresh=args.again, progress=lambda done, what: print(f"{done:4.0%} {what}", file=sys.stderr))
@@ -225,8 +226,8 @@ def trace_command(args: argparse.Namespace) -> dict:
 def bench_command(args: argparse.Namespace) -> dict:
     at_least("--num-tokens", args.num_tokens, 1, "the prompt length the bench prefills")
     at_least("--runs", args.runs, 1, "timed runs per figure")
-    from prefillviz.bench import run_bench
-    from prefillviz.models import load_model
+    from prefillviz.loading.models import load_model
+    from prefillviz.measure.bench import run_bench
 
     loaded = load_model(args.model, device=args.device, dtype=args.dtype)
     check_bench_sizes(loaded, args.num_tokens, not args.no_vllm)  # before any part of the bench runs
@@ -234,8 +235,8 @@ def bench_command(args: argparse.Namespace) -> dict:
 
 
 def kernels_command(args: argparse.Namespace) -> dict:
-    from prefillviz.experiments.kernel_bench import benchmark_json, check_sizes, run_kernel_benchmark
-    from prefillviz.devices import require_dtype, resolve_device, resolve_dtype
+    from prefillviz.engine.devices import require_dtype, resolve_device, resolve_dtype
+    from prefillviz.measure.kernel_bench import benchmark_json, check_sizes, run_kernel_benchmark
 
     try:
         sizes = [int(n) for n in args.sizes.split(",") if n.strip()]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 
-from prefillviz.errors import ConfigError, PrefillVizError, RequestError
+from prefillviz.engine.errors import ConfigError, PrefillVizError, RequestError
 
 
 @contextlib.contextmanager

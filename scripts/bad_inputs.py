@@ -19,11 +19,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from prefillviz.config import EngineConfig  # noqa: E402
+from prefillviz.engine.config import EngineConfig  # noqa: E402
 from prefillviz.engine.engine import LLMEngine  # noqa: E402
+from prefillviz.engine.errors import PrefillVizError  # noqa: E402
 from prefillviz.engine.request import SamplingParams  # noqa: E402
-from prefillviz.errors import PrefillVizError  # noqa: E402
-from prefillviz.models import load_model  # noqa: E402
+from prefillviz.instrument.capture import run_captured
+from prefillviz.loading.models import load_model  # noqa: E402
 
 LOADED = load_model(device="cpu", dtype="float32")
 RESULTS: list[dict] = []
@@ -75,7 +76,7 @@ def engine_cases() -> None:
     case("top-p 1.5", lambda: prefill("hi", SamplingParams(temperature=1, top_p=1.5)))
     case("top-k -5", lambda: prefill("hi", SamplingParams(temperature=1, top_k=-5)))
     case("max new tokens 0", lambda: prefill("hi", SamplingParams(max_new_tokens=0)))
-    case("capture level 'everything'", lambda: LLMEngine(LOADED.model, LOADED.tokenizer).run(capture_level="everything"))
+    case("capture level 'everything'", lambda: run_captured(LLMEngine(LOADED.model, LOADED.tokenizer), capture_level="everything"))
 
 
 def model_cases() -> None:

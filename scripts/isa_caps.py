@@ -54,7 +54,7 @@ PROBE_MARK = "isa-caps-probe: "  # the probe's JSON line, among oneDNN's verbose
 ONEDNN_CAPS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI", "AVX512_CORE_BF16",
                "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16")
 ATEN_CAPS = ("default", "avx2", "avx512")  # torch's x86 capabilities, lowest first
-BUILT_PER_CAPABILITY = {"default": "DEFAULT", "avx2": "AVX2"}  # kernels/cpp_build.py's names for a lower cap's build
+BUILT_PER_CAPABILITY = {"default": "DEFAULT", "avx2": "AVX2"}  # prefillviz/engine/ops/cpp_build.py's names for a lower cap's build
 CAP_ENVS = ("DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
 SWITCHES = {  # a switch: what must be on here for it to change anything, and what the engine runs instead
     "PREFILLVIZ_NO_ENGINE_OPS": ("engine_ops", "plain torch ops instead of the engine's C++ ops"),
@@ -126,7 +126,7 @@ def probe() -> dict:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from kernels import cpp_build, engine_ops, onednn_linear
+    from prefillviz.engine.ops import cpp_build, engine_ops, onednn_linear
 
     def built(folder: str, name: str) -> bool:  # where cpp_build.load looks
         return (cpp_build.BUILD_ROOT / folder / name / f"{name}.so").exists()
@@ -138,7 +138,7 @@ def probe() -> dict:
             weight = torch.randn(64, 64).to(dtype)
             packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
             torch.ops.mkldnn._linear_pointwise(torch.randn(8, 64).to(dtype), packed, None, "none", [], "")
-        except Exception as error:  # noqa: BLE001: what can't run under the cap is part of the answer
+        except Exception as error:  # noqa: BLE001 -- what can't run under the cap is part of the answer
             found["errors"][f"torch packed {name}"] = cpp_build.first_line(error)
     cap = cpp_build.capability()
     ops, why = engine_ops.engine_ops_status()
@@ -425,9 +425,9 @@ def builds_needed(found: dict) -> list[str]:
     """The modules a lower ATEN_CPU_CAPABILITY would load but finds unbuilt: python -m targets to build."""
     needed = []
     if not found.get("engine_ops", {}).get("built"):
-        needed.append("kernels.engine_ops")
+        needed.append("prefillviz.engine.ops.engine_ops")
     if found.get("onednn_linear", {}).get("buildable") and not found.get("onednn_linear", {}).get("built"):
-        needed.append("kernels.onednn_linear")
+        needed.append("prefillviz.engine.ops.onednn_linear")
     return needed
 
 

@@ -4,7 +4,7 @@ llama.cpp runs the bundled GGUF file itself (SmolLM2-135M-Instruct, Q4_1 weights
 copy of it that llama.cpp's own quantize tool writes once into ``$PREFILLVIZ_CACHE/peers/``
 (dequantized, the same numbers our loader gets). Our engine runs the same model in bf16 and
 in fp32. All of them prefill the same N token ids (the bench prompt,
-``prefillviz.prompts.bench_token_ids``) in one pass, with the same number of threads; the
+``prefillviz.loading.prompts.bench_token_ids``) in one pass, with the same number of threads; the
 runs alternate after a warm-up and the medians and spreads are printed as JSON.
 
 Needs llama-cpp-python, which is not a dependency (it compiles llama.cpp, several minutes):
@@ -29,14 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from prefillviz.analysis.peaks import machine_name  # noqa: E402
-from prefillviz.config import EngineConfig  # noqa: E402
+from prefillviz.engine.config import EngineConfig  # noqa: E402
+from prefillviz.engine.devices import machine_name  # noqa: E402
 from prefillviz.engine.engine import LLMEngine  # noqa: E402
 from prefillviz.engine.request import SamplingParams  # noqa: E402
-from prefillviz.model_registry import BUNDLED_MODEL_ID  # noqa: E402
-from prefillviz.bundled import bundled_cache_dir, bundled_gguf  # noqa: E402
-from prefillviz.models import load_model  # noqa: E402
-from prefillviz.prompts import bench_token_ids  # noqa: E402
+from prefillviz.loading.bundled import bundled_cache_dir, bundled_gguf  # noqa: E402
+from prefillviz.loading.model_registry import BUNDLED_MODEL_ID  # noqa: E402
+from prefillviz.loading.models import load_model  # noqa: E402
+from prefillviz.loading.prompts import bench_token_ids  # noqa: E402
 
 
 def f32_copy(llama_cpp, gguf: Path) -> Path:

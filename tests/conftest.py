@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefillviz.oracle import hf_last_logits
+from tests.hf_oracle import hf_last_logits
 from tests.tiny_models import make_tiny_llama
 from tests.tolerances import MODEL_STEPS, assert_same_greedy_token, logits_allowed_difference
 
@@ -48,7 +48,7 @@ def tiny_llama():
 @pytest.fixture(scope="session")
 def bundled():
     """SmolLM2-135M-Instruct from the bundled GGUF, fp32 on CPU (the oracle tests' real model)."""
-    from prefillviz.models import load_model
+    from prefillviz.loading.models import load_model
 
     return load_model(device="cpu", dtype="float32")
 
@@ -114,15 +114,15 @@ def built_module(status, disable_env: str, what: str):
 
 @pytest.fixture(scope="session")
 def onednn():
-    """kernels/onednn_linear.py's module (`make` installs Debian's oneDNN as root, then builds it)."""
-    from kernels.onednn_linear import DISABLE_ENV, onednn_status
+    """prefillviz/engine/ops/onednn_linear.py's module (`make` installs Debian's oneDNN as root, then builds it)."""
+    from prefillviz.engine.ops.onednn_linear import DISABLE_ENV, onednn_status
 
     return built_module(onednn_status, DISABLE_ENV, "oneDNN's matmul")
 
 
 @pytest.fixture(scope="session")
 def compiled_ops():
-    """The engine's C++ ops (kernels/engine_ops.py)."""
-    from kernels.engine_ops import DISABLE_ENV, engine_ops_status
+    """The engine's C++ ops (prefillviz/engine/ops/engine_ops.py)."""
+    from prefillviz.engine.ops.engine_ops import DISABLE_ENV, engine_ops_status
 
     return built_module(engine_ops_status, DISABLE_ENV, "the engine's C++ ops")

@@ -62,8 +62,8 @@ downloads(
     "attention_grid_dl",
     figure=grid,
     table=[
-        {"layer": l, "head": h, **{name: float(values[l, h]) for name, values in summaries.items()}}
-        for l in range(num_layers)
+        {"layer": layer, "head": h, **{name: float(values[layer, h]) for name, values in summaries.items()}}
+        for layer in range(num_layers)
         for h in range(num_heads)
     ],
 )

@@ -6,15 +6,15 @@ import statistics
 import pandas as pd
 import streamlit as st
 
-from prefillviz.hosted import hosted_policy
-
-from kernels.attention import KERNELS
-from kernels.paged_attention import PAGED_KERNELS
 from prefillviz.engine import dispatch_tables
-from prefillviz.experiments import kernel_bench, timing_rows
-from prefillviz.experiments import kernels as experiments
+from prefillviz.experiments import timing_rows
 from prefillviz.figures import kernels as figures
-from prefillviz.prompts import PRESETS
+from prefillviz.kernels.attention import KERNELS
+from prefillviz.kernels.paged_attention import PAGED_KERNELS
+from prefillviz.loading.hosted import hosted_policy
+from prefillviz.loading.prompts import PRESETS
+from prefillviz.measure import kernel_bench
+from prefillviz.measure import kernels as experiments
 from prefillviz.ui.shell import downloads, get_result, page_frame, run_guarded, save_result
 
 loaded = page_frame()
@@ -199,7 +199,7 @@ if result.profile.profile.chrome_trace_gz:
 # ---------------------------------------------------------------- attention kernels
 st.subheader("Attention kernels")
 st.markdown(
-    "The same causal attention computed three ways (`kernels/attention.py`). Each version is first "
+    "The same causal attention computed three ways (`prefillviz/kernels/attention.py`). Each version is first "
     "compared with v1, the naive reference, and refused if it differs; only then is it timed (warm-up, "
     "median of several runs) and its memory measured in a separate call."
 )
@@ -229,11 +229,11 @@ st.caption(
 downloads("kernels_attention_kernels", "kernels_kernel_dl", figure=kernel_time, table=kernel_rows)
 
 BENCHMARK_VIEWS = [  # (family, workload, what the N tokens are, chart key)
-    ("dense", "one prompt", "one causal prompt of N tokens (`kernels/attention.py`)", "dense"),
+    ("dense", "one prompt", "one causal prompt of N tokens (`prefillviz/kernels/attention.py`)", "dense"),
     (
         "paged",
         "prefill",
-        "an engine step with one fresh prompt of N tokens, through the paged cache (`kernels/paged_attention.py`); "
+        "an engine step with one fresh prompt of N tokens, through the paged cache (`prefillviz/kernels/paged_attention.py`); "
         "here v2 and v3 make the very same SDPA call, so any gap between them is run-to-run noise",
         "paged_prefill",
     ),

@@ -6,17 +6,16 @@ from dataclasses import asdict
 import pandas as pd
 import streamlit as st
 
-from prefillviz.devices import dtype_name
-from prefillviz.hosted import hosted_policy
-
+from prefillviz.engine.devices import dtype_name
 from prefillviz.experiments.kv_equality import TOLERANCES
 from prefillviz.experiments.length_sweep import DEFAULT_PARALLEL_SIZES, DEFAULT_SEQUENTIAL_SIZES, run_sweep
 from prefillviz.experiments.parallel import run_both_ways
-from prefillviz.experiments.roofline import DEFAULT_DECODE_CONTEXTS, DEFAULT_PREFILL_SIZES, run_roofline
 from prefillviz.experiments.ways import PARALLEL, TOKEN_BY_TOKEN, WAYS
 from prefillviz.figures import parallel as figures
+from prefillviz.loading.hosted import hosted_policy
+from prefillviz.loading.prompts import PRESETS
+from prefillviz.measure.roofline import DEFAULT_DECODE_CONTEXTS, DEFAULT_PREFILL_SIZES, run_roofline
 from prefillviz.peers.workload import PeerRequest
-from prefillviz.prompts import PRESETS
 from prefillviz.ui.shell import downloads, get_result, page_frame, progress_bar, run_guarded, save_result
 from prefillviz.ui.vllm_panel import vllm_panel
 

@@ -6,7 +6,7 @@ from prefillviz.analysis.first_token import first_token_view
 from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments.prefill import load_prefill_bundle, prefill_bundle, run_prefill
 from prefillviz.figures import prefill as figures
-from prefillviz.prompts import PRESETS
+from prefillviz.loading.prompts import PRESETS
 from prefillviz.ui.shell import chart, downloads, get_result, page_frame, run_guarded, save_result
 
 loaded = page_frame()

@@ -2,8 +2,7 @@
 
 import streamlit as st
 
-from prefillviz.hosted import hosted_policy
-
+from prefillviz.experiments.outputs import compare_outputs
 from prefillviz.experiments.prefix import (
     OTHER_REQUEST_ID,
     QUESTIONS,
@@ -12,8 +11,8 @@ from prefillviz.experiments.prefix import (
     estimated_num_steps,
     run_prefix_experiment,
 )
-from prefillviz.experiments.outputs import compare_outputs
 from prefillviz.figures import prefix as figures
+from prefillviz.loading.hosted import hosted_policy
 from prefillviz.peers.workload import PeerRequest
 from prefillviz.ui.output_checks import same_tokens_block
 from prefillviz.ui.shell import downloads, get_result, page_frame, progress_callback, run_guarded, run_label, save_result

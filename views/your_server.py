@@ -3,9 +3,9 @@
 import pandas as pd
 import streamlit as st
 
-from prefillviz.errors import ConfigError
+from prefillviz.engine.errors import ConfigError
 from prefillviz.figures import probe as figures
-from prefillviz.hosted import hosted_policy
+from prefillviz.loading.hosted import hosted_policy
 from prefillviz.probe.client import ProbeBudget
 from prefillviz.probe.report import DEFAULT_SIZES, EXPERIMENTS, WHAT_OUTSIDE_CAN_MEASURE, ProbeSettings, probe_server
 from prefillviz.ui.shell import chart, downloads, get_result, page_frame, progress_bar, run_guarded, save_result

@@ -30,7 +30,7 @@ Williams et al. 2009):
   K/V written once. Attention is assumed fused (flash-style): the (N, C) score matrix is
   never written to memory.
 
-The shape comes from ``prefillviz.analysis.model_shape`` (Llama-like or GPT-2). GPT-2's
+The shape comes from ``prefillviz.engine.model_shape`` (Llama-like or GPT-2). GPT-2's
 fused ``c_attn`` is reported as its q/k/v parts and its MLP ``c_fc``/``c_proj`` as
 ``mlp_fc``/``mlp_proj``.
 """
@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from prefillviz.analysis.model_shape import ModelShape, model_shape
+from prefillviz.engine.model_shape import ModelShape, model_shape
 
 _NORM_FLOPS_PER_ELEMENT = {"rmsnorm": 4, "layernorm": 7}
 
@@ -192,7 +192,7 @@ def layer_op_costs(info_or_config: Any, num_new_tokens: int, context_len: int, d
     """Costs of every op of one decoder layer for one step.
 
     Args:
-        info_or_config: a ``ModelInfo``, transformers config, model or ``LoadedModel``.
+        info_or_config: a ``ModelShape``, transformers config, model or ``LoadedModel``.
         num_new_tokens: tokens run through the layer in this step (N).
         context_len: keys the last new token attends to, including the new ones (C >= N).
         dtype_bytes: bytes per element of weights, activations and K/V; None takes the
@@ -249,7 +249,7 @@ def model_costs(
     """Costs of one whole-model step: embedding, every layer, final norm, lm_head.
 
     Args:
-        info_or_config: a ``ModelInfo``, transformers config, model or ``LoadedModel``.
+        info_or_config: a ``ModelShape``, transformers config, model or ``LoadedModel``.
         num_new_tokens: tokens in the step (N).
         context_len: keys the last new token attends to, including the new ones (C >= N).
         dtype_bytes: bytes per element; None takes the model's.

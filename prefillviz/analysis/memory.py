@@ -20,9 +20,9 @@ from typing import Any
 import psutil
 import torch
 
-from prefillviz.devices import dtype_name
+from prefillviz.engine.devices import dtype_name
 from prefillviz.engine.kv_cache import kv_bytes_per_token
-from prefillviz.models import ModelInfo
+from prefillviz.engine.model_shape import ModelShape
 
 try:
     import resource
@@ -82,7 +82,7 @@ class KVMemoryReport:
 def _dtype_of(dtype: str | torch.dtype | None, default: torch.dtype | None) -> torch.dtype:
     if dtype is None:
         if default is None:
-            raise ValueError("Give a dtype: a ModelInfo alone only knows its dtype's size.")
+            raise ValueError("Give a dtype: a ModelShape alone only knows its dtype's size.")
         return default
     return dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype_name(dtype))
 
@@ -92,16 +92,16 @@ def kv_memory_report(engine_or_info: Any, dtype: str | torch.dtype | None = None
 
     Args:
         engine_or_info: an ``LLMEngine`` (adds its blocks and measured tensor bytes) or a
-            ``ModelInfo``.
+            ``ModelShape``.
         dtype: K/V dtype; None takes the engine's (an engine's measured bytes are always
-            in its own dtype). With a ``ModelInfo`` and no dtype, ``info.dtype_bytes`` is used.
+            in its own dtype). With a ``ModelShape`` and no dtype, ``info.dtype_bytes`` is used.
         num_tokens: tokens to size ``total_bytes`` for.
 
     Returns:
         The ``KVMemoryReport``.
     """
-    engine = None if isinstance(engine_or_info, ModelInfo) else engine_or_info
-    info: ModelInfo = engine_or_info if engine is None else engine.info
+    engine = None if isinstance(engine_or_info, ModelShape) else engine_or_info
+    info: ModelShape = engine_or_info if engine is None else engine.info
     if engine is None and dtype is None:
         dtype_bytes = info.dtype_bytes
         kv_dtype = {4: "float32", 2: "16-bit", 1: "8-bit"}.get(dtype_bytes, f"{dtype_bytes}-byte")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefillviz.analysis.flops import layer_op_costs
-from prefillviz.analysis.peaks import MachinePeaks
+from prefillviz.analysis.machine_peaks import MachinePeaks
 
 
 @dataclass
@@ -85,7 +85,7 @@ def predict_layer_times(
     """Roofline prediction of each op of one decoder layer.
 
     Args:
-        info: a ``ModelInfo``, transformers config, model or ``LoadedModel``.
+        info: a ``ModelShape``, transformers config, model or ``LoadedModel``.
         num_new_tokens: tokens in the step (N).
         context_len: keys the last token attends to (C >= N).
         dtype_bytes: bytes per element; None takes the model's.

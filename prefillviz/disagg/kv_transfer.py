@@ -49,7 +49,7 @@ class KVHeader:
         return torch.tensor([float(getattr(self, name)) for name in HEADER_FIELDS], dtype=torch.float64)
 
     @classmethod
-    def from_tensor(cls, values: torch.Tensor) -> "KVHeader":
+    def from_tensor(cls, values: torch.Tensor) -> KVHeader:
         row = values.tolist()
         return cls(int(row[0]), int(row[1]), int(row[2]), row[3], row[4], row[5])
 

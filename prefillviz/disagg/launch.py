@@ -32,7 +32,7 @@ from prefillviz.disagg.spec import (
     WorkerResult,
     threads_per_worker,
 )
-from prefillviz.errors import RequestError
+from prefillviz.engine.errors import RequestError
 from prefillviz.experiments.chunked import ChunkedWorkload
 
 STOP_GRACE_S = 5.0  # after SIGTERM, before SIGKILL

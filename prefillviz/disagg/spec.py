@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
 
 from prefillviz.disagg.kv_transfer import TransferRecord
-from prefillviz.errors import PrefillVizError
+from prefillviz.engine.errors import PrefillVizError
+from prefillviz.engine.trace import Trace
 from prefillviz.experiments.chunked import ChunkedWorkload
-from prefillviz.instrument.trace import Trace
 
 PREFILL_RANK, DECODE_RANK = 0, 1
 ROLES = {PREFILL_RANK: "prefill", DECODE_RANK: "decode"}
@@ -83,7 +83,7 @@ def placement_for(device: torch.device) -> Placement:
 
 def load_model_in_worker(model_id: str, device: str, dtype: str):
     """The app's loader, in a worker (its ``load``): the model only, on ``device``."""
-    from prefillviz.models import load_model
+    from prefillviz.loading.models import load_model
 
     return load_model(model_id, device=device, dtype=dtype).model
 

@@ -22,22 +22,25 @@ loaded model serves both the engine and the oracle.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable, Iterator
 
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from kernels.engine_ops import engine_ops_status, step_meta
-from kernels.paged_attention import PagedStep, get_paged_kernel
 from prefillviz.engine.dispatch import V7, StepChoice
 from prefillviz.engine.kv_cache import PagedKVCache
+from prefillviz.engine.ops import engine_ops
+from prefillviz.engine.ops.engine_ops import COMPILED, engine_ops_status, step_meta
+from prefillviz.engine.ops.paged import LOOP, LOOP_FP32_DECODES, NAIVE, PACKED, PagedKernel, PagedStep
 from prefillviz.engine.shared_settings import shared_setting
 
 ATTENTION_NAME = "prefillviz_paged"
+ENGINE_KERNELS: dict[str, PagedKernel] = {kernel.name: kernel for kernel in (COMPILED, LOOP_FP32_DECODES, LOOP, PACKED, NAIVE)}
+"""The attention versions the engine can run (the dispatch's candidates, and v1, their oracle), by name."""
 
 
 @dataclass
@@ -58,7 +61,7 @@ class AttentionMetadata:
 
     @cached_property
     def paged_step(self) -> PagedStep:
-        """The step as the kernels in ``kernels/paged_attention.py`` take it (made once, used by every layer)."""
+        """The step as the kernels in ``prefillviz/engine/ops/paged.py`` take it (made once, used by every layer)."""
         return PagedStep(self.query_start_loc, self.num_computed_tokens, self.slot_mapping, self.context_slots)
 
     @cached_property
@@ -88,11 +91,9 @@ def attend(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cac
     """
     num_tokens, num_heads, head_dim = q.shape
     if name == V7:
-        from kernels import engine_ops
-
         return engine_ops.paged_attention(engine_ops.engine_ops(), q.reshape(num_tokens, num_heads * head_dim), key_cache, value_cache, step,
                                           num_heads, scale, meta)
-    kernel = get_paged_kernel(name)
+    kernel = ENGINE_KERNELS[name]
     out = kernel(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), key_cache, value_cache, step, scale)  # (H, T, D)
     return out.transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
 

@@ -18,8 +18,8 @@ Follows vLLM v1's ``BlockPool`` / ``KVCacheManager`` and nano-vllm's ``BlockMana
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 def hash_block_tokens(parent_hash: int | None, block_token_ids: Sequence[int]) -> int:

@@ -5,7 +5,7 @@ The engine has several correct implementations of two op families:
     attention   v7 compiled (the engine's C++ kernel), v6 loop with fp32 decodes, v2 loop and
                 v3 packed (torch's SDPA inside; on a CPU its flash attention runs oneDNN's brgemm
                 micro-kernels, which use AMX tiles where the CPU has them)
-    linears     oneDNN's matmul primitive (``kernels/onednn_linear.py``), torch's packed linear
+    linears     oneDNN's matmul primitive (``prefillviz/engine/ops/onednn_linear.py``), torch's packed linear
                 (``torch.ops.mkldnn``), and the stock ``F.linear``
 
 Which is fastest depends on the machine: on a Zen 4 with AVX512-BF16, v7 beat SDPA; on a Xeon
@@ -26,14 +26,14 @@ reason. Tests inject timings with ``dispatch_tables.injected_table``.
 
 from __future__ import annotations
 
-import functools
 import datetime
+import functools
 import os
 from dataclasses import asdict, dataclass, field
 
 import torch
 
-from prefillviz.errors import ConfigError
+from prefillviz.engine.errors import ConfigError
 
 ATTENTION = "attention"
 LINEARS = "linears"
@@ -254,7 +254,7 @@ def forced_candidate(family: str, table: DispatchTable | None = None) -> str:
 def injected(timings: dict, excluded: dict | None = None, device: str = "cpu", dtype: str = "float32") -> DispatchTable:
     """A table from given timings, as a test injects them: ``{bucket: {family: {candidate: seconds}}}``."""
     return DispatchTable(device, dtype, "injected", torch.get_num_threads(), "injected", timings, excluded or {}, source="injected",
-                         measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+                         measured_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
 
 
 # --------------------------------------------------------------------------- per model

@@ -10,6 +10,7 @@ always measures. The engine's runner asks ``choose`` at every step (~25 us).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -17,13 +18,13 @@ import os
 import re
 import threading
 import weakref
-import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 
 from prefillviz.engine import dispatch, dispatch_tuning
+from prefillviz.engine.devices import machine_name
 from prefillviz.engine.dispatch import ATTENTION, BUCKETS, LINEARS, DispatchTable, StepChoice
 from prefillviz.engine.dispatch_tuning import candidate_statuses, fingerprint
 
@@ -33,7 +34,6 @@ MAX_AGE = datetime.timedelta(days=7)
 
 # --------------------------------------------------------------------------- the cache
 def cache_path(model: torch.nn.Module) -> Path:
-    from prefillviz.analysis.peaks import machine_name
 
     root = Path(os.environ.get("PREFILLVIZ_CACHE", "~/.cache/prefillviz")).expanduser()
     device, dtype, threads, signature, caps = dispatch.table_key(model)
@@ -57,13 +57,13 @@ def read_cached(path: Path) -> DispatchTable | None:
 
 def is_stale(table: DispatchTable, model: torch.nn.Module, now: datetime.datetime | None = None) -> str:
     """Why a cached table must be measured again ('' when it is fresh)."""
-    now = now or datetime.datetime.now(datetime.timezone.utc)
+    now = now or datetime.datetime.now(datetime.UTC)
     try:
         measured = datetime.datetime.fromisoformat(table.measured_at)
     except ValueError:
         return "its time can't be read"
     if measured.tzinfo is None:
-        measured = measured.replace(tzinfo=datetime.timezone.utc)
+        measured = measured.replace(tzinfo=datetime.UTC)
     if now - measured > MAX_AGE:
         return f"it is older than {MAX_AGE.days} days"
     if table.busy:

@@ -24,19 +24,20 @@ import datetime
 import os
 import time
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from kernels.attention import KernelCheckError
-from kernels.engine_ops import step_meta
-from kernels.paged_attention import check_paged, get_paged_kernel, random_step
-from prefillviz.engine import dispatch
-from prefillviz.engine.attention import attend, compiled_attention_status
+from prefillviz.engine import dispatch, packed_weights
+from prefillviz.engine.attention import ENGINE_KERNELS, attend, compiled_attention_status
+from prefillviz.engine.devices import machine_name
 from prefillviz.engine.dispatch import ATTENTION, BUCKETS, LINEARS, ONEDNN, STOCK, TORCH_PACKED, V7, DispatchTable
-from prefillviz.engine import packed_weights
+from prefillviz.engine.machine_load import MachineLoad
+from prefillviz.engine.ops.engine_ops import step_meta
+from prefillviz.engine.ops.paged_check import KernelCheckError, check_paged, random_step
 from prefillviz.engine.packed_weights import pack_weight, packed_linear
+from prefillviz.engine.timers import run_seconds, time_call
 
 RACE_FACTOR = 3.0  # a candidate this much slower than the best on its first call is not timed further
 RUNS = 3
@@ -153,7 +154,7 @@ def check_attention(model: torch.nn.Module, candidate: str) -> str:
     heads, kv_heads, head_dim = dispatch.attention_heads(model)
     inputs = random_step([(0, 37), (40, 9), (23, 1)], heads, kv_heads, head_dim, device=parameter.device, dtype=parameter.dtype, seed=1)
     try:
-        check_paged(get_paged_kernel(candidate), inputs)
+        check_paged(ENGINE_KERNELS[candidate], inputs)
     except KernelCheckError as error:
         return str(error)
     except RuntimeError as error:
@@ -180,7 +181,6 @@ class _AttentionCall:
 # --------------------------------------------------------------------------- timing
 def _race(calls: dict[str, Callable[[], object]], device: torch.device) -> tuple[dict[str, float], list[str], dict[str, float]]:
     """({candidate: median seconds per call}, [candidates dropped after one call], {candidate: slowest run over fastest})."""
-    from prefillviz.instrument.timers import run_seconds, time_call
 
     first = {}
     for name, call in calls.items():
@@ -199,8 +199,6 @@ def _race(calls: dict[str, Callable[[], object]], device: torch.device) -> tuple
 @torch.inference_mode()
 def measure(model: torch.nn.Module, progress: Callable[[float, str], None] | None = None) -> DispatchTable:
     """Check every candidate here, then time the rest on every bucket (a few seconds on 2 cores)."""
-    from prefillviz.analysis.peaks import machine_name
-    from prefillviz.instrument.machine_load import MachineLoad
 
     started = time.perf_counter()
     parameter = next(model.parameters())
@@ -216,7 +214,7 @@ def measure(model: torch.nn.Module, progress: Callable[[float, str], None] | Non
     runnable = {family: [n for n, why in s.items() if not why] for family, s in statuses.items()}
     layers = {name: linear_layer(weights, name) for name in runnable[LINEARS]}
     timings, dropped, spreads = {}, {}, {}
-    measured_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    measured_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     with MachineLoad() as load:
         for index, bucket in enumerate(BUCKETS):
             if progress:

@@ -15,25 +15,26 @@ finished records instead of rebuilding every request it ever served.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict
-from typing import Callable
 
 import torch
 
-from prefillviz.config import EngineConfig
-from prefillviz.devices import dtype_name
 from prefillviz.engine.block_pool import BlockPool
+from prefillviz.engine.config import EngineConfig
+from prefillviz.engine.devices import dtype_name
+from prefillviz.engine.errors import OutOfMemory, RequestError, is_out_of_memory
 from prefillviz.engine.kv_cache import PagedKVCache
+from prefillviz.engine.model_shape import model_shape
+from prefillviz.engine.observer import RunObserver
 from prefillviz.engine.records import request_record, since
 from prefillviz.engine.request import Request, RequestStatus, SamplingParams
 from prefillviz.engine.request_checks import check_prompt_text, check_request
 from prefillviz.engine.runner import ModelRunner, RunnerOutput
 from prefillviz.engine.scheduler import Scheduler, SchedulerOutput
-from prefillviz.errors import OutOfMemory, RequestError, is_out_of_memory
-from prefillviz.instrument.capture import capture
-from prefillviz.instrument.timers import synchronized_time
-from prefillviz.instrument.trace import RequestRecord, StepRecord, Trace
-from prefillviz.models import model_info
+from prefillviz.engine.timers import synchronized_time
+from prefillviz.engine.trace import RequestRecord, StepRecord, Trace
 
 
 class LLMEngine:
@@ -51,7 +52,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.config = config or EngineConfig()
         self.model_id = model_id
-        self.info = model_info(model)
+        self.info = model_shape(model)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.kv_bytes_per_token = self.info.kv_bytes_per_token  # the model's dtype is the cache's
@@ -72,7 +73,7 @@ class LLMEngine:
         self.steps: list[StepRecord] = []
         # every request in arrival order; its record is made when it finishes (None while unfinished)
         self.request_records: dict[str, RequestRecord | None] = {}
-        self.capture = None  # set by instrument.capture while a capture is installed
+        self.observer: RunObserver | None = None  # what watches the run in progress (``run``'s observer)
         self._start_time: float | None = None
         self._next_request_number = 0
 
@@ -183,8 +184,8 @@ class LLMEngine:
         clock["update"] = time.perf_counter()
         self._keep_first_tokens(runner_output, requests)
         record = self._step_record(output, sampled, clock)
-        if self.capture is not None:
-            self.capture.end_step(record)
+        if self.observer is not None:
+            self.observer.end_step(record)
         self.steps.append(record)
         self._keep_records(finished)  # after the step is in self.steps: a TTFT breakdown counts it
         return record
@@ -251,27 +252,30 @@ class LLMEngine:
         self,
         max_steps: int | None = None,
         progress: Callable[[int, StepRecord], None] | None = None,
-        capture_level: str = "none",
-        profile_dir: str | None = None,
+        observer: RunObserver | None = None,
     ) -> Trace:
         """Step until every request has finished (or ``max_steps``); return the trace.
 
         Args:
             max_steps: stop after this many steps of this call.
             progress: called after each step with (steps done in this call, the step record).
-            capture_level: "none", "timing", "inspect" or "profile" (see ``instrument.capture``).
-            profile_dir: where the profile level also writes its Chrome trace as a file (it is
-                kept in memory either way: ``trace.profile.chrome_trace_json()``).
+            observer: installed for the run, told of every step, handed the trace at the end
+                (``instrument.capture.run_captured`` runs one for a capture level).
         """
         num_steps = 0
-        with capture(self, capture_level, profile_dir) as recorder:
-            while self.has_unfinished_requests() and (max_steps is None or num_steps < max_steps):
-                record = self.step()
-                num_steps += 1
-                if progress is not None:
-                    progress(num_steps, record)
+        with observer.installed() if observer is not None else nullcontext():
+            self.observer = observer
+            try:
+                while self.has_unfinished_requests() and (max_steps is None or num_steps < max_steps):
+                    record = self.step()
+                    num_steps += 1
+                    if progress is not None:
+                        progress(num_steps, record)
+            finally:
+                self.observer = None
         trace = self.trace()
-        recorder.attach(trace)
+        if observer is not None:
+            observer.attach(trace)
         return trace
 
     # ---------------------------------------------------------------- results

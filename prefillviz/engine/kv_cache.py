@@ -5,7 +5,7 @@
 
 The runner turns each scheduled token's position into a slot through the request's block
 table (the *slot mapping*); the attention function writes the new K/V there, and the
-kernels in ``kernels/paged_attention.py`` gather a request's whole context back through
+kernels in ``prefillviz/kernels/paged_attention.py`` gather a request's whole context back through
 the same table.
 """
 
@@ -17,7 +17,7 @@ import torch
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
     """The KV cache of one token: 2 (K and V) x layers x kv_heads x head_dim x bytes per element.
 
-    The one place this formula is written (``ModelInfo``, the memory report and the KV write log use it).
+    The one place this formula is written (``ModelShape``, the memory report and the KV write log use it).
     """
     return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
 

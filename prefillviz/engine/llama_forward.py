@@ -39,10 +39,11 @@ import os
 import torch
 import torch.nn.functional as F
 
-from kernels.engine_ops import engine_ops_status, rms_norm_reference, rope_reference, silu_mul_reference
 from prefillviz.engine.attention import attend, compiled_attention_status
 from prefillviz.engine.dispatch import V7, StepChoice
 from prefillviz.engine.llama_weights import LlamaWeights, llama_weights
+from prefillviz.engine.ops.engine_ops import engine_ops_status
+from prefillviz.engine.ops.torch_ops import rms_norm, rope, silu_mul
 
 STOCK_FORWARD_ENV = "PREFILLVIZ_STOCK_FORWARD"
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -173,10 +174,10 @@ class LlamaForward:
         for index, (norm_in, qkv_proj, o_proj, norm_post, gate_up_proj, down_proj, scale) in enumerate(weights.layers):
             with span(f"layers.{index}"):
                 with span(f"layers.{index}.input_layernorm"):
-                    x = rms_norm_reference(h, *norm_in)
+                    x = rms_norm(h, *norm_in)
                 with span(f"layers.{index}.attention"):
                     qkv = qkv_proj(x)  # (T, (H + 2 KVH) D)
-                    qk = rope_reference(qkv[:, : (H + KVH) * D].view(num_tokens, H + KVH, D), cos, sin)
+                    qk = rope(qkv[:, : (H + KVH) * D].view(num_tokens, H + KVH, D), cos, sin)
                     q, k = qk[:, :H], qk[:, H:]
                     v = qkv[:, (H + KVH) * D :].view(num_tokens, KVH, D)
                     cache.write(index, meta.slot_mapping, k, v)
@@ -185,16 +186,16 @@ class LlamaForward:
                     attended = o_proj(out)
                 with span(f"layers.{index}.post_attention_layernorm"):
                     h = h + attended
-                    x = rms_norm_reference(h, *norm_post)
+                    x = rms_norm(h, *norm_post)
                 with span(f"layers.{index}.mlp"):
-                    h = h + down_proj(silu_mul_reference(gate_up_proj(x)))
+                    h = h + down_proj(silu_mul(gate_up_proj(x)))
             if hidden is not None:
                 hidden(index + 1, h)
         with span("final_norm"):
-            return rms_norm_reference(h.index_select(0, inputs["logits_to_keep"]), *weights.final_norm)
+            return rms_norm(h.index_select(0, inputs["logits_to_keep"]), *weights.final_norm)
 
     def _compiled(self, ops, weights: LlamaWeights, h, cos, sin, inputs: dict, attention: str, span, hidden) -> torch.Tensor:
-        """The engine's C++ ops (``kernels/engine_ops.py``): about ten calls a layer; cos and sin (T, D).
+        """The engine's C++ ops (``prefillviz/engine/ops/engine_ops.py``): about ten calls a layer; cos and sin (T, D).
 
         Each residual add is fused with the norm after it: the MLP's into the next layer's input
         norm (``add_rms_norm``), the last one into the final norm.

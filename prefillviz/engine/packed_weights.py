@@ -5,7 +5,7 @@ every call. With frozen weights one can instead reorder each weight once into on
 blocked layout (``torch.ops.mkldnn._reorder_linear_weight``) and call the packed matmul
 (``torch.ops.mkldnn._linear_pointwise``): the ops torch.compile's CPU freezing pass
 (``torch/_inductor/fx_passes/mkldnn_fusion.py``) puts in a graph for bf16 weights. Where
-``kernels/onednn_linear.py`` runs (Debian's oneDNN, built by ``make``), ``pack_weight`` packs for
+``prefillviz/engine/ops/onednn_linear.py`` runs (Debian's oneDNN, built by ``make``), ``pack_weight`` packs for
 oneDNN's matmul primitive instead, kept per row count as vLLM's CPU backend keeps it, which
 saves the op's per-call set-up: 1.2-1.5x on a 32-row fp32 matmul, 2-4x on one row.
 ``python -m prefillviz bench`` times it (``details.packed_weights``: one forward of the
@@ -33,19 +33,19 @@ import functools
 import os
 import threading
 import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 
-from kernels.onednn_linear import onednn_linear, onednn_runs
-from prefillviz.devices import dtype_name
+from prefillviz.engine.devices import dtype_name
+from prefillviz.engine.ops.onednn_linear import onednn_linear, onednn_runs
 from prefillviz.engine.shared_settings import shared_setting
 
 PACKABLE_DTYPES = (torch.bfloat16, torch.float32)
 FORCE_STOCK_ENV = "PREFILLVIZ_STOCK_LINEARS"
-ONEDNN_SCOPE = "onednn::matmul"  # the profiler's name for a call of kernels/onednn_linear.py's Linear
+ONEDNN_SCOPE = "onednn::matmul"  # the profiler's name for a call of prefillviz/engine/ops/onednn_linear.py's Linear
 
 _active = threading.local()  # .packs: {Linear: packed weight} while packed_linears runs in this thread
 # model -> {implementation: ({Linear: (weight key, the storage it was packed from, packed weight)}, {Linear: packed weight})}
@@ -126,7 +126,7 @@ def pack_weight(weight: torch.Tensor, implementation: str | None = None):
     """A (out, in) weight reordered once into oneDNN's blocked layout.
 
     Args:
-        implementation: ``"oneDNN matmul"`` (``kernels/onednn_linear.py``'s ``Linear``: oneDNN's
+        implementation: ``"oneDNN matmul"`` (``prefillviz/engine/ops/onednn_linear.py``'s ``Linear``: oneDNN's
             matmul primitive, kept per row count, as vLLM's CPU backend runs it) or
             ``"torch packed"`` (an opaque tensor for ``torch.ops.mkldnn._linear_pointwise``);
             None: the first of them that runs here (what the peaks and the dtype speed time).

@@ -8,7 +8,7 @@ unfinished one's whenever a trace is taken. Times are seconds since the engine's
 from __future__ import annotations
 
 from prefillviz.engine.request import Request
-from prefillviz.instrument.trace import RequestRecord, StepRecord
+from prefillviz.engine.trace import RequestRecord, StepRecord
 
 
 def since(start_time: float | None, t: float) -> float:

@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Container
 from typing import Any
 
-from prefillviz.config import EngineConfig
+from prefillviz.engine.config import EngineConfig
+from prefillviz.engine.errors import RequestError
 from prefillviz.engine.request import SamplingParams
-from prefillviz.errors import RequestError
-
 
 EMPTY_TEXT = "The prompt is empty: type some text to run the model on."
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from prefillviz.config import EngineConfig
 from prefillviz.engine.block_pool import BlockPool
+from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.request import Request, RequestStatus
 
 

@@ -14,8 +14,8 @@ another thread meanwhile computes what the stock model does.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 _lock = threading.Lock()
 _held: dict[tuple[int, str], tuple[int, Callable[[], None]]] = {}  # (id(model), name) -> (threads inside, undo)

@@ -23,16 +23,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prefillviz.config import EngineConfig
+from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
+from prefillviz.engine.errors import RequestError
+from prefillviz.engine.progress import StepProgress, offset_progress
 from prefillviz.engine.request import SamplingParams
-from prefillviz.errors import RequestError
+from prefillviz.engine.trace import StepRecord, Trace
 from prefillviz.experiments.outputs import OutputCheck, compare_outputs
 from prefillviz.experiments.warm_up import short_warm_up
-from prefillviz.hosted import hosted_policy
-from prefillviz.instrument.trace import StepRecord, Trace
-from prefillviz.progress import StepProgress, offset_progress
-from prefillviz.prompts import PRESETS
+from prefillviz.loading.hosted import hosted_policy
+from prefillviz.loading.prompts import PRESETS
 
 LONG_REQUEST_ID = "long"
 
@@ -162,10 +162,10 @@ def run_workload(
     for i, prompt in enumerate(workload.short_prompts):
         engine.add_request(list(prompt), SamplingParams(max_new_tokens=workload.short_max_new_tokens), request_id=short_request_id(i))
     if workload.arrival_step > 0 and engine.has_unfinished_requests():
-        engine.run(max_steps=workload.arrival_step, progress=progress, capture_level="none")
+        engine.run(max_steps=workload.arrival_step, progress=progress)
     steps_before = len(engine.steps)
     engine.add_request(list(workload.long_prompt), SamplingParams(max_new_tokens=workload.long_max_new_tokens), request_id=LONG_REQUEST_ID)
-    return engine.run(progress=offset_progress(progress, steps_before), capture_level="none")
+    return engine.run(progress=offset_progress(progress, steps_before))
 
 
 # ---------------------------------------------------------------- measurements

@@ -17,21 +17,22 @@ memory they add up to are ``kv_memory``'s):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from prefillviz.analysis.attention_maps import all_head_summaries
+from prefillviz.engine.errors import RequestError
+from prefillviz.engine.progress import StepProgress
 from prefillviz.engine.request import SamplingParams
-from prefillviz.errors import RequestError
+from prefillviz.engine.trace import StepRecord, Trace
 from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.experiments.prefill import PrefillResult
 from prefillviz.experiments.prompt_run import PromptRun, prompt_fields
-from prefillviz.instrument.trace import StepRecord, Trace
-from prefillviz.models import LoadedModel
-from prefillviz.progress import StepProgress
+from prefillviz.instrument.capture import run_captured
+from prefillviz.loading.models import LoadedModel
 
 ONE_STEP_BUDGET = 1 << 20  # more tokens than any prompt: the whole prompt runs in one step
 KV_QUANTITIES = {"key_norm": "key norm", "value_norm": "value norm", "bytes": "bytes written"}
@@ -86,7 +87,7 @@ def run_inspection(
     engine = one_request_engine(loaded.model, loaded.tokenizer, token_budget, model_id=loaded.model_id)
     request = engine.add_request(prompt, SamplingParams(max_new_tokens=1))
     progress = make_progress(math.ceil(request.num_prompt_tokens / token_budget)) if make_progress else None
-    trace = engine.run(progress=progress, capture_level="inspect")
+    trace = run_captured(engine, progress=progress, capture_level="inspect")
     return InspectionRun(
         **prompt_fields(loaded.model_id, loaded.tokenizer, prompt, request), trace=trace, chunk_size=chunk_size, source=source
     )

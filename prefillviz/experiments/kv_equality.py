@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prefillviz.devices import dtype_name
+from prefillviz.engine.devices import dtype_name
+from prefillviz.engine.trace import Trace
 from prefillviz.experiments.ways import REQUEST_ID
-from prefillviz.instrument.trace import Trace
 
 TOLERANCES = {"float32": 1e-3, "float16": 0.25, "bfloat16": 1.0}
 """Largest max-abs difference (keys, values, logits) that still counts as "the same".

@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from prefillviz.analysis.memory import KVMemoryReport, kv_memory_report
-from prefillviz.errors import RequestError
+from prefillviz.engine.errors import RequestError
+from prefillviz.engine.model_shape import ModelShape
+from prefillviz.engine.trace import Trace
 from prefillviz.experiments.inspect_run import InspectionRun, request_token_indices
-from prefillviz.instrument.trace import Trace
-from prefillviz.models import ModelInfo
 
 
 @dataclass
@@ -116,7 +116,7 @@ def memory_growth(trace: Trace, request_id: str) -> MemoryGrowth:
     )
 
 
-def model_shape(trace: Trace, request_id: str) -> ModelInfo:
+def shape_of_trace(trace: Trace, request_id: str) -> ModelShape:
     """The shape of the model that ran, read from the captured tensors of the trace itself
     (so it holds even when another model is loaded now)."""
     captured = trace.captured_qk.get(request_id)
@@ -126,26 +126,24 @@ def model_shape(trace: Trace, request_id: str) -> ModelInfo:
     num_heads, _, head_dim = captured.queries[0].shape
     num_kv_heads = captured.keys[0].shape[0]
     dtype_bytes = torch.empty((), dtype=getattr(torch, trace.dtype)).element_size()
-    return ModelInfo(
+    return ModelShape(
         architecture=trace.model_id,
-        num_parameters=0,
+        family="llama",
         num_layers=num_layers,
         num_heads=int(num_heads),
         num_kv_heads=int(num_kv_heads),
         head_dim=int(head_dim),
         hidden_size=int(num_heads * head_dim),
-        intermediate_size=None,
+        intermediate_size=0,  # not in the trace; the KV report does not read it
         vocab_size=0,
-        max_context=None,
         dtype_bytes=dtype_bytes,
-        kv_bytes_per_token=trace.kv_bytes_per_token,
     )
 
 
 def memory_report(run: InspectionRun) -> KVMemoryReport:
     """``kv_memory_report`` for the model and dtype of this run, with the run's cache filled in."""
     trace = run.trace
-    report = kv_memory_report(model_shape(trace, run.request_id), dtype=trace.dtype, num_tokens=run.num_tokens)
+    report = kv_memory_report(shape_of_trace(trace, run.request_id), dtype=trace.dtype, num_tokens=run.num_tokens)
     block_size = int(trace.engine_config["block_size"])
     report.block_size = block_size
     report.num_blocks = trace.num_blocks

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from prefillviz.errors import ConfigError
+from prefillviz.engine.errors import ConfigError
+from prefillviz.engine.model_shape import model_shape
+from prefillviz.engine.progress import FractionProgress, ProgressCounter
 from prefillviz.experiments.model_setup import device_and_dtype, model_tokenizer_and_id, token_ids_of_length
 from prefillviz.experiments.ways import PARALLEL, TOKEN_BY_TOKEN, run_way, time_to_first_token_s, warm_up_both_ways
-from prefillviz.models import model_info
-from prefillviz.progress import FractionProgress, ProgressCounter
 
 DEFAULT_PARALLEL_SIZES = (16, 32, 64, 128, 256)
 DEFAULT_SEQUENTIAL_SIZES = (4, 8, 16, 24, 32)
@@ -145,7 +145,7 @@ def run_sweep(
         ConfigError: fewer than 3 different sizes for a way, or a size outside the model's context.
     """
     model, tokenizer, model_id = model_tokenizer_and_id(loaded_or_pair)
-    info = model_info(model)
+    info = model_shape(model)
     limit = info.max_context or math.inf
     parallel_sizes = _check_sizes(PARALLEL, parallel_sizes, limit)
     sequential_sizes = _check_sizes(TOKEN_BY_TOKEN, sequential_sizes, limit)

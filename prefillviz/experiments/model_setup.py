@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefillviz.devices import dtype_name
-from prefillviz.prompts import bench_token_ids
+from prefillviz.engine.devices import dtype_name
+from prefillviz.loading.prompts import bench_token_ids
 
 
 def model_tokenizer_and_id(loaded_or_pair: Any) -> tuple[Any, Any, str]:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefillviz.config import EngineConfig
+from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
+from prefillviz.engine.progress import StepProgress
 from prefillviz.engine.request import SamplingParams
-from prefillviz.hosted import hosted_policy
-from prefillviz.instrument.trace import Trace
-from prefillviz.progress import StepProgress
+from prefillviz.engine.trace import Trace
+from prefillviz.instrument.capture import run_captured
+from prefillviz.loading.hosted import hosted_policy
 
 
 def one_request_engine(
@@ -55,4 +56,4 @@ def run_one(
     num_tokens = len(prompt) + max_new_tokens if isinstance(prompt, list) else None
     engine = one_request_engine(model, tokenizer, token_budget, num_tokens, model_id, **config)
     request = engine.add_request(prompt, SamplingParams(max_new_tokens=max_new_tokens), request_id=request_id)
-    return engine.run(capture_level=capture_level, progress=progress), request.request_id
+    return run_captured(engine, capture_level=capture_level, progress=progress), request.request_id

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefillviz.instrument.trace import Trace
+from prefillviz.engine.trace import Trace
 
 
 @dataclass

@@ -13,15 +13,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from prefillviz.engine.errors import PrefillVizError
+from prefillviz.engine.machine_load import LoadReading, MachineLoad
 from prefillviz.engine.request import SamplingParams
-from prefillviz.errors import PrefillVizError
+from prefillviz.engine.trace import Trace
 from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.experiments.prompt_run import PROMPT_FIELDS, PromptRun, prompt_fields
 from prefillviz.instrument.bundle import bundle_bytes, read_bundle
-from prefillviz.instrument.machine_load import LoadReading, MachineLoad
+from prefillviz.instrument.capture import run_captured
 from prefillviz.instrument.passes import median_of_passes
-from prefillviz.instrument.trace import Trace
-from prefillviz.models import LoadedModel
+from prefillviz.loading.models import LoadedModel
 
 TIMING_RUNS = 5  # timing passes per prefill; the headline is their median
 TIMING_BUDGET_S = 4.0  # ...fewer when they would take longer than this (a long prompt on a CPU)
@@ -76,7 +77,7 @@ def run_prefill(
     def one_pass(level: str):
         engine = one_request_engine(loaded.model, loaded.tokenizer, token_budget, model_id=loaded.model_id)
         request = engine.add_request(prompt, params)
-        return request, engine.run(capture_level=level)
+        return request, run_captured(engine, capture_level=level)
 
     timings = []
     with MachineLoad() as load:

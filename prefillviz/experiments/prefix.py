@@ -28,16 +28,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from prefillviz.config import EngineConfig
+from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
+from prefillviz.engine.errors import RequestError
+from prefillviz.engine.progress import StepProgress, offset_progress
 from prefillviz.engine.request import SamplingParams
-from prefillviz.errors import RequestError
+from prefillviz.engine.trace import Trace
 from prefillviz.experiments.warm_up import short_warm_up
-from prefillviz.hosted import hosted_policy
-from prefillviz.instrument.trace import Trace
-from prefillviz.progress import StepProgress, offset_progress
-from prefillviz.prompts import PRESETS
-
+from prefillviz.loading.hosted import hosted_policy
+from prefillviz.loading.prompts import PRESETS
 
 _CHAT = PRESETS["Chat with a system prompt"]
 CHAT_SYSTEM_PROMPT = (
@@ -226,7 +225,7 @@ class StreamRunner:
         """
         engine, first = self.engine, len(self.engine.steps)
         engine.add_request(list(prompt), self.params, request_id=request_id)
-        engine.run(progress=progress, capture_level="none")
+        engine.run(progress=progress)
         self.request_steps[request_id] = list(range(first, len(engine.steps)))
         self.counters.append((engine.scheduler.prefix_cache_queries, engine.scheduler.prefix_cache_hits))
         return len(engine.steps) - first

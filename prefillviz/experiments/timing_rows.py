@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import re
 
-from prefillviz.analysis.peaks import MachinePeaks
+from prefillviz.analysis.machine_peaks import MachinePeaks
 from prefillviz.analysis.roofline import predict_layer_times
-from prefillviz.instrument.trace import LayerTimes, Trace
-from prefillviz.models import LoadedModel, ModelInfo
+from prefillviz.engine.model_shape import ModelShape
+from prefillviz.engine.trace import LayerTimes, Trace
+from prefillviz.loading.models import LoadedModel
 
 ATTENTION_OPS = ("q_proj", "k_proj", "v_proj", "attn_scores", "attn_values", "o_proj")  # inside the attention module
 MLP_OPS = ("mlp_gate", "mlp_up", "mlp_down", "mlp_fc", "mlp_proj")
@@ -105,7 +106,7 @@ def timeline_events(chrome_trace: bytes) -> list[dict]:
     return sorted(rows, key=lambda row: row["start_ms"])
 
 
-def predicted_vs_measured(info: ModelInfo | LoadedModel, num_tokens: int, layer_times: LayerTimes, peaks: MachinePeaks) -> list[dict]:
+def predicted_vs_measured(info: ModelShape | LoadedModel, num_tokens: int, layer_times: LayerTimes, peaks: MachinePeaks) -> list[dict]:
     """Roofline prediction of each layer (every layer has the same shape) next to its measured time.
 
     The prediction sums ``predict_layer_times`` per op (max of FLOPs / peak matmul and

@@ -11,11 +11,11 @@ chunked and prefix experiments run ``short_warm_up`` before their timed runs.
 
 from __future__ import annotations
 
+from prefillviz.engine.timers import run_timed
 from prefillviz.experiments.one_request import run_one
 from prefillviz.experiments.prefill import run_prefill
-from prefillviz.instrument.timers import run_timed
-from prefillviz.models import LoadedModel
-from prefillviz.prompts import PRESETS
+from prefillviz.loading.models import LoadedModel
+from prefillviz.loading.prompts import PRESETS
 
 
 def warm_up(loaded: LoadedModel) -> float:

@@ -8,10 +8,10 @@ import math
 
 import plotly.graph_objects as go
 
+from prefillviz.engine.trace import Trace
 from prefillviz.experiments.budget_sweep import BudgetSweep
 from prefillviz.experiments.chunked import LONG_REQUEST_ID, LatencySummary
 from prefillviz.figures import style
-from prefillviz.instrument.trace import Trace
 
 
 def timeline_figure(trace: Trace, title: str, x_axis: str = "time", x_max: float | None = None) -> go.Figure:

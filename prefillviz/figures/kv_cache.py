@@ -13,10 +13,10 @@ import numpy as np
 import plotly.graph_objects as go
 
 from prefillviz.analysis.memory import KVMemoryReport
+from prefillviz.engine.trace import Trace
 from prefillviz.experiments.inspect_run import KV_QUANTITIES, kv_write_matrix
 from prefillviz.experiments.kv_memory import BlockUsage, MemoryGrowth
 from prefillviz.figures import style
-from prefillviz.instrument.trace import Trace
 
 COLORBAR_TITLES = {
     "key_norm": "‖k‖₂ (no unit),<br>mean of KV heads",

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from prefillviz.analysis.peaks import MachinePeaks
+from prefillviz.analysis.machine_peaks import MachinePeaks
 from prefillviz.analysis.roofline import RooflinePoint, roof
 from prefillviz.experiments.kv_equality import EqualityCheck
 from prefillviz.experiments.length_sweep import SweepResult

@@ -8,8 +8,8 @@ import html
 import plotly.graph_objects as go
 
 from prefillviz.analysis.first_token import FirstTokenView
+from prefillviz.engine.trace import Trace
 from prefillviz.figures import style
-from prefillviz.instrument.trace import Trace
 
 
 def token_chips_html(token_texts: list[str], token_ids: list[int], max_tokens: int = 400) -> str:

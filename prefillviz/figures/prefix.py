@@ -4,13 +4,13 @@ cache. Every number drawn comes from the runs passed in."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import plotly.graph_objects as go
 
+from prefillviz.engine.trace import Trace
 from prefillviz.experiments.prefix import PrefixExperiment, RequestBlocks, StreamRun
 from prefillviz.figures import style
-from prefillviz.instrument.trace import Trace
 
 BLOCK_STATUSES = [
     ("hit", "cache hit (K/V reused)", style.CACHE_HIT),

@@ -18,8 +18,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from prefillviz.errors import PrefillVizError
-from prefillviz.instrument.trace import Trace
+from prefillviz.engine.errors import PrefillVizError
+from prefillviz.engine.trace import Trace
 from prefillviz.instrument.trace_io import load_trace, save_trace
 
 TRACE_FILES = ("trace.json", "arrays.npz", "chrome_trace.json")

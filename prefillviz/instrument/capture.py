@@ -21,18 +21,18 @@ from __future__ import annotations
 import gzip
 import os
 import tempfile
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import torch
 
-from prefillviz.devices import dtype_name
+from prefillviz.engine.devices import dtype_name
+from prefillviz.engine.errors import ConfigError
 from prefillviz.engine.kv_cache import kv_bytes_per_token
-from prefillviz.errors import ConfigError
-from prefillviz.instrument.timers import SpanClock
-from prefillviz.instrument.trace import CAPTURE_LEVELS, CapturedQK, KVWriteRecord, LayerTimes, ProfileRecord, StepRecord, Trace
+from prefillviz.engine.timers import SpanClock
+from prefillviz.engine.trace import CAPTURE_LEVELS, CapturedQK, KVWriteRecord, LayerTimes, ProfileRecord, StepRecord, Trace
 
 SUB_LAYER_KINDS = ("attention", "mlp", "norm")
 
@@ -81,7 +81,7 @@ def model_parts(model: torch.nn.Module) -> ModelParts:
 
 
 class Capture:
-    """Records what ``level`` asks for while installed on an engine. Use ``capture(...)``."""
+    """Records what ``level`` asks for while installed on an engine: the engine's ``RunObserver`` (``run_captured``)."""
 
     def __init__(self, engine, level: str, profile_dir: str | None = None) -> None:
         if level not in CAPTURE_LEVELS:
@@ -161,6 +161,41 @@ class Capture:
             store["q"].setdefault(layer_idx, []).append(query[0, :, start:end].detach().cpu().clone())  # (H, q, D)
             store["k"].setdefault(layer_idx, []).append(key[0, :, start:end].detach().cpu().clone())  # (KVH, q, D)
             store["v"].setdefault(layer_idx, []).append(value[0, :, start:end].detach().cpu().clone())  # (KVH, q, D)
+
+    # ---------------------------------------------------------------- the engine's RunObserver
+    @contextmanager
+    def installed(self) -> Iterator[Capture]:
+        """Install the hooks for the level on the engine's model; remove them all on exit, even on error."""
+        handles: list = []
+        observers_before = list(self.engine.runner.observers)
+        # the engine's own forward times its spans and shows its q/k/v and hidden states itself; the
+        # profiler (and a model the engine's forward does not run) hooks the stock modules
+        own_forward = self.level in ("timing", "inspect") and self.engine.runner.own_forward.available
+        with ExitStack() as stack:
+            try:
+                if own_forward:
+                    self.engine.runner.span_clock = self.clock
+                    if self.level == "inspect":
+                        self.engine.runner.observers.append(self._observe_attention)
+                        self.engine.runner.hidden_observer = self.record_hidden
+                elif self.level != "none":
+                    self._install(handles)
+                if self.level == "profile":
+                    activities = [torch.profiler.ProfilerActivity.CPU]
+                    if self.engine.device.type == "cuda":
+                        activities.append(torch.profiler.ProfilerActivity.CUDA)
+                    self.profiler = stack.enter_context(
+                        torch.profiler.profile(activities=activities, record_shapes=True, with_flops=True)
+                    )
+                yield self
+            finally:
+                self.engine.runner.span_clock = self.engine.runner.hidden_observer = None
+                for handle in handles:
+                    handle.remove()
+                self.engine.runner.observers[:] = observers_before
+                for scope in self._scopes.values():  # a failure mid-forward left scopes open
+                    scope.__exit__(None, None, None)
+                self._scopes.clear()
 
     # ---------------------------------------------------------------- per step
     def end_step(self, record: StepRecord) -> None:
@@ -256,45 +291,21 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
-@contextmanager
-def capture(engine, level: str = "timing", profile_dir: str | None = None) -> Iterator[Capture]:
-    """Install the hooks for ``level`` on the engine's model; remove them all on exit, even on error.
+def capture(engine, level: str = "timing", profile_dir: str | None = None):
+    """``Capture(engine, level, profile_dir).installed()``: the instruments of ``level`` on the engine while the block runs.
 
     Args:
         engine: the ``LLMEngine`` whose steps are measured.
         level: one of ``CAPTURE_LEVELS``.
         profile_dir: where the profile level writes its Chrome trace (a temp folder if None).
     """
-    recorder = Capture(engine, level, profile_dir)
-    handles: list = []
-    observers_before = list(engine.runner.observers)
-    # the engine's own forward times its spans and shows its q/k/v and hidden states itself; the
-    # profiler (and a model the engine's forward does not run) hooks the stock modules
-    own_forward = level in ("timing", "inspect") and engine.runner.own_forward.available
-    with ExitStack() as stack:
-        try:
-            if own_forward:
-                engine.runner.span_clock = recorder.clock
-                if level == "inspect":
-                    engine.runner.observers.append(recorder._observe_attention)
-                    engine.runner.hidden_observer = recorder.record_hidden
-            elif level != "none":
-                recorder._install(handles)
-            if level == "profile":
-                activities = [torch.profiler.ProfilerActivity.CPU]
-                if engine.device.type == "cuda":
-                    activities.append(torch.profiler.ProfilerActivity.CUDA)
-                recorder.profiler = stack.enter_context(
-                    torch.profiler.profile(activities=activities, record_shapes=True, with_flops=True)
-                )
-            engine.capture = recorder
-            yield recorder
-        finally:
-            engine.capture = None
-            engine.runner.span_clock = engine.runner.hidden_observer = None
-            for handle in handles:
-                handle.remove()
-            engine.runner.observers[:] = observers_before
-            for scope in recorder._scopes.values():  # a failure mid-forward left scopes open
-                scope.__exit__(None, None, None)
-            recorder._scopes.clear()
+    return Capture(engine, level, profile_dir).installed()
+
+
+def run_captured(engine, capture_level: str = "none", profile_dir: str | None = None, max_steps: int | None = None, progress=None) -> Trace:
+    """``engine.run`` with the instruments of ``capture_level`` installed for the run (the engine's ``RunObserver``).
+
+    Raises:
+        ConfigError: an unknown capture level (before anything runs).
+    """
+    return engine.run(max_steps=max_steps, progress=progress, observer=Capture(engine, capture_level, profile_dir))

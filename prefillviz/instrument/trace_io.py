@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+from prefillviz.engine import trace as trace_module
+from prefillviz.engine.errors import PrefillVizError
 from prefillviz.engine.scheduler import ScheduledChunk
-from prefillviz.errors import PrefillVizError
-from prefillviz.instrument import trace as trace_module
 
 TRACE_CLASSES = {
     cls.__name__: cls

@@ -4,15 +4,15 @@ run), ``ActionOutcome`` (what one run measured), and the check of a spec's param
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import plotly.graph_objects as go
 
 from prefillviz.experiments import prefix
 from prefillviz.lessons.spec import _require
-from prefillviz.prompts import PRESETS
-
+from prefillviz.loading.prompts import PRESETS
 
 
 @dataclass

@@ -50,7 +50,7 @@ def parse_markdown(text: str, where: str) -> tuple[str, str, list[tuple[str, str
     return title, intro, sections
 
 
-def parse_question(spec: Any, kind: "ActionKind", where: str) -> Question:
+def parse_question(spec: Any, kind: ActionKind, where: str) -> Question:
     _require(isinstance(spec, dict), where, "'question' must be an object.")
     known = {"kind", "text", "answer", "unit", "options", "default", "compare", "close_within"}
     _require(not set(spec) - known, where, f"unknown question field(s) {sorted(set(spec) - known)} (known: {sorted(known)}).")

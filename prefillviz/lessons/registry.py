@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+from prefillviz.engine.progress import FractionProgress
 from prefillviz.lessons.actions import ActionKind, ActionOutcome, check_parameters
 from prefillviz.lessons.disagg_step import DISAGG_MEASURED, _disagg_gaps_figure, _disagg_latency_figure, _run_disagg
 from prefillviz.lessons.runs import (
@@ -30,7 +31,6 @@ from prefillviz.lessons.step_figures import (
     _ttft_bars_figure,
     _ttft_breakdown_figure,
 )
-from prefillviz.progress import FractionProgress
 
 PROMPT_PARAMETERS = {"preset": (str, "Chat with a system prompt"), "prompt": (str, None)}  # a spec's "prompt" wins
 

@@ -8,16 +8,16 @@ from __future__ import annotations
 import statistics
 
 from prefillviz.analysis.memory import kv_memory_report
-from prefillviz.devices import dtype_name
+from prefillviz.engine.devices import dtype_name
+from prefillviz.engine.progress import FractionProgress
 from prefillviz.experiments import chunked, inspect_run, kv_memory, parallel, prefix
 from prefillviz.experiments.one_request import run_one
 from prefillviz.experiments.outputs import compare_outputs
 from prefillviz.experiments.prefill import run_prefill
-from prefillviz.experiments.roofline import run_roofline
 from prefillviz.lessons.actions import ActionOutcome
 from prefillviz.lessons.spec import LessonError
-from prefillviz.progress import FractionProgress
-from prefillviz.prompts import PRESETS, bench_token_ids
+from prefillviz.loading.prompts import PRESETS, bench_token_ids
+from prefillviz.measure.roofline import run_roofline
 
 
 def _outcome(kind: str, loaded, parameters: dict, measured: dict, facts: list, raw: dict, **extra) -> ActionOutcome:
@@ -71,7 +71,7 @@ def _run_kv_memory(loaded, parameters: dict, report: FractionProgress, scale: fl
     outcome = _run_prefill(loaded, parameters, report)
     run = inspect_run.from_prefill_result(outcome.raw["prefill"])
     growth = kv_memory.memory_growth(run.trace, run.request_id)
-    formula = kv_memory_report(kv_memory.model_shape(run.trace, run.request_id), dtype=run.trace.dtype, num_tokens=run.num_tokens)
+    formula = kv_memory_report(kv_memory.shape_of_trace(run.trace, run.request_id), dtype=run.trace.dtype, num_tokens=run.num_tokens)
     usage = kv_memory.block_usage(run.trace, run.request_id, run.num_tokens)
     written = float(growth.bytes_written[-1])  # what the layers really wrote (the KV write log)
     per_token = written / run.num_tokens

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefillviz.errors import PrefillVizError
+from prefillviz.engine.errors import PrefillVizError
 
 ROOT = Path(__file__).resolve().parents[2]
 LESSONS_DIR = ROOT / "assets" / "lessons"

@@ -12,10 +12,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from prefillviz.config import EngineConfig
+from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
-from prefillviz.instrument.trace import Trace
+from prefillviz.engine.trace import Trace
 from prefillviz.peers.vllm_client import BLOCK_SIZE, VLLMWorker
 from prefillviz.peers.workload import PeerRequest, check_workload
 

@@ -20,10 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from prefillviz.engine.errors import PrefillVizError
 from prefillviz.engine.scheduler import ScheduledChunk
-from prefillviz.errors import PrefillVizError
-from prefillviz.instrument.trace import RequestRecord, StepRecord, Trace
-from prefillviz.model_registry import BUNDLED_MODEL_ID
+from prefillviz.engine.trace import RequestRecord, StepRecord, Trace
+from prefillviz.loading.model_registry import BUNDLED_MODEL_ID
 from prefillviz.peers.workload import PeerRequest, check_workload
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from prefillviz import bundled
+from prefillviz.loading import bundled
 from prefillviz.peers.vllm_client import ROOT, WORKER_ENV, VLLMUnavailable, unavailable_reason, vllm_python
 
 SERVED_MODEL_NAME = "smollm2-135m"
@@ -118,7 +118,7 @@ def main() -> None:
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` stops vLLM too, through the context manager
     if not (bundled.bundled_cache_dir() / "config.json").is_file():  # vLLM reads the safetensors copy the first load writes
-        from prefillviz.models import load_model
+        from prefillviz.loading.models import load_model
 
         load_model(device="cpu", dtype="float32", progress=print)
     with LocalVLLMServer(port=args.port, dtype=args.dtype) as server:

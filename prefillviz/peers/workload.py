@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefillviz.errors import ConfigError
+from prefillviz.engine.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -14,19 +14,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 import httpx
 
-from prefillviz.errors import PrefillVizError
+from prefillviz.engine.errors import ProbeError
+from prefillviz.loading.hosted import normalized_url
 
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 60.0  # the longest silence allowed between two bytes of an answer
 REQUEST_DEADLINE_S = 180.0  # the longest one streamed answer may take in all
-
-
-class ProbeError(PrefillVizError):
-    """The server could not be probed: unreachable, not OpenAI-compatible, stalled, or junk."""
 
 
 @dataclass
@@ -73,18 +69,6 @@ class StreamedCompletion:
     @property
     def time_to_first_token_s(self) -> float | None:
         return self.token_times_s[0] - self.sent_s if self.token_times_s else None
-
-
-def normalized_url(url: str) -> str:
-    """``http(s)://host[:port][/prefix]`` without a trailing ``/v1`` or slash; raises on anything else."""
-    url = (url or "").strip()
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ProbeError(f"{url!r} is not a server URL: give one like http://127.0.0.1:8000 (http or https, with a host).")
-    path = parts.path.rstrip("/")
-    if path.endswith("/v1"):
-        path = path[: -len("/v1")]
-    return f"{parts.scheme}://{parts.netloc}{path}"
 
 
 class ServerClient:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from prefillviz.hosted import hosted_policy
+from prefillviz.loading.hosted import hosted_policy
 from prefillviz.probe.client import ProbeBudget
 from prefillviz.probe.report import EXPERIMENTS, ProbeSettings
 
@@ -29,7 +29,7 @@ def add_parser(commands) -> None:
 def _numbers(text: str | None, flag: str) -> tuple[int, ...] | None:
     if text is None:
         return None
-    from prefillviz.errors import ConfigError
+    from prefillviz.engine.errors import ConfigError
 
     try:
         return tuple(int(n) for n in text.split(",") if n.strip())

@@ -18,9 +18,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from prefillviz.engine.progress import ProgressCounter
 from prefillviz.probe.client import ProbeError, ServerClient, StreamedCompletion
 from prefillviz.probe.prompts import PromptMaker
-from prefillviz.progress import ProgressCounter
 
 SUFFIX_TOKENS = 16
 STREAM_PROMPT_TOKENS = 32
@@ -124,7 +124,7 @@ class InterferenceResult:
     def itl_max_ms(self, during: bool) -> float:
         """The longest gap that ended before the long prompt was sent, or that overlapped its prefill."""
         chosen = []
-        for i, end, length in self.gaps():
+        for _index, end, length in self.gaps():
             start = end - length
             overlaps = end > self.long_sent_s and start < self.long_first_token_s
             if (during and overlaps) or (not during and end <= self.long_sent_s):

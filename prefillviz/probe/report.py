@@ -11,14 +11,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from prefillviz.engine.progress import FractionProgress, ProgressCounter
 from prefillviz.experiments.length_sweep import QuadraticFit, fit_quadratic
 from prefillviz.probe.client import ProbeBudget, ProbeError, ServerClient
 from prefillviz.probe.experiments import (
-    STREAM_PROMPT_TOKENS, SUFFIX_TOKENS, InterferenceResult, PrefixResult, TTFTPoint, interference, prefix_check, ttft_sweep,
+    STREAM_PROMPT_TOKENS,
+    SUFFIX_TOKENS,
+    InterferenceResult,
+    PrefixResult,
+    TTFTPoint,
+    interference,
+    prefix_check,
+    ttft_sweep,
 )
 from prefillviz.probe.metrics import MetricsDelta, parse_metrics
 from prefillviz.probe.prompts import PromptMaker, calibration_prompt
-from prefillviz.progress import FractionProgress, ProgressCounter
 
 DEFAULT_SIZES = (64, 128, 256, 512, 1024, 2048, 4096)
 DEFAULT_CONTEXT = 2048  # when the server does not say its context length

@@ -9,7 +9,7 @@ from __future__ import annotations
 import streamlit as st
 
 from prefillviz.experiments.inspect_run import InspectionRun, from_prefill_result, run_inspection
-from prefillviz.prompts import PRESETS
+from prefillviz.loading.prompts import PRESETS
 from prefillviz.ui.shell import get_result, loaded_model, progress_callback, run_guarded, save_result
 
 PREFILL_RUN, THIS_PAGE_RUN = "the Prefill page's last run", "a run on this page"

@@ -7,14 +7,14 @@ Values are checked: junk is ignored and listed in a sidebar note, never raised.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 from urllib.parse import urlencode
 
 import streamlit as st
 
-from prefillviz.hosted import hosted_policy
-from prefillviz.model_registry import RECOMMENDED_MODELS
-from prefillviz.prompts import PRESETS
+from prefillviz.loading.hosted import hosted_policy
+from prefillviz.loading.model_registry import RECOMMENDED_MODELS
+from prefillviz.loading.prompts import PRESETS
 from prefillviz.ui.settings import set_setting
 
 MAX_PROMPT_CHARS = 4000

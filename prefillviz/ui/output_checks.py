@@ -6,7 +6,7 @@ Chunked prefill and the prefix cache each compare every request's output with a 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import streamlit as st
 

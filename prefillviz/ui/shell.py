@@ -12,8 +12,9 @@ from __future__ import annotations
 import gc
 import json
 import logging
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -21,19 +22,19 @@ import streamlit as st
 import torch
 from streamlit.errors import StreamlitAPIException
 
-from prefillviz.devices import dtype_name
-from prefillviz.dtype_speed import dtype_speed
+from prefillviz.engine.devices import dtype_name
 from prefillviz.engine.dispatch_tables import choice_label
+from prefillviz.engine.errors import OutOfMemory, PrefillVizError, is_out_of_memory
 from prefillviz.engine.llama_forward import forward_label
 from prefillviz.engine.packed_weights import linear_weights_label
-from prefillviz.errors import OutOfMemory, PrefillVizError, is_out_of_memory
-from prefillviz.hosted import hosted_policy
 from prefillviz.experiments.warm_up import warm_up
 from prefillviz.instrument.passes import pass_label
-from prefillviz.model_registry import BUNDLED_MODEL_ID, RECOMMENDED_MODELS
-from prefillviz.models import LoadedModel, load_model
-from prefillviz.run_queue import RUN_QUEUE
+from prefillviz.loading.hosted import hosted_policy
+from prefillviz.loading.model_registry import BUNDLED_MODEL_ID, RECOMMENDED_MODELS
+from prefillviz.loading.models import LoadedModel, load_model
+from prefillviz.measure.dtype_speed import dtype_speed
 from prefillviz.ui.links import apply_link_parameters, share_box
+from prefillviz.ui.run_queue import RUN_QUEUE
 from prefillviz.ui.settings import kept
 
 logger = logging.getLogger(__name__)

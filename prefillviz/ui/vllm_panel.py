@@ -13,11 +13,11 @@ from collections.abc import Callable
 import plotly.graph_objects as go
 import streamlit as st
 
-from prefillviz import bundled
-from prefillviz.devices import dtype_name
+from prefillviz.engine.devices import dtype_name
 from prefillviz.experiments.prefix import request_blocks
 from prefillviz.figures.prefix import block_grid_figure
-from prefillviz.models import LoadedModel
+from prefillviz.loading import bundled
+from prefillviz.loading.models import LoadedModel
 from prefillviz.peers import side_by_side
 from prefillviz.peers.vllm_client import BLOCK_SIZE, VLLMWorker, unavailable_for
 from prefillviz.ui.shell import get_result, run_guarded, save_result

@@ -4,6 +4,7 @@ import numpy as np
 
 from tests.app.pages import after_a_prefill_run, chart_titled, open_page, plotly_array, run_inspection_here
 
+
 def test_run_draws_the_head_grid_and_pickers_change_the_head(bundled):
     app = open_page("attention")
     assert not app.exception

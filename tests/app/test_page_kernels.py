@@ -12,8 +12,9 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from prefillviz.analysis import peaks_history
-from prefillviz.analysis.peaks import MachinePeaks, machine_name
+from prefillviz.analysis.machine_peaks import MachinePeaks
+from prefillviz.engine.devices import machine_name
+from prefillviz.measure import peaks_history
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 PAGE = "views/kernels.py"
@@ -104,7 +105,7 @@ def test_measure_peaks_again_adds_a_measurement_and_the_prediction_uses_the_new_
     measurements = []
 
     def far_faster(device, dtype):  # roofs no CPU has: certainly the new best
-        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         machine = machine_name(device)
         measurements.append(MachinePeaks(str(device), dtype, 1e6, 1e5, now, machine, torch.get_num_threads(), 1e5, 1e5, other_cpu_percent=0.0))
         return measurements[-1]

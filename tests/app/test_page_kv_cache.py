@@ -4,6 +4,7 @@ import numpy as np
 
 from tests.app.pages import after_a_prefill_run, chart_specs, chart_titled, open_page, plotly_array, run_inspection_here
 
+
 def heatmap_spec(app):
     return chart_titled(app, "KV writes")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from prefillviz.prompts import PRESETS
+from prefillviz.loading.prompts import PRESETS
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 PAGE = "views/walkthrough.py"

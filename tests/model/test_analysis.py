@@ -5,16 +5,16 @@ the machine's measured peaks, and timed engine steps on the roofline."""
 import pytest
 import torch
 
-from prefillviz.analysis import peaks_history
 from prefillviz.analysis.flops import model_costs
+from prefillviz.analysis.machine_peaks import MachinePeaks
 from prefillviz.analysis.memory import current_rss_bytes, kv_memory_report, peak_rss_bytes
-from prefillviz.analysis.peaks import MachinePeaks
-from prefillviz.analysis.peaks_history import machine_peaks
 from prefillviz.analysis.roofline import predict_layer_times, ridge_point, roof
-from prefillviz.config import EngineConfig
+from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
-from prefillviz.experiments.roofline import measure_roofline_points
-from prefillviz.prompts import bench_token_ids
+from prefillviz.loading.prompts import bench_token_ids
+from prefillviz.measure import peaks_history
+from prefillviz.measure.peaks_history import machine_peaks
+from prefillviz.measure.roofline import measure_roofline_points
 
 MATMUL_EVENTS = ("aten::mm", "aten::addmm", "aten::matmul", "aten::linear")
 PROFILER_RELATIVE_TOLERANCE = 1e-6  # the profiler counts 2*M*K*N per mm: it matches exactly

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from prefillviz.cli import main
-from prefillviz.config import EngineConfig
+from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
+from prefillviz.engine.errors import PrefillVizError, RequestError
 from prefillviz.engine.request import SamplingParams
-from prefillviz.errors import PrefillVizError, RequestError
 from tests.conftest import assert_matches_hf
 
 PROMPT = list(range(3, 23))
@@ -111,8 +111,8 @@ def no_work(monkeypatch):
         pytest.fail("the work started before the check refused it")
 
     for target in (
-        "prefillviz.models.load_model", "prefillviz.engine.engine.LLMEngine", "prefillviz.bench.run_bench",
-        "prefillviz.experiments.kernel_bench.run_kernel_benchmark", "prefillviz.disagg.experiment.compare_setups",
+        "prefillviz.loading.models.load_model", "prefillviz.engine.engine.LLMEngine", "prefillviz.measure.bench.run_bench",
+        "prefillviz.measure.kernel_bench.run_kernel_benchmark", "prefillviz.disagg.experiment.compare_setups",
     ):
         monkeypatch.setattr(target, started)
     return monkeypatch
@@ -121,7 +121,7 @@ def no_work(monkeypatch):
 @pytest.fixture
 def loads_bundled(no_work, bundled):
     """As ``no_work``, but loading the model is allowed (the session's bundled model, at once)."""
-    no_work.setattr("prefillviz.models.load_model", lambda *args, **kwargs: bundled)
+    no_work.setattr("prefillviz.loading.models.load_model", lambda *args, **kwargs: bundled)
     return no_work
 
 
@@ -172,7 +172,7 @@ def test_bench_sizes_are_refused_before_the_bench_runs(loads_bundled, capsys):
         f"{BUNDLED}'s context is 8,192 tokens; use --num-tokens 4079 or less."
     )
     benched = []
-    loads_bundled.setattr("prefillviz.bench.run_bench", lambda *args, **kwargs: benched.append(args[3]) or {})
+    loads_bundled.setattr("prefillviz.measure.bench.run_bench", lambda *args, **kwargs: benched.append(args[3]) or {})
     assert main(["bench", "--num-tokens", "2032"]) == 0 and main(["bench", "--num-tokens", "4079", "--no-vllm"]) == 0
     assert benched == [2032, 4079]  # the largest sizes pass the check
 
@@ -182,7 +182,7 @@ def test_kernel_sizes_are_refused_before_any_kernel_runs(no_work, capsys):
     assert refused(capsys, "kernels", "--sizes", "128,16384") == (
         "error: --sizes 128,16384: N = 16,384 is past smollm2-135m's context of 8,192 tokens; use N of 8,192 or less."
     )
-    no_work.setattr("prefillviz.experiments.kernel_bench.device_memory_bytes", lambda device: 64 * 2**30)
+    no_work.setattr("prefillviz.measure.kernel_bench.device_memory_bytes", lambda device: 64 * 2**30)
     assert refused(capsys, "kernels", "--shape", "llama-3.2-1b", "--sizes", "4096,50000", "--device", "cpu") == (
         "error: --sizes 4096,50000: N = 50,000 needs 298.0 GiB for v1's (H, N, N) fp32 scores (H = 32), "
         "more than this machine's 64.0 GiB; use N of 23,170 or less."

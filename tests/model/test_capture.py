@@ -12,11 +12,12 @@ import torch
 
 from prefillviz.analysis.attention_maps import attention_probs
 from prefillviz.analysis.first_token import first_token_view
-from prefillviz.config import EngineConfig
+from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
+from prefillviz.engine.errors import ConfigError
 from prefillviz.engine.packed_weights import ONEDNN_SCOPE
 from prefillviz.engine.request import SamplingParams
-from prefillviz.errors import ConfigError
+from prefillviz.instrument.capture import run_captured
 from prefillviz.instrument.trace_io import load_trace, save_trace
 from tests.tolerances import OP_STEPS, allowed_difference, maps_allowed_difference
 
@@ -41,7 +42,7 @@ def eager_attentions(model, token_ids):
 def inspect_run(loaded, token_budget, max_new_tokens=1):
     engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(token_budget=token_budget, block_size=16))
     request = engine.add_request(TEXT, SamplingParams(max_new_tokens=max_new_tokens))
-    return engine, engine.run(capture_level="inspect"), request
+    return engine, run_captured(engine, capture_level="inspect"), request
 
 
 def all_hooks(model):
@@ -99,7 +100,7 @@ def test_kv_write_log_covers_every_position_of_every_layer_exactly_once(bundled,
 def test_timing_level_times_every_layer_and_breaks_down_ttft(bundled):
     engine = LLMEngine(bundled.model, bundled.tokenizer, EngineConfig())
     request = engine.add_request(TEXT)
-    trace = engine.run(capture_level="timing")
+    trace = run_captured(engine, capture_level="timing")
     step = trace.steps[0]
     times = step.layer_times
     assert step.capture_level == "timing" and times.clock == "perf_counter"
@@ -118,7 +119,7 @@ def test_timing_level_times_every_layer_and_breaks_down_ttft(bundled):
 def test_profile_level_has_scopes_op_table_and_a_chrome_trace(bundled, tmp_path):
     engine = LLMEngine(bundled.model, bundled.tokenizer, EngineConfig())
     engine.add_request(TEXT)
-    trace = engine.run(capture_level="profile", profile_dir=str(tmp_path))
+    trace = run_captured(engine, capture_level="profile", profile_dir=str(tmp_path))
     ops = {row["op"]: row for row in trace.profile.op_table}
     for scope in ["layers.0.attention", "layers.29.mlp", "layers.3.input_layernorm", "layers.3.post_attention_layernorm", "lm_head"]:
         assert ops[scope]["calls"] == 1
@@ -139,7 +140,7 @@ def test_profile_level_has_scopes_op_table_and_a_chrome_trace(bundled, tmp_path)
 def test_profile_level_counts_matmul_flops_of_stock_linears(bundled):
     engine = LLMEngine(bundled.model, bundled.tokenizer, EngineConfig(pack_linear_weights=False))
     engine.add_request(TEXT)
-    ops = {row["op"]: row for row in engine.run(capture_level="profile").profile.op_table}
+    ops = {row["op"]: row for row in run_captured(engine, capture_level="profile").profile.op_table}
     assert ops["aten::mm"]["flops"] > 0 and "mkldnn::_linear_pointwise" not in ops
 
 
@@ -147,7 +148,7 @@ def test_profile_without_a_folder_keeps_the_chrome_trace_in_memory_and_leaves_no
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where TemporaryDirectory would leave one
     engine = LLMEngine(bundled.model, bundled.tokenizer, EngineConfig())
     engine.add_request(TEXT)
-    trace = engine.run(capture_level="profile")
+    trace = run_captured(engine, capture_level="profile")
     assert trace.profile.chrome_trace_path == "" and not list(tmp_path.iterdir())
     assert "layers.29.mlp" in {event.get("name") for event in json.loads(trace.profile.chrome_trace_json())["traceEvents"]}
     loaded = load_trace(save_trace(trace, tmp_path / "saved"))  # written as its own file, read back into memory
@@ -169,19 +170,19 @@ def test_hooks_are_removed_when_a_captured_run_fails(bundled):
     engine.add_request(TEXT)
     for level in ["timing", "inspect", "profile"]:
         with pytest.raises(Boom):
-            engine.run(capture_level=level)
+            run_captured(engine, capture_level=level)
         assert not all_hooks(bundled.model)
         assert engine.runner.observers == [fail] and engine.capture is None
         engine.add_request(TEXT)
     engine.runner.observers.clear()
-    assert engine.run(capture_level="timing").steps[-1].layer_times is not None
+    assert run_captured(engine, capture_level="timing").steps[-1].layer_times is not None
 
 
 def test_unknown_capture_level_is_refused(bundled):
     engine = LLMEngine(bundled.model, bundled.tokenizer)
     engine.add_request(TEXT)
     with pytest.raises(ConfigError, match="capture level"):
-        engine.run(capture_level="everything")
+        run_captured(engine, capture_level="everything")
 
 
 def test_saved_trace_reloads_with_the_same_maps_and_numbers(chunked_inspect, tmp_path):

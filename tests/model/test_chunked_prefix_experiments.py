@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from prefillviz.errors import ConfigError, RequestError
+from prefillviz.engine.errors import ConfigError, RequestError
 from prefillviz.experiments import budget_sweep, chunked, prefix
 from prefillviz.experiments.outputs import compare_outputs
 from prefillviz.figures import chunked as chunked_figures

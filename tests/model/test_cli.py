@@ -46,7 +46,7 @@ def test_run_imports_nothing_it_does_not_need(bundled):
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     imported = {line.rpartition("|")[2].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
-    unneeded = {"streamlit", "plotly", "pandas", "prefillviz.ui", "prefillviz.figures", "prefillviz.lessons", "prefillviz.bench"}
+    unneeded = {"streamlit", "plotly", "pandas", "prefillviz.ui", "prefillviz.figures", "prefillviz.lessons", "prefillviz.measure.bench"}
     assert imported and not imported & unneeded, sorted(imported & unneeded)
 
 

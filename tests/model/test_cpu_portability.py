@@ -11,17 +11,17 @@ import json
 import pytest
 import torch
 
-from prefillviz import cli, devices
-from prefillviz.config import EngineConfig
-from prefillviz.devices import check_dtype
-from prefillviz.dtype_speed import SLOW_FACTOR, DtypeSpeed, dtype_speed
-from prefillviz.engine import dispatch_tables, llama_weights, packed_weights
+from prefillviz import cli
+from prefillviz.engine import devices, dispatch_tables, llama_weights, packed_weights
+from prefillviz.engine.config import EngineConfig
+from prefillviz.engine.devices import check_dtype
 from prefillviz.engine.engine import LLMEngine
-from prefillviz.errors import ModelLoadError
+from prefillviz.engine.errors import ModelLoadError
 from prefillviz.experiments.prefill import load_prefill_bundle, prefill_bundle, run_prefill
 from prefillviz.experiments.warm_up import warm_up
-from prefillviz.oracle import hf_last_logits
+from prefillviz.measure.dtype_speed import SLOW_FACTOR, DtypeSpeed, dtype_speed
 from tests.conftest import assert_matches_hf
+from tests.hf_oracle import hf_last_logits
 from tests.model.test_packed_weights import OpNames, record_packed_calls  # noqa: F401 (autouse: counts packed_linear calls here too)
 from tests.tolerances import MODEL_STEPS, allowed_difference, longest_sum
 

@@ -46,11 +46,11 @@ def worker_processes_alive() -> list[psutil.Process]:
 
 def test_a_request_prefilled_by_one_engine_decodes_on_another_through_its_own_blocks(tiny_llama):
     """The engine hook alone, in one process: gather from engine A's blocks, write into B's, decode on B."""
-    from prefillviz.config import EngineConfig
     from prefillviz.disagg.kv_transfer import gather_request_kv, write_request_kv
+    from prefillviz.engine.config import EngineConfig
     from prefillviz.engine.engine import LLMEngine
+    from prefillviz.engine.errors import RequestError
     from prefillviz.engine.request import SamplingParams
-    from prefillviz.errors import RequestError
 
     prompt, params = list(range(3, 40)), SamplingParams(max_new_tokens=6)
     whole_engine = LLMEngine(tiny_llama, None, EngineConfig(block_size=8, num_blocks=8))

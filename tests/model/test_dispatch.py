@@ -13,11 +13,9 @@ import json
 import pytest
 import torch
 
-from kernels.paged_attention import PagedStep
 from prefillviz import cli
-from prefillviz.config import EngineConfig
 from prefillviz.engine import dispatch, dispatch_tables, dispatch_tuning
-from prefillviz.engine.dispatch_tables import injected_table
+from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.dispatch import (
     ATTENTION,
     ATTENTION_CANDIDATES,
@@ -31,10 +29,12 @@ from prefillviz.engine.dispatch import (
     bucket_of,
     injected,
 )
+from prefillviz.engine.dispatch_tables import injected_table
 from prefillviz.engine.engine import LLMEngine
+from prefillviz.engine.errors import ConfigError
 from prefillviz.engine.request import SamplingParams
-from prefillviz.errors import ConfigError
-from prefillviz.oracle import hf_greedy_generate, hf_last_logits
+from prefillviz.kernels.paged_attention import PagedStep
+from tests.hf_oracle import hf_greedy_generate, hf_last_logits
 from tests.tolerances import assert_same_greedy_generation, assert_same_greedy_token, assert_within, logits_allowed_difference
 
 SDPA_VERSIONS = ("v6 loop, fp32 decodes", "v2 loop", "v3 packed")
@@ -190,7 +190,7 @@ def test_the_table_is_cached_and_measured_again_when_stale(tiny_llama, tmp_path,
     monkeypatch.setattr(dispatch_tuning, "measure", lambda *a, **k: pytest.fail("a fresh cached table must not be measured again"))
     cached = dispatch_tables.table_for(tiny_llama)
     assert cached.source == "cache" and cached.choices() == measured.choices() and cached.timings == measured.timings
-    old = datetime.datetime.now(datetime.timezone.utc) - dispatch_tables.MAX_AGE - datetime.timedelta(hours=1)
+    old = datetime.datetime.now(datetime.UTC) - dispatch_tables.MAX_AGE - datetime.timedelta(hours=1)
     assert "older than" in dispatch_tables.is_stale(dispatch.DispatchTable.from_dict({**cached.as_dict(), "measured_at": old.isoformat()}), tiny_llama)
     assert "busy" in dispatch_tables.is_stale(dispatch.DispatchTable.from_dict({**cached.as_dict(), "other_cpu_percent": 90.0}), tiny_llama)
     assert "changed" in dispatch_tables.is_stale(dispatch.DispatchTable.from_dict({**cached.as_dict(), "fingerprint": "torch 0; nothing"}), tiny_llama)
@@ -225,7 +225,7 @@ def test_tune_prints_the_choice_and_the_timings_behind_it(bundled, capsys):
 
 
 def test_the_kernels_command_marks_the_engines_choice(monkeypatch, tmp_path):
-    from prefillviz.experiments.kernel_bench import benchmark_json, run_kernel_benchmark
+    from prefillviz.measure.kernel_bench import benchmark_json, run_kernel_benchmark
 
     monkeypatch.setenv("PREFILLVIZ_CACHE", str(tmp_path))  # no table on disk: only the one kept below
     monkeypatch.setattr(dispatch_tables, "_tables", {})  # nor one an earlier test kept for the tiny model's heads

@@ -5,11 +5,11 @@ import pytest
 import torch
 import transformers
 
-from prefillviz.config import EngineConfig
+from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
-from prefillviz.oracle import hf_greedy_generate
 from tests.conftest import assert_matches_hf
+from tests.hf_oracle import hf_greedy_generate
 from tests.tolerances import assert_same_greedy_generation
 
 COMMON = dict(vocab_size=96, initializer_range=0.2)

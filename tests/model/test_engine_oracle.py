@@ -8,11 +8,11 @@ packs one request's prefill chunk with two other requests' decode tokens in one 
 import pytest
 import torch
 
-from prefillviz.config import EngineConfig
+from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
-from prefillviz.oracle import hf_greedy_generate
 from tests.conftest import assert_matches_hf
+from tests.hf_oracle import hf_greedy_generate
 from tests.tolerances import assert_same_greedy_generation
 
 

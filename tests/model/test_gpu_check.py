@@ -42,6 +42,6 @@ def test_self_test_runs_every_check_and_passes(bundled, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="there is a GPU here")
 def test_without_a_gpu_the_script_says_to_use_the_self_test(capsys):
-    from prefillviz.gpu_check import main  # the script's main, in this process (the self-test above ran the script)
+    from prefillviz.measure.gpu_check import main  # the script's main, in this process (the self-test above ran the script)
 
     assert main([]) == 2 and "--self-test" in capsys.readouterr().err

@@ -5,13 +5,13 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from prefillviz.engine.errors import ModelLoadError, RequestError
 from prefillviz.engine.request import SamplingParams
-from prefillviz.errors import ModelLoadError, RequestError
 from prefillviz.experiments.chunked import ChunkedWorkload
 from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.experiments.prefix import PrefixStream
-from prefillviz.hosted import hosted_policy
-from prefillviz.models import load_model
+from prefillviz.loading.hosted import hosted_policy
+from prefillviz.loading.models import load_model
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.attention import (
+from prefillviz.kernels.attention import (
     BLOCK_SIZE,
     BLOCKED,
     KERNELS,

@@ -6,13 +6,13 @@ import json
 import pytest
 import torch
 
-from kernels.attention import attention_naive
-from kernels.paged_attention import COMPILED
-
-from prefillviz.errors import RequestError
-from prefillviz.experiments import kernel_bench, timing_rows
-from prefillviz.experiments import kernels as experiments
+from prefillviz.engine.errors import RequestError
+from prefillviz.experiments import timing_rows
 from prefillviz.figures import kernels as figures
+from prefillviz.kernels.attention import attention_naive
+from prefillviz.kernels.paged_attention import COMPILED
+from prefillviz.measure import kernel_bench
+from prefillviz.measure import kernels as experiments
 
 PROMPT = "The capital of France is"
 NUM_LAYERS = 30

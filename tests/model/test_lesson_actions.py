@@ -8,7 +8,7 @@ import pytest
 
 from prefillviz import lessons
 from prefillviz.experiments.prefill import PrefillResult
-from prefillviz.prompts import PRESETS
+from prefillviz.loading.prompts import PRESETS
 
 SCALE = 0.05  # token counts x 0.05 (each kind has a floor): seconds per action, not minutes
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -1,4 +1,4 @@
-"""The engine's own forward (engine/llama_forward.py) and its C++ ops (kernels/engine_ops.py).
+"""The engine's own forward (engine/llama_forward.py) and its C++ ops (prefillviz/engine/ops/engine_ops.py).
 
 Each way the engine can run a step (its forward with the C++ ops, its forward with plain
 torch ops, the stock transformers forward) against the others and against the plain HF
@@ -12,13 +12,14 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from kernels import engine_ops
-from prefillviz.config import EngineConfig
 from prefillviz.engine import llama_forward
+from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
+from prefillviz.engine.ops import engine_ops
 from prefillviz.engine.request import SamplingParams
-from prefillviz.oracle import hf_greedy_generate
+from prefillviz.instrument.capture import run_captured
 from tests.conftest import assert_matches_hf
+from tests.hf_oracle import hf_greedy_generate
 from tests.tiny_models import make_tiny_llama
 from tests.tolerances import MODEL_STEPS, allowed_difference, assert_same_greedy_generation, assert_within, longest_sum
 
@@ -119,7 +120,7 @@ def test_module_hooks_send_a_step_to_the_stock_forward_and_every_pass_is_timed(t
     monkeypatch.setattr(type(own), "__call__", lambda self, *args: calls.append(args[2]) or original(self, *args))
     for level in ("timing", "inspect", "profile"):
         engine.add_request(prompt(20, 128, 1))
-        trace = engine.run(capture_level=level)
+        trace = run_captured(engine, capture_level=level)
         times = trace.steps[0].layer_times
         assert times is not None and all(t > 0 for t in times.layer_s + times.attention_s + times.mlp_s + times.norms_s)
         assert times.lm_head_s > 0 and sum(times.layer_s) < trace.steps[0].wall_time_s
@@ -137,7 +138,7 @@ def test_an_inspection_pass_captures_the_same_on_every_way(tiny_llama, monkeypat
             engine = LLMEngine(tiny_llama, tokenizer=None, config=EngineConfig(token_budget=24))
             engine.runner.own_forward.available = way != "stock"
             engine.add_request(prompt(40, 128, 3), SamplingParams(max_new_tokens=3), request_id="r")
-            traces[way] = engine.run(capture_level="inspect")
+            traces[way] = run_captured(engine, capture_level="inspect")
     stock = traces["stock"]
 
     def same_within_the_forwards_roundings(got, want, what):  # two fp32 forwards: the whole-model bound at the values' size

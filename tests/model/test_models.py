@@ -1,4 +1,4 @@
-"""Tests for prefillviz.models: the bundled model, its cache, local folders and errors.
+"""Tests for prefillviz.loading.models: the bundled model, its cache, local folders and errors.
 
 No network is used. The bundled model is dequantized once (into a temporary
 PREFILLVIZ_CACHE) and loaded once more from the cache; both loads are shared by the tests.
@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefillviz import bundled, hub
-from prefillviz.errors import ModelLoadError
-from prefillviz import devices
-from prefillviz.devices import BF16_AUTO_SPEEDUP, cpu_bf16_speedup, resolve_device, resolve_dtype
-from prefillviz.model_registry import BUNDLED_MODEL_ID, RECOMMENDED_MODELS
-from prefillviz.models import load_model
+from prefillviz.engine import devices
+from prefillviz.engine.devices import BF16_AUTO_SPEEDUP, cpu_bf16_speedup, resolve_device, resolve_dtype
+from prefillviz.engine.errors import ModelLoadError
+from prefillviz.loading import bundled, hub
+from prefillviz.loading.model_registry import BUNDLED_MODEL_ID, RECOMMENDED_MODELS
+from prefillviz.loading.models import load_model
 from tests.tiny_models import make_tiny_llama
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +42,8 @@ def bundled_loads(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_tokenizer_dir(tmp_path_factory):
     """A word-level tokenizer with 64 tokens, saved like a Hub model's tokenizer."""
-    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers import models as tok_models
     from transformers import PreTrainedTokenizerFast
 
     words = ["<unk>", "<eos>"] + "the capital of france is paris a b c d".split()
@@ -192,7 +193,7 @@ def test_a_model_in_the_hub_cache_loads_without_network(tmp_path, tiny_tokenizer
     env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hub"), HF_ENDPOINT="http://127.0.0.1:9")
     env.pop("HF_HUB_OFFLINE", None)
     code = (
-        "from prefillviz.models import load_model\n"
+        "from prefillviz.loading.models import load_model\n"
         "m = load_model('prefillviz-test/tiny-llama', device='cpu', dtype='float32')\n"
         "print(m.source, m.info.architecture)\n"
     )

@@ -3,7 +3,7 @@ and, like the engine's attention, a change to the shared model that the last thr
 
 Which op ran is read with a TorchDispatchMode, which sees every op the dispatcher runs in
 its thread: a stock linear is ``aten.linear``. A packed one runs either torch's
-``mkldnn._linear_pointwise`` or oneDNN's matmul primitive (``kernels/onednn_linear.py``, no torch
+``mkldnn._linear_pointwise`` or oneDNN's matmul primitive (``prefillviz/engine/ops/onednn_linear.py``, no torch
 op), so ``packed_linear`` itself is wrapped to record its calls in the recording thread.
 """
 
@@ -14,13 +14,13 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from prefillviz.config import EngineConfig
-from prefillviz.engine.attention import ATTENTION_NAME, engine_attention
-from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine import packed_weights
+from prefillviz.engine.attention import ATTENTION_NAME, engine_attention
+from prefillviz.engine.config import EngineConfig
+from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.packed_weights import cpu_runs_packed_linear, packed_linears, packing_status
-from prefillviz.oracle import hf_last_logits
 from tests.conftest import assert_matches_hf
+from tests.hf_oracle import hf_last_logits
 from tests.tolerances import (
     MODEL_STEPS,
     allowed_difference,

@@ -1,7 +1,7 @@
 """The Triton paged-prefill attention kernel against a plain torch reference written here.
 
 How it runs without a GPU: ``@triton.jit`` reads TRITON_INTERPRET when it decorates the
-kernel (at import of ``kernels.paged_attention_triton``; triton 3.9.0 checks
+kernel (at import of ``prefillviz.kernels.paged_attention_triton``; triton 3.9.0 checks
 ``knobs.runtime.interpret`` inside ``triton.jit``), so setting the variable inside an already
 running pytest process is too late for a module that is already imported, and would leak
 into other tests. Instead this file runs ITSELF as a script in one fresh subprocess with
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # when run as a script (the interpreter subprocess)
     sys.path.insert(0, str(ROOT))
 
-import kernels.paged_attention_triton as pat  # noqa: E402
+import prefillviz.kernels.paged_attention_triton as pat  # noqa: E402
 from tests.tolerances import OP_STEPS, allowed_difference  # noqa: E402
 
 # name: (H, KVH, D, block_size, context_lens, q_lens, dtype, block_m, block_n)

@@ -1,4 +1,4 @@
-"""The paged attention kernels of one engine step (kernels/paged_attention.py): the naive
+"""The paged attention kernels of one engine step (prefillviz/kernels/paged_attention.py): the naive
 oracle against plain causal SDPA over each request's whole sequence, every other version
 against the oracle on fresh prompts, chunks after cached context, decodes and a mix of
 all three; the block-diagonal mask spelled out; and the check refusing a wrong kernel."""
@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.attention import KernelCheckError
 from prefillviz.engine.dispatch import ATTENTION_CANDIDATES
-from kernels.paged_attention import (
+from prefillviz.kernels.attention import KernelCheckError
+from prefillviz.kernels.paged_attention import (
     COMPILED,
     FLEX,
     LOOP,

@@ -7,19 +7,20 @@ import numpy as np
 import pytest
 import torch
 
-from prefillviz.analysis.peaks import MachinePeaks
-from prefillviz.config import EngineConfig
+from prefillviz.analysis.machine_peaks import MachinePeaks
+from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
+from prefillviz.engine.errors import ConfigError, RequestError
 from prefillviz.engine.request import SamplingParams
-from prefillviz.errors import ConfigError, RequestError
 from prefillviz.experiments.kv_equality import compare_inspections, tolerance_for
 from prefillviz.experiments.length_sweep import fit_quadratic, run_sweep
 from prefillviz.experiments.parallel import run_both_ways
-from prefillviz.experiments.roofline import run_roofline
 from prefillviz.experiments.ways import PARALLEL, TOKEN_BY_TOKEN
 from prefillviz.figures import parallel as figures
-from prefillviz.oracle import hf_last_logits
+from prefillviz.instrument.capture import run_captured
+from prefillviz.measure.roofline import run_roofline
 from tests.conftest import assert_matches_hf
+from tests.hf_oracle import hf_last_logits
 from tests.tolerances import MODEL_STEPS, allowed_difference, logits_allowed_difference, longest_sum
 
 TINY_PROMPT = [5, 17, 99, 3, 42, 8, 77, 64, 12, 101, 33, 7]  # 12 ids of the tiny model's 128
@@ -111,7 +112,7 @@ def test_different_prompts_fail_the_check(tiny_llama):
     for prompt in (TINY_PROMPT, TINY_PROMPT[::-1]):
         engine = LLMEngine(tiny_llama, None, EngineConfig(num_blocks=4))
         engine.add_request(prompt, SamplingParams(max_new_tokens=1), request_id="prompt")
-        traces.append(engine.run(capture_level="inspect"))
+        traces.append(run_captured(engine, capture_level="inspect"))
     check = compare_inspections(*traces)
     assert check.max_key_diff > check.tolerance and not check.passed
 

@@ -8,15 +8,14 @@ Without ``.venv-vllm`` these tests skip locally and fail in CI (which builds it)
 
 import pytest
 
-from prefillviz.errors import ConfigError
-
-from prefillviz import bundled as bundled_model
-from prefillviz.bench_vllm import vllm_side_by_side
+from prefillviz.engine.errors import ConfigError
 from prefillviz.experiments.prefix import request_blocks
+from prefillviz.loading import bundled as bundled_model
+from prefillviz.loading.prompts import PRESETS, bench_token_ids
+from prefillviz.measure.versus_vllm import vllm_side_by_side
 from prefillviz.peers import side_by_side
 from prefillviz.peers.vllm_client import VLLMWorker
 from prefillviz.peers.workload import PeerRequest
-from prefillviz.prompts import PRESETS, bench_token_ids
 
 NEW_TOKENS = 16
 

@@ -4,7 +4,6 @@ import pytest
 
 from tests.app.pages import chart_specs, open_page, plotly_array, small_chunked_workload
 
-
 pytestmark = pytest.mark.usefixtures("needs_vllm")
 
 

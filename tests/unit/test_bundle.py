@@ -6,7 +6,7 @@ import zipfile
 
 import pytest
 
-from prefillviz.errors import PrefillVizError
+from prefillviz.engine.errors import PrefillVizError
 from prefillviz.instrument.bundle import read_bundle
 
 

@@ -5,8 +5,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from prefillviz.analysis.flops import causal_pairs, layer_op_costs, model_costs
-from prefillviz.analysis.model_shape import model_shape
-from prefillviz.models import model_info
+from prefillviz.engine.model_shape import model_shape
 
 TINY = LlamaConfig(
     vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1
@@ -103,13 +102,14 @@ def test_gpt2_linear_flops_count_weights_twice_and_biases_once():
     )
 
 
-def test_shape_from_model_info_matches_config():
+def test_shape_from_model_matches_config():
     model = LlamaForCausalLM(TINY)
-    from_info = model_shape(model_info(model))
-    from_config = model_shape(TINY)
-    assert from_info.num_kv_heads == from_config.num_kv_heads == 1
-    assert from_info.head_dim == from_config.head_dim == 4
-    assert model_costs(model_info(model), 9, 9).total_flops == model_costs(TINY, 9, 9, dtype_bytes=4).total_flops
+    from_model, from_config = model_shape(model), model_shape(TINY)
+    assert from_model.num_kv_heads == from_config.num_kv_heads == 1
+    assert from_model.head_dim == from_config.head_dim == 4
+    assert from_model.architecture == "LlamaForCausalLM" and from_model.dtype_bytes == 4 and from_config.dtype_bytes is None
+    assert from_model.num_parameters == sum(p.numel() for p in model.parameters())
+    assert model_costs(model_shape(model), 9, 9).total_flops == model_costs(TINY, 9, 9, dtype_bytes=4).total_flops
 
 
 def test_bare_config_needs_a_dtype():

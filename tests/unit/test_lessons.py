@@ -9,8 +9,8 @@ import pytest
 
 from prefillviz import lessons
 from prefillviz.analysis.memory import kv_memory_report
+from prefillviz.engine.model_shape import ModelShape
 from prefillviz.lessons import ACTION_KINDS, LESSONS_DIR, LessonError, format_reveal, load_lessons, resolve_parameters
-from prefillviz.models import ModelInfo
 
 LESSON_ONE = "01_prefill_and_ttft"
 
@@ -54,7 +54,10 @@ def test_lesson_two_asks_the_400_token_question():
 
 
 def test_the_kv_lesson_states_the_formula_the_code_computes():
-    shape = ModelInfo("LlamaForCausalLM", 0, 30, 9, 3, 64, 576, 1536, 49152, 8192, 4, 46080)  # SmolLM2-135M
+    shape = ModelShape(
+        architecture="LlamaForCausalLM", family="llama", num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, hidden_size=576,
+        intermediate_size=1536, vocab_size=49152, max_context=8192, dtype_bytes=4,
+    )  # SmolLM2-135M
     text = (LESSONS_DIR / "03_kv_cache_and_gqa.md").read_text(encoding="utf-8")
     fp32, bf16 = kv_memory_report(shape, dtype="float32"), kv_memory_report(shape, dtype="bfloat16")
     assert f"{fp32.bytes_per_token:,} bytes per token" in text and f"{bf16.bytes_per_token:,} bytes per token" in text

@@ -8,18 +8,18 @@ import json
 
 import pytest
 
-from prefillviz.analysis import peaks as peaks_module
-from prefillviz.analysis import peaks_history
-from prefillviz.analysis.peaks import MachinePeaks
-from prefillviz.analysis.peaks_history import MAX_AGE, MAX_MEASUREMENTS, machine_peaks, peaks_cache_path, write_measurements
-from prefillviz.instrument.machine_load import BUSY_PERCENT
+from prefillviz.analysis.machine_peaks import MachinePeaks
+from prefillviz.engine.machine_load import BUSY_PERCENT
+from prefillviz.measure import peaks as peaks_module
+from prefillviz.measure import peaks_history
+from prefillviz.measure.peaks_history import MAX_AGE, MAX_MEASUREMENTS, machine_peaks, peaks_cache_path, write_measurements
 
 QUIET, BUSY = 2.0, 80.0  # other processes' CPU percent
 assert QUIET < BUSY_PERCENT < BUSY
 
 
 def peaks(matmul_gflops: float, memory_gb_s: float, other_cpu_percent: float | None = QUIET, age: datetime.timedelta = datetime.timedelta()) -> MachinePeaks:
-    measured_at = (datetime.datetime.now(datetime.timezone.utc) - age).isoformat(timespec="seconds")
+    measured_at = (datetime.datetime.now(datetime.UTC) - age).isoformat(timespec="seconds")
     return MachinePeaks(
         "cpu", "float32", matmul_gflops, memory_gb_s, measured_at, "test cpu", 2,
         gemv_gb_s=memory_gb_s, copy_gb_s=memory_gb_s / 2, other_cpu_percent=other_cpu_percent,

@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from prefillviz.errors import ConfigError
-from prefillviz.hosted import HostedPolicy
+from prefillviz.engine.errors import ConfigError
+from prefillviz.loading.hosted import HostedPolicy
 from prefillviz.probe.client import ProbeBudget, ProbeError, ServerClient, normalized_url
 from prefillviz.probe.metrics import MetricsDelta, parse_metrics
 from prefillviz.probe.report import ProbeSettings, planned_sizes, probe_server

@@ -3,7 +3,7 @@
 import threading
 import time
 
-from prefillviz.run_queue import RunQueue
+from prefillviz.ui.run_queue import RunQueue
 
 
 def test_runs_never_overlap_and_go_in_arrival_order():

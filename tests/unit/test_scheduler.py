@@ -3,11 +3,11 @@ preemption. No model: the tests play the runner by handing ``update`` sampled to
 
 import pytest
 
-from prefillviz.config import EngineConfig
 from prefillviz.engine.block_pool import BlockPool
+from prefillviz.engine.config import EngineConfig
+from prefillviz.engine.errors import ConfigError
 from prefillviz.engine.request import Request, RequestStatus, SamplingParams
 from prefillviz.engine.scheduler import Scheduler
-from prefillviz.errors import ConfigError
 
 
 def make_scheduler(num_blocks=64, **config):

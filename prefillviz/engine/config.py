@@ -1,0 +1,68 @@
+"""Engine settings, validated once where they are made.
+
+``EngineConfig`` is the one place the scheduler, the block pool and the KV cache read their
+sizes from. An impossible setting fails here with a ``ConfigError`` that says which value is
+wrong, before any memory is allocated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from prefillviz.engine.errors import ConfigError
+
+DEFAULT_KV_CACHE_MEMORY_BYTES = 512 * 1024 * 1024  # 512 MiB: ~11.6k tokens of the bundled model in fp32
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine schedules tokens and sizes its paged KV cache.
+
+    Attributes:
+        block_size: tokens per KV block (vLLM's default is 16).
+        token_budget: most tokens one step may run through the model (vLLM's
+            ``max_num_batched_tokens``).
+        max_num_running: most requests in the running set at once (``max_num_seqs``).
+        enable_chunked_prefill: split a prompt over several steps when it does not fit the
+            budget left after decodes. Off means the old behaviour: prefill-first steps that
+            run whole prompts and pause every decode.
+        enable_prefix_caching: reuse KV blocks of earlier requests with the same prefix.
+        kv_cache_memory_bytes: memory budget for the KV cache; the number of blocks follows, capped
+            at what max_num_running requests of the model's full context could fill.
+        num_blocks: if set, the exact number of KV blocks (overrides the memory budget; tests
+            use it for tiny caches that evict).
+        pack_linear_weights: on a CPU, run the linear layers with weights packed once for
+            oneDNN (``engine/packed_weights.py``); off runs the stock ``aten::mm`` matmuls.
+        max_prompt_tokens: if set, the longest prompt a request may bring (the hosted demo's
+            engines set it, ``hosted.HostedPolicy.engine_limits``); None: only the model's
+            context and the KV cache limit it.
+        max_new_tokens: if set, the most new tokens a request may ask for.
+    """
+
+    block_size: int = 16
+    token_budget: int = 2048
+    max_num_running: int = 16
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    kv_cache_memory_bytes: int = DEFAULT_KV_CACHE_MEMORY_BYTES
+    num_blocks: int | None = None
+    pack_linear_weights: bool = True
+    max_prompt_tokens: int | None = None
+    max_new_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        positive = {
+            "block_size": self.block_size,
+            "token_budget": self.token_budget,
+            "max_num_running": self.max_num_running,
+            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+        }
+        for name in ("num_blocks", "max_prompt_tokens", "max_new_tokens"):
+            if getattr(self, name) is not None:
+                positive[name] = getattr(self, name)
+        for name, value in positive.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive whole number, got {value!r}.")
+
+    def as_dict(self) -> dict:
+        return asdict(self)

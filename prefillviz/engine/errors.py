@@ -1,0 +1,44 @@
+"""The exceptions a user of prefillviz can see.
+
+Every failure the app or the command line reports to a person is a ``PrefillVizError``
+whose message says what went wrong and what to do about it. Code that catches errors to
+show them (the Streamlit pages, the CLI) catches this one type.
+"""
+
+
+class PrefillVizError(Exception):
+    """Base class: a problem the user can understand and act on."""
+
+
+class ModelLoadError(PrefillVizError):
+    """The model could not be loaded (unknown id, no network, not a causal LM, unsupported architecture)."""
+
+
+class ConfigError(PrefillVizError):
+    """An engine setting is impossible (block_size <= 0, token_budget <= 0, ...)."""
+
+
+class RequestError(PrefillVizError):
+    """A request can't be served (empty prompt, longer than the context or the KV capacity)."""
+
+
+class OutOfMemory(PrefillVizError):
+    """A run needed more memory than the device (GPU or CPU) had; its requests were freed."""
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """CUDA/MPS out-of-memory errors, and the CPU allocator's failure (a plain RuntimeError)."""
+    if isinstance(error, torch_oom_types()):
+        return True
+    message = str(error)
+    return isinstance(error, RuntimeError) and ("can't allocate memory" in message or "out of memory" in message.lower())
+
+
+def torch_oom_types() -> tuple[type, ...]:
+    import torch
+
+    return (torch.OutOfMemoryError,)
+
+
+class ProbeError(PrefillVizError):
+    """The server could not be probed: unreachable, not OpenAI-compatible, stalled, or junk."""

@@ -1,0 +1,88 @@
+"""Hosted mode: the settings for a public demo that strangers use at once.
+
+Switched on by one environment variable, ``PREFILLVIZ_HOSTED=1``. Then:
+
+* only allow-listed model ids load (no local paths, no other hub downloads);
+* prompts, requests per workload, new tokens and sweep sizes have upper limits (the engine
+  applies its two through ``EngineConfig``, which the app's engine builders fill from
+  ``engine_limits``);
+* the server probe ("Your server") reaches only the URLs whoever runs the demo lists in
+  ``PREFILLVIZ_PROBE_URLS`` (comma-separated), and is off when that is empty: a public page
+  that fetches any URL it is given would let strangers reach the host's private network.
+
+Off (the default), a user on their own machine may load any causal LM by id or folder.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from prefillviz.engine.errors import ConfigError, ModelLoadError, ProbeError
+from prefillviz.loading.model_registry import BUNDLED_HUB_ID, BUNDLED_MODEL_ID
+
+HOSTED_ENV = "PREFILLVIZ_HOSTED"
+PROBE_URLS_ENV = "PREFILLVIZ_PROBE_URLS"
+
+
+@dataclass(frozen=True)
+class HostedPolicy:
+    enabled: bool
+    allowed_model_ids: tuple[str, ...] = (BUNDLED_MODEL_ID, BUNDLED_HUB_ID)
+    max_prompt_tokens: int = 2048
+    max_requests_per_workload: int = 8
+    max_new_tokens: int = 64
+    max_sweep_points: int = 8
+    allowed_probe_urls: tuple[str, ...] = ()
+    max_probe_requests: int = 60
+    max_probe_prompt_tokens: int = 40_000
+
+    def check_model(self, model_id: str) -> None:
+        """Raise ``ModelLoadError`` if hosted mode may not load ``model_id``."""
+        if not self.enabled or model_id in self.allowed_model_ids:
+            return
+        looks_like_path = model_id.startswith(("/", ".", "~")) or "\\" in model_id or ".." in model_id or os.path.exists(model_id)
+        kind = "Local paths are" if looks_like_path else f"{model_id!r} is"
+        raise ModelLoadError(
+            f"{kind} not available in this hosted demo; it serves only {', '.join(self.allowed_model_ids)}. "
+            "Run prefillviz on your own machine to load other models."
+        )
+
+    def check_probe_url(self, url: str) -> None:
+        """Raise ``ConfigError`` if hosted mode may not probe ``url`` (only the allow-listed URLs)."""
+        if not self.enabled:
+            return
+        if not self.allowed_probe_urls:
+            raise ConfigError(
+                "Probing a server is off in this hosted demo (a public page that fetches any URL is a request-forgery hole). "
+                f"Whoever runs the demo can allow URLs in {PROBE_URLS_ENV}; or run prefillviz on your own machine."
+            )
+        if normalized_url(url) not in {normalized_url(u) for u in self.allowed_probe_urls}:
+            raise ConfigError(f"This hosted demo probes only {', '.join(self.allowed_probe_urls)}; {url!r} is not one of them.")
+
+    def engine_limits(self) -> dict[str, int]:
+        """The ``EngineConfig`` fields that bound each request: ``EngineConfig(..., **policy.engine_limits())``."""
+        return {"max_prompt_tokens": self.max_prompt_tokens, "max_new_tokens": self.max_new_tokens} if self.enabled else {}
+
+    def limit(self, name: str, value: int) -> int:
+        """``value`` capped by the hosted limit ``max_<name>`` (unchanged when hosting is off)."""
+        return min(value, getattr(self, f"max_{name}")) if self.enabled else value
+
+
+def hosted_policy() -> HostedPolicy:
+    """The policy in force now (read from the environment on each call)."""
+    urls = tuple(u.strip() for u in os.environ.get(PROBE_URLS_ENV, "").split(",") if u.strip())
+    return HostedPolicy(enabled=os.environ.get(HOSTED_ENV, "").strip().lower() in {"1", "true", "yes", "on"}, allowed_probe_urls=urls)
+
+
+def normalized_url(url: str) -> str:
+    """``http(s)://host[:port][/prefix]`` without a trailing ``/v1`` or slash; raises on anything else."""
+    url = (url or "").strip()
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ProbeError(f"{url!r} is not a server URL: give one like http://127.0.0.1:8000 (http or https, with a host).")
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    return f"{parts.scheme}://{parts.netloc}{path}"

@@ -1,0 +1,209 @@
+"""``scripts/gpu_check.sh``: one prepared run of the GPU checks, printing JSON figures.
+
+On a CUDA machine (an H200 class GPU, no network), in bf16:
+
+    prefill       engine prefill tok/s at several N for the bundled model (when its cached
+                  copy or package is there) and for a random-weight model of
+                  Llama-3.2-1B's shape; achieved TFLOP/s (FLOPs from analysis.flops) and MFU
+                  against the bf16 matmul peak measured in this run
+    clocks        per-layer CUDA-event times (capture "timing") against the profiler's
+                  kernel time inside the same ``layers.i`` scopes (capture "profile")
+    kernels       the paged kernels (v2 loop, v3 packed, v4 flex, v5 triton) checked
+                  against the oracle and timed vs N on the Llama shape; Triton over SDPA
+
+``--self-test`` runs the same code on the CPU with tiny sizes (and the Triton kernel under
+its interpreter when Triton is installed): it proves the script works before GPU time is
+spent on it. Every check prints ``"ok": true/false``; the exit status is 1 if any failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+SELF_TEST = "--self-test" in sys.argv
+if SELF_TEST:  # must precede the Triton kernel's import: @triton.jit reads it when it decorates
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from prefillviz.analysis.flops import model_costs  # noqa: E402
+from prefillviz.engine.devices import (
+    dtype_name,  # noqa: E402
+    machine_name,  # noqa: E402
+)
+from prefillviz.engine.request import SamplingParams  # noqa: E402
+from prefillviz.engine.timers import run_timed  # noqa: E402
+from prefillviz.experiments.one_request import one_request_engine  # noqa: E402
+from prefillviz.instrument.capture import run_captured
+from prefillviz.kernels import paged_attention as paged  # noqa: E402
+from prefillviz.measure.kernel_bench import run_kernel_benchmark  # noqa: E402
+from prefillviz.measure.peaks import measure_matmul_gflops  # noqa: E402
+
+LLAMA_3_2_1B = dict(  # meta-llama/Llama-3.2-1B's config.json, the shape only (random weights)
+    hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+    head_dim=64, vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0, tie_word_embeddings=True,
+    rms_norm_eps=1e-5,
+)
+TINY_LLAMA = dict(
+    hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=32, vocab_size=512, max_position_embeddings=1024, tie_word_embeddings=True,
+)
+GPU_SIZES = {"prefill": (512, 2048, 8192), "kernels": (512, 1024, 2048, 4096, 8192)}
+SELF_TEST_SIZES = {"prefill": (32, 64), "kernels": (32, 48)}
+CLOCKS_AGREE = (0.8, 1.25)  # CUDA-event layer time / profiler kernel time inside the layer
+
+
+class _Tokenizer:
+    """Enough of a tokenizer for the engine on a random-weight model: ids in, ids out."""
+
+    eos_token_id = None
+
+    def decode(self, ids, **kwargs) -> str:
+        return " ".join(map(str, ids))
+
+
+def _emit(record: dict) -> dict:
+    print(json.dumps(record), flush=True)
+    return record
+
+
+def _prefill_s(name: str, model, tokenizer, token_ids: list[int], device: torch.device, capture_level: str = "none", profile_dir=None):
+    """One prefill on a fresh one-request engine: (seconds of its run, device synchronized around it; its trace)."""
+    engine = one_request_engine(model, tokenizer, token_budget=16384, num_tokens=len(token_ids) + 1, model_id=name)
+    engine.add_request(token_ids, SamplingParams(max_new_tokens=1))
+    return run_timed(lambda: run_captured(engine, capture_level=capture_level, profile_dir=profile_dir), device)
+
+
+MAX_PLAUSIBLE_MFU = 1.05  # a prefill can't beat the matmul peak measured on the same device; above this, a clock is wrong
+
+
+def prefill_figures(name: str, model, tokenizer, sizes, device, peak_gflops: float, runs: int) -> list[dict]:
+    """Prefill tok/s, achieved GFLOP/s and MFU (vs the measured peak) at each N: median of ``runs`` after a warm-up."""
+    vocab = model.config.vocab_size
+    records = []
+    for n in sizes:
+        token_ids = torch.randint(10, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+        _prefill_s(name, model, tokenizer, token_ids, device)  # warm-up
+        results = [_prefill_s(name, model, tokenizer, token_ids, device) for _ in range(runs)]
+        times = [seconds for seconds, _ in results]
+        first_tokens = all(len(record.output_token_ids) == 1 for _, trace in results for record in trace.requests.values())
+        median = statistics.median(times)
+        flops = model_costs(model, n, n).total_flops
+        achieved = flops / median / 1e9
+        mfu = achieved / peak_gflops
+        records.append(_emit({
+            "check": "prefill", "model": name, "N": n, "tok_s": n / median, "median_s": median, "min_s": min(times),
+            "max_s": max(times), "runs": runs, "achieved_gflops": achieved, "mfu_vs_measured_peak": mfu,
+            # every run produced its first token, and no faster than the measured matmul peak allows (else a clock is wrong)
+            "ok": first_tokens and mfu <= MAX_PLAUSIBLE_MFU,
+        }))
+    return records
+
+
+def clock_agreement(name: str, model, tokenizer, n: int, device: torch.device, profile_dir: str) -> dict:
+    """Per-layer CUDA-event times (timing pass) against the profiler's time inside each ``layers.i`` scope.
+
+    On a GPU the profiler side is the kernels' device time in the scope; on a CPU (the
+    self-test) it is the scope's CPU time, and the check only shows the plumbing works.
+    """
+    token_ids = torch.randint(10, model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(1)).tolist()
+    _prefill_s(name, model, tokenizer, token_ids, device)
+    timing = [_prefill_s(name, model, tokenizer, token_ids, device, "timing")[1].steps[0].layer_times for _ in range(3)]
+    event_s = [statistics.median(t.layer_s[i] for t in timing) for i in range(len(timing[0].layer_s))]
+    profile = _prefill_s(name, model, tokenizer, token_ids, device, "profile", profile_dir)[1]
+    table = {row["op"]: row for row in profile.profile.op_table}
+    key = "device_total_s" if device.type == "cuda" else "total_time_s"
+    profiled_s = [table[f"layers.{i}"][key] for i in range(len(event_s))]
+    ratios = [e / p for e, p in zip(event_s, profiled_s) if p > 0]
+    ratio = statistics.median(ratios) if ratios else float("nan")
+    return _emit({
+        "check": "clocks", "model": name, "N": n, "clock": timing[0].clock,
+        "profiler_side": "kernel time in the scope" if device.type == "cuda" else "scope CPU time (self-test)",
+        "event_layers_ms": sum(event_s) * 1e3, "profiler_layers_ms": sum(profiled_s) * 1e3, "median_layer_ratio": ratio,
+        "ok": bool(ratios) and (device.type != "cuda" or CLOCKS_AGREE[0] <= ratio <= CLOCKS_AGREE[1]),
+    })
+
+
+def kernel_figures(shape: tuple[int, int, int], sizes, device, dtype, runs: int) -> list[dict]:
+    """The paged kernels on the Llama shape: each checked, then timed; Triton and packed over the loop."""
+    records = []
+    triton_runs, triton_reason = paged.TRITON.status(str(device))
+    if device.type != "cuda":  # the self-test: Triton is checked under its interpreter, not timed
+        if triton_runs:
+            inputs = paged.random_step([(20, 1), (0, 23), (31, 12)], *shape, block_size=16, seed=5, workload="mixed")
+            difference, allowed = paged.check_paged(paged.TRITON, inputs)
+            records.append(_emit({"check": "triton", "mode": triton_reason, "max_abs_diff": difference, "allowed": allowed, "ok": True}))
+        else:
+            records.append(_emit({"check": "triton", "skipped": triton_reason, "ok": True}))
+    bench = run_kernel_benchmark(*shape, sizes, device, dtype, families=("paged",), include_flex=device.type == "cuda", runs=runs)
+    by_point: dict[tuple, dict] = {}
+    for row in bench.rows():
+        by_point.setdefault((row["workload"], row["N"]), {})[row["kernel"]] = row["median_ms"]
+    for (workload, n), times in by_point.items():
+        loop = times.get("v2 loop")
+        records.append(_emit({
+            "check": "kernels", "workload": workload, "N": n, "median_ms": times,
+            "triton_over_loop": times["v5 triton"] / loop if "v5 triton" in times else None,
+            "packed_over_loop": times["v3 packed"] / loop, "ok": True,
+        }))
+    for skip in bench.skipped:
+        records.append(_emit({"check": "kernels", "skipped": skip, "ok": True}))
+    if device.type == "cuda" and not triton_runs:
+        records.append(_emit({"check": "triton", "skipped": triton_reason, "ok": False}))
+    return records
+
+
+def _bundled(device: torch.device, dtype: torch.dtype):
+    from prefillviz.loading.model_registry import BUNDLED_MODEL_ID
+    from prefillviz.loading.models import load_model
+
+    try:
+        return load_model(BUNDLED_MODEL_ID, device=str(device), dtype=dtype_name(dtype))
+    except Exception as error:  # noqa: BLE001 -- no bundled copy on this machine is a skip, said why
+        _emit({"check": "prefill", "model": BUNDLED_MODEL_ID, "skipped": f"{type(error).__name__}: {error}"[:300], "ok": True})
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--self-test", action="store_true", help="tiny sizes on the CPU: check the script itself")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--profile-dir", default="out/gpu_check_profile")
+    args = parser.parse_args(argv)
+    if not args.self_test and not torch.cuda.is_available():
+        print("error: no CUDA GPU here; run with --self-test for the CPU-side check", file=sys.stderr)
+        return 2
+    device = torch.device("cpu" if args.self_test else "cuda")
+    dtype = torch.float32 if args.self_test else torch.bfloat16
+    sizes = SELF_TEST_SIZES if args.self_test else GPU_SIZES
+    runs = 2 if args.self_test else args.runs
+    torch.manual_seed(0)
+    peak = measure_matmul_gflops(device, dtype, runs=3)
+    records = [_emit({
+        "check": "machine", "name": machine_name(device), "device": str(device), "dtype": dtype_name(dtype),
+        "torch": torch.__version__, "cuda": torch.version.cuda, "matmul_peak_gflops": peak, "ok": peak > 0,
+    })]
+    bundled = _bundled(device, dtype)
+    if bundled is not None:
+        records += prefill_figures(bundled.model_id, bundled.model, bundled.tokenizer, sizes["prefill"], device, peak, runs)
+        records.append(clock_agreement(bundled.model_id, bundled.model, bundled.tokenizer, sizes["prefill"][-1], device, args.profile_dir))
+        del bundled
+    config = LlamaConfig(**(TINY_LLAMA if args.self_test else LLAMA_3_2_1B))
+    llama = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
+    name = "random Llama-3.2-1B shape" if not args.self_test else "random tiny Llama"
+    records += prefill_figures(name, llama, _Tokenizer(), sizes["prefill"], device, peak, runs)
+    records.append(clock_agreement(name, llama, _Tokenizer(), sizes["prefill"][1], device, args.profile_dir))
+    shape = (config.num_attention_heads, config.num_key_value_heads, config.head_dim)
+    records += kernel_figures(shape, sizes["kernels"], device, dtype, runs)
+    failed = [r for r in records if not r["ok"]]
+    _emit({"check": "summary", "records": len(records), "failed": len(failed), "ok": not failed})
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""The bench against real vLLM: the same workloads on both engines, in one run, alternated.
+
+Each key is our speed over vLLM's (above 1: ours is faster), from medians of alternated runs
+after one warm-up of each: vLLM in its worker (``peers.vllm_client``), ours in this process, on the
+same token ids, dtype and block size (32, vLLM's CPU attention's multiple).
+
+- ``engine_over_vllm_prefill_512`` / ``_2048``: time to first token of one fresh N-token prompt.
+- ``engine_over_vllm_prefix_hit``: time to first token of a request whose 1,024-token prefix
+  (2N at N=512) an earlier request of the same workload left in the cache, plus 32 new tokens.
+- ``engine_over_vllm_decode``: mean time between tokens of one request decoding 64 tokens.
+- ``vllm_outputs_equal``: requests of a mixed batch (8 prompts) whose greedy tokens are the same.
+
+Without ``.venv-vllm`` every key is None and ``details.vllm.skipped`` says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+
+from prefillviz.engine.devices import dtype_name
+from prefillviz.engine.timers import median_and_spread
+from prefillviz.loading import bundled
+from prefillviz.loading.prompts import bench_token_ids
+from prefillviz.peers import side_by_side
+from prefillviz.peers.vllm_client import VLLMUnavailable, VLLMWorker, unavailable_for
+from prefillviz.peers.workload import PeerRequest
+
+KEYS = ("engine_over_vllm_prefill_512", "engine_over_vllm_prefill_2048", "engine_over_vllm_prefix_hit", "engine_over_vllm_decode", "vllm_outputs_equal")
+
+
+def skipped(reason: str) -> dict:
+    return {**dict.fromkeys(KEYS), "details": {"skipped": reason}}
+
+
+def vllm_side_by_side(loaded, num_tokens: int, runs: int, quick: bool, worker: VLLMWorker | None = None) -> dict:
+    """The five keys, and ``details`` with every median, spread and the versions.
+
+    Args:
+        worker: a running vLLM worker to use (left running); None starts one and stops it after.
+    """
+    reason = unavailable_for(loaded.model_id, loaded.device.type)
+    if reason:
+        return skipped(reason)
+    tokenizer = loaded.tokenizer
+    sizes = (64, 256) if quick else (num_tokens, 4 * num_tokens)
+    prefix_tokens, new_tokens = (64 if quick else 2 * num_tokens), 32
+    dtype = dtype_name(loaded.dtype)
+    workloads = {
+        f"prefill_{n}": ([PeerRequest("prompt", bench_token_ids(tokenizer, n), 1)], "prompt", "ttft", max(n, 2048)) for n in sizes
+    }
+    prefix = bench_token_ids(tokenizer, prefix_tokens)
+    hit_request = PeerRequest("hit", prefix + bench_token_ids(tokenizer, new_tokens + 9)[9:], 1, arrival_step=2)
+    workloads["prefix_hit"] = ([PeerRequest("first", prefix + [7], 1), hit_request], "hit", "ttft", 2048)
+    workloads["decode"] = ([PeerRequest("decoder", bench_token_ids(tokenizer, 64), 8 if quick else 64)], "decoder", "itl", 2048)
+    try:
+        started = worker is None
+        if started:
+            worker = VLLMWorker(bundled.bundled_cache_dir(), dtype=dtype, max_token_budget=max(2048, 4 * num_tokens), max_model_len=max(4096, 4 * num_tokens + 64))
+        with worker if started else contextlib.nullcontext(worker):
+            times = {name: {"ours": [], "vllm": []} for name in workloads}
+            for round_index in range(1 + (1 if quick else runs)):  # round 0 warms both up
+                for name, (requests, request_id, what, budget) in workloads.items():
+                    for side in ("ours", "vllm"):
+                        if side == "ours":
+                            trace = side_by_side.run_ours(loaded.model, tokenizer, requests, budget, model_id=loaded.model_id)
+                        else:
+                            trace = worker.run(requests, budget, record_blocks=False)  # no pool walk in its timed steps
+                        record = trace.requests[request_id]
+                        value = record.time_to_first_token_s if what == "ttft" else statistics.mean(record.inter_token_times_s)
+                        if round_index > 0:
+                            times[name][side].append(value)
+            lengths = (16, 32, 48, 64, 80, 96, 112, 128) if quick else (64, 128, 256, 384, 512, 640, 768, 1024)
+            batch = [PeerRequest(f"r{i}", bench_token_ids(tokenizer, n + 7 * i)[7 * i :], 8 if quick else 32) for i, n in enumerate(lengths)]
+            comparison = side_by_side.compare(side_by_side.run_ours(loaded.model, tokenizer, batch, 512), worker.run(batch, 512))
+            versions = worker.versions
+    except VLLMUnavailable as error:
+        return skipped(str(error).splitlines()[0])
+    ratio = {name: statistics.median(t["vllm"]) / statistics.median(t["ours"]) for name, t in times.items()}
+    return {
+        "engine_over_vllm_prefill_512": ratio[f"prefill_{sizes[0]}"],
+        "engine_over_vllm_prefill_2048": ratio[f"prefill_{sizes[1]}"],
+        "engine_over_vllm_prefix_hit": ratio["prefix_hit"],
+        "engine_over_vllm_decode": ratio["decode"],
+        "vllm_outputs_equal": len(comparison.outputs_equal),
+        "details": {
+            "versions": versions,
+            "sizes": {"prefill": list(sizes), "prefix_tokens": prefix_tokens, "block_size": 32, "dtype": dtype},
+            "seconds": {name: {side: median_and_spread(values) for side, values in t.items()} for name, t in times.items()},
+            "mixed_batch": comparison.summary(),
+            "outputs_compared": len(comparison.outputs_equal) + len(comparison.outputs_differ),
+        },
+    }

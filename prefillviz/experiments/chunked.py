@@ -19,7 +19,7 @@ token for token with the chunking-off run: the schedule must never change what i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -107,15 +107,35 @@ def _cycle(token_ids: list[int], start: int, num_tokens: int) -> tuple[int, ...]
     return tuple((token_ids * repeats)[start : start + num_tokens])
 
 
+@dataclass(frozen=True)
+class WorkloadSettings:
+    """The chunked workload's sizes: the one place their defaults are written (the pages'
+    sliders, the lessons' parameters and the bench start from ``WORKLOAD_DEFAULTS``)."""
+
+    num_short_requests: int = 3
+    short_prompt_tokens: int = 16
+    short_max_new_tokens: int = 16
+    long_prompt_tokens: int = 512
+    long_max_new_tokens: int = 4
+    arrival_step: int = 2
+    token_budget: int = 64
+
+    def as_dict(self) -> dict[str, int]:
+        return {field.name: getattr(self, field.name) for field in fields(self)}
+
+
+WORKLOAD_DEFAULTS = WorkloadSettings()
+
+
 def build_workload(
     tokenizer,
-    num_short_requests: int = 3,
-    short_prompt_tokens: int = 16,
-    short_max_new_tokens: int = 16,
-    long_prompt_tokens: int = 512,
-    long_max_new_tokens: int = 4,
-    arrival_step: int = 2,
-    token_budget: int = 64,
+    num_short_requests: int = WORKLOAD_DEFAULTS.num_short_requests,
+    short_prompt_tokens: int = WORKLOAD_DEFAULTS.short_prompt_tokens,
+    short_max_new_tokens: int = WORKLOAD_DEFAULTS.short_max_new_tokens,
+    long_prompt_tokens: int = WORKLOAD_DEFAULTS.long_prompt_tokens,
+    long_max_new_tokens: int = WORKLOAD_DEFAULTS.long_max_new_tokens,
+    arrival_step: int = WORKLOAD_DEFAULTS.arrival_step,
+    token_budget: int = WORKLOAD_DEFAULTS.token_budget,
     block_size: int = 16,
 ) -> ChunkedWorkload:
     """A workload of real prose from the "Long document" preset, cut to the token counts asked.

@@ -40,6 +40,42 @@ def one_request_engine(
     return LLMEngine(model, tokenizer, EngineConfig(token_budget=token_budget, enable_prefix_caching=False, **config), model_id=model_id)
 
 
+class OnePrompt:
+    """One prompt's prefill on an engine of its own, prefix cache off: each call computes the
+    whole prompt again and returns (its trace, the request's id). The one way every part times
+    one prompt's time to first token: the bench, the comparison of the two ways, the lessons.
+
+    Args:
+        model, tokenizer: the model (a tokenizer only when the prompt is text).
+        prompt: text or token ids.
+        token_budget: tokens per step (None: the prompt's length, one step; 1: token by token).
+        capture_level: the instruments of each run (``instrument.capture``).
+        max_new_tokens: 1 stops at the first token.
+        request_id: the id of the request (one call only; None: the engine numbers each call's).
+        model_id: recorded in the trace.
+        **config: any other ``EngineConfig`` field.
+    """
+
+    def __init__(
+        self, model: Any, tokenizer: Any, prompt: str | list[int], token_budget: int | None = None, capture_level: str = "none",
+        max_new_tokens: int = 1, request_id: str | None = None, model_id: str = "", **config: Any,
+    ) -> None:
+        token_budget = token_budget or (len(prompt) if isinstance(prompt, list) else 8192)
+        num_tokens = len(prompt) + max_new_tokens if isinstance(prompt, list) else None
+        self.engine = one_request_engine(model, tokenizer, token_budget, num_tokens, model_id, **config)
+        self.prompt, self.capture_level, self.max_new_tokens, self.request_id = prompt, capture_level, max_new_tokens, request_id
+
+    def __call__(self, progress: StepProgress | None = None) -> tuple[Trace, str]:
+        request = self.engine.add_request(self.prompt, SamplingParams(max_new_tokens=self.max_new_tokens), request_id=self.request_id)
+        trace = run_captured(self.engine, capture_level=self.capture_level, progress=progress)
+        return trace, request.request_id
+
+    def ttft_s(self) -> float:
+        """One run's time to first token, seconds."""
+        trace, request_id = self()
+        return trace.requests[request_id].time_to_first_token_s
+
+
 def run_one(
     model: Any,
     tokenizer: Any,
@@ -52,8 +88,5 @@ def run_one(
     model_id: str = "",
     **config: Any,
 ) -> tuple[Trace, str]:
-    """One request on a fresh ``one_request_engine``; returns (its trace, the request's id)."""
-    num_tokens = len(prompt) + max_new_tokens if isinstance(prompt, list) else None
-    engine = one_request_engine(model, tokenizer, token_budget, num_tokens, model_id, **config)
-    request = engine.add_request(prompt, SamplingParams(max_new_tokens=max_new_tokens), request_id=request_id)
-    return run_captured(engine, capture_level=capture_level, progress=progress), request.request_id
+    """One request on a fresh engine (``OnePrompt``, called once); returns (its trace, the request's id)."""
+    return OnePrompt(model, tokenizer, prompt, token_budget, capture_level, max_new_tokens, request_id, model_id, **config)(progress)

@@ -28,9 +28,9 @@ The modules, in import order:
 
     spec.py          Lesson, Step, Question, Choice; LessonError; where lessons live, step settings
     actions.py       ActionKind, ActionOutcome, check_parameters
-    runs.py          the real model run behind each action kind
-    step_figures.py  the figure builders a step can name
-    registry.py      ACTION_KINDS; resolve_parameters, run_action
+    kinds/           one module an action kind: its real model run, the figures its step can
+                     name, the results its page shows, and its KIND registration
+    registry.py      ACTION_KINDS (one line a kind); resolve_parameters, run_action
     loading.py       parse and check the .md/.json pair: load_lesson, load_lessons
     run_store.py     action_key, RunStore: a session's runs
     views.py         step_figure; page_results, page_state: hand a run to its full view

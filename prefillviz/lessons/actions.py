@@ -56,6 +56,8 @@ class ActionKind:
         figures: figure name -> builder(outcome); the first is the default.
         run: (loaded model, parameters, progress, scale) -> ActionOutcome.
         description: one line for readers of lesson specs.
+        page_results: (outcome, run label) -> the ``save_result`` keys and values that make the
+            step's full view (its app page) show this same run; none for a kind without a page.
     """
 
     name: str
@@ -65,6 +67,7 @@ class ActionKind:
     figures: dict[str, Callable[[ActionOutcome], go.Figure]]
     run: Callable[..., ActionOutcome]
     description: str
+    page_results: Callable[[ActionOutcome, str], dict[str, Any]] = lambda run, label: {}
 
 
 def _valid(kind_of: type, value: Any) -> bool:

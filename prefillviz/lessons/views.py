@@ -20,20 +20,7 @@ def page_results(outcome: ActionOutcome, label: str) -> dict[str, Any]:
         outcome: the step's run.
         label: how the chunked and prefix pages caption their times (``run_label``).
     """
-    raw = outcome.raw
-    if outcome.kind in ("prefill", "kv_memory"):
-        return {"prefill": raw["prefill"]}
-    if outcome.kind == "parallel_vs_sequential":
-        return {"parallel": raw["parallel"]}
-    if outcome.kind == "roofline":
-        return {"parallel_roofline": raw["roofline"]}
-    if outcome.kind == "chunked":
-        return {"chunked": {"comparison": raw["chunked"], "label": label}}
-    if outcome.kind == "disagg":
-        return {"disagg": {"comparison": raw["disagg"], "label": label}}
-    if outcome.kind == "prefix":
-        return {"prefix": {"experiment": raw["prefix"], "label": label}}
-    return {}
+    return ACTION_KINDS[outcome.kind].page_results(outcome, label)
 
 
 def page_state(outcome: ActionOutcome) -> dict[str, str]:

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import statistics
 
-from prefillviz.engine.config import EngineConfig
-from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.engine.timers import median_and_spread, run_timed
+from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.loading.prompts import bench_token_ids
 
 
@@ -34,7 +33,7 @@ def engine_over_hf_cb(
     prompts = [bench_token_ids(loaded.tokenizer, n + 7 * i)[7 * i :] for i, n in enumerate(lengths)]
 
     def ours() -> list[list[int]]:
-        engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(token_budget=token_budget, enable_prefix_caching=False))
+        engine = one_request_engine(loaded.model, loaded.tokenizer, token_budget)  # a fresh engine, prefix cache off
         ids = [engine.add_request(p, SamplingParams(max_new_tokens=new_tokens)).request_id for p in prompts]
         trace = engine.run()
         return [trace.requests[i].output_token_ids for i in ids]

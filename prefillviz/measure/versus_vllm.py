@@ -22,15 +22,14 @@ from prefillviz.engine.devices import dtype_name
 from prefillviz.engine.timers import median_and_spread
 from prefillviz.loading import bundled
 from prefillviz.loading.prompts import bench_token_ids
+from prefillviz.measure.bench_keys import VLLM_KEYS
 from prefillviz.peers import side_by_side
 from prefillviz.peers.vllm_client import VLLMUnavailable, VLLMWorker, unavailable_for
 from prefillviz.peers.workload import PeerRequest
 
-KEYS = ("engine_over_vllm_prefill_512", "engine_over_vllm_prefill_2048", "engine_over_vllm_prefix_hit", "engine_over_vllm_decode", "vllm_outputs_equal")
-
 
 def skipped(reason: str) -> dict:
-    return {**dict.fromkeys(KEYS), "details": {"skipped": reason}}
+    return {**dict.fromkeys(VLLM_KEYS), "details": {"skipped": reason}}
 
 
 def vllm_side_by_side(loaded, num_tokens: int, runs: int, quick: bool, worker: VLLMWorker | None = None) -> dict:

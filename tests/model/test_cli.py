@@ -1,6 +1,7 @@
 """The command line a newcomer runs: real processes (an error case or two through ``main`` in this one), the bundled model."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import pytest
 
 from prefillviz.cli import main
 from prefillviz.engine.packed_weights import packing_status
+from prefillviz.measure.bench_keys import BENCH_KEYS, KEY_NAMES, VLLM_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_KEYS = [
@@ -79,13 +81,10 @@ def test_bench_json_has_the_documented_keys(bundled):
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["quick"] is True  # nobody reads these as figures
-    for key in [
-        "overhead_vs_hf", "sequential_over_parallel", "prefill_tok_s", "device", "dtype",
-        "timing_overhead", "inspect_overhead", "inspect_4096_peak_rss_mb", "gemm_peak_gflops", "prefill_achieved_gflops",
-        "prefill_fraction_of_peak", "sequential_over_hf_decode", "prefix_hit_speedup", "cold_start_s",
-        "chunked_max_itl_ratio", "chunked_total_time_ratio", "engine_over_hf_cb",
-    ]:
-        assert key in data
+    assert list(data) == list(KEY_NAMES)  # exactly the declared keys, in their order
+    figures = [key.name for key in BENCH_KEYS if key.kind == "figure"]
+    assert all(isinstance(data[k], (int, float)) and math.isfinite(data[k]) and data[k] > 0 for k in figures), {k: data[k] for k in figures}
+    assert all(data[k] is None for k in VLLM_KEYS) and "--no-vllm" in data["details"]["vllm"]["skipped"]  # left out, and why
     assert 300 < data["inspect_4096_peak_rss_mb"] < 3 * 1024  # a fresh process with the model loaded (quick: a short inspect)
     assert data["prefill_achieved_gflops"] > 0 and data["gemm_peak_gflops"] > 0
     peer = data["details"]["hf_continuous_batching"]

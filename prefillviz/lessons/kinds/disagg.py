@@ -10,8 +10,9 @@ from prefillviz.engine.progress import FractionProgress
 from prefillviz.experiments import chunked
 from prefillviz.figures import chunked as chunked_figures
 from prefillviz.figures import disagg as disagg_figures
-from prefillviz.lessons.actions import ActionOutcome
-from prefillviz.lessons.runs import _outcome, chunked_workload
+from prefillviz.lessons.actions import ActionKind, ActionOutcome
+from prefillviz.lessons.kinds.chunked import WORKLOAD_PARAMETERS, chunked_workload
+from prefillviz.lessons.kinds.common import make_outcome
 
 DISAGG_MEASURED = (
     "itl_max_off_ms", "itl_max_on_ms", "itl_max_disagg_ms", "long_ttft_off_ms", "long_ttft_on_ms", "long_ttft_disagg_ms",
@@ -44,7 +45,7 @@ def _run_disagg(loaded, parameters: dict, report: FractionProgress, scale: float
         ("Threads", comparison.threads_label),
         ("Same tokens generated", "yes" if measured["outputs_identical"] else "no"),
     ]
-    return _outcome("disagg", loaded, parameters, measured, facts, {"disagg": comparison})
+    return make_outcome("disagg", loaded, parameters, measured, facts, {"disagg": comparison})
 
 
 def _disagg_gaps_figure(outcome: ActionOutcome) -> go.Figure:
@@ -53,3 +54,15 @@ def _disagg_gaps_figure(outcome: ActionOutcome) -> go.Figure:
 
 def _disagg_latency_figure(outcome: ActionOutcome) -> go.Figure:
     return chunked_figures.latency_figure(outcome.raw["disagg"].summaries, "One engine (chunking off, on) vs disaggregated (ms)")
+
+
+KIND = ActionKind(
+    name="disagg",
+    parameters=WORKLOAD_PARAMETERS,
+    scaled={"short_max_new_tokens": 4, "long_prompt_tokens": 16, "token_budget": 8},
+    measured=DISAGG_MEASURED,
+    figures={"gaps": _disagg_gaps_figure, "latency": _disagg_latency_figure},
+    run=_run_disagg,
+    description="The chunked workload on one engine (chunking off, on), then on a prefill worker and a decode worker.",
+    page_results=lambda run, label: {"disagg": {"comparison": run.raw["disagg"], "label": label}},
+)

@@ -1,0 +1,62 @@
+"""The ``parallel_vs_sequential`` action: the same prompt in one step and in N one-token steps."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from prefillviz.engine.progress import FractionProgress
+from prefillviz.experiments import parallel
+from prefillviz.figures import parallel as parallel_figures
+from prefillviz.lessons.actions import ActionKind, ActionOutcome
+from prefillviz.lessons.kinds.common import PROMPT_PARAMETERS, make_outcome, prompt_of
+
+
+def _run_parallel(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:
+    prompt, _ = prompt_of(parameters)
+    comparison = parallel.run_both_ways(
+        loaded, prompt, max_tokens=parameters["num_tokens"], parallel_timing_runs=parameters["parallel_timing_runs"], progress=report
+    )
+    check = comparison.equality
+    diff = max(check.max_key_diff, check.max_value_diff)
+    measured = {
+        "num_tokens": comparison.num_tokens,
+        "parallel_ttft_ms": comparison.parallel.time_to_first_token_s * 1e3,
+        "token_by_token_ttft_ms": comparison.token_by_token.time_to_first_token_s * 1e3,
+        "ratio": comparison.ratio,
+        "token_by_token_steps": comparison.token_by_token.num_steps,
+        "max_kv_diff": diff,
+        "kv_diff_over_tolerance": diff / check.tolerance,
+        "logits_max_abs_diff": check.logits_max_abs_diff,
+        "same_top_token": float(check.parallel_top_token_id == check.token_by_token_top_token_id),
+    }
+    facts = [
+        ("Prompt tokens", f"{comparison.num_tokens:,}"),
+        ("Parallel: time to first token", f"{measured['parallel_ttft_ms']:,.1f} ms in 1 step"),
+        ("Token-by-token: time to first token", f"{measured['token_by_token_ttft_ms']:,.1f} ms in {comparison.token_by_token.num_steps} steps"),
+        ("Largest K/V difference", f"{diff:.1e} (tolerance {check.tolerance:g} in {check.dtype})"),
+        ("Same next token", "yes" if measured["same_top_token"] else "no"),
+    ]
+    return make_outcome("parallel_vs_sequential", loaded, parameters, measured, facts, {"parallel": comparison})
+
+
+def _step_latency_figure(outcome: ActionOutcome) -> go.Figure:
+    return parallel_figures.step_latency_figure(outcome.raw["parallel"])
+
+
+def _kv_difference_figure(outcome: ActionOutcome) -> go.Figure:
+    return parallel_figures.kv_difference_figure(outcome.raw["parallel"].equality)
+
+
+KIND = ActionKind(
+    name="parallel_vs_sequential",
+    parameters={**PROMPT_PARAMETERS, "preset": (str, "Long document"), "num_tokens": (int, 400), "parallel_timing_runs": (int, 3)},
+    scaled={"num_tokens": 8},
+    measured=(
+        "num_tokens", "parallel_ttft_ms", "token_by_token_ttft_ms", "ratio", "token_by_token_steps", "max_kv_diff",
+        "kv_diff_over_tolerance", "logits_max_abs_diff", "same_top_token",
+    ),
+    figures={"step_latency": _step_latency_figure, "kv_difference": _kv_difference_figure},
+    run=_run_parallel,
+    description="The prompt's first N tokens in one step and in N one-token steps: timed, then their KV caches compared.",
+    page_results=lambda run, label: {"parallel": run.raw["parallel"]},
+)

@@ -1,0 +1,71 @@
+"""The ``roofline`` action: measured prefill and decode steps under this machine's measured roofs."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from prefillviz.engine.progress import FractionProgress
+from prefillviz.figures import parallel as parallel_figures
+from prefillviz.lessons.actions import ActionKind, ActionOutcome
+from prefillviz.lessons.kinds.common import make_outcome
+from prefillviz.lessons.spec import LessonError
+from prefillviz.measure.roofline import run_roofline
+
+
+def _run_roofline(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:
+    report(0.0, "reading (or measuring) this machine's peaks, then timing prefill and decode steps")
+    result = run_roofline(loaded, parameters["prefill_sizes"], parameters["decode_contexts"], parameters["runs"])
+    prefill_points = [p for p in result.points if p.phase == "prefill"]
+    decode_points = [p for p in result.points if p.phase == "decode"]
+    if not prefill_points or not decode_points:
+        raise LessonError("roofline: the model's context is too short for these prefill sizes and decode contexts.")
+    prefill_point = max(prefill_points, key=lambda p: p.num_tokens)
+    decode_point = min(decode_points, key=lambda p: p.context_len)
+    peaks = result.peaks
+    measured = {
+        "prefill_tokens": prefill_point.num_tokens,
+        "prefill_intensity": prefill_point.intensity,
+        "decode_intensity": decode_point.intensity,
+        "intensity_ratio": prefill_point.intensity / decode_point.intensity,
+        "ridge_intensity": peaks.ridge_intensity,
+        "prefill_over_ridge": prefill_point.intensity / peaks.ridge_intensity,
+        "prefill_gflops": prefill_point.achieved_gflops,
+        "decode_gflops": decode_point.achieved_gflops,
+        "gflops_ratio": prefill_point.achieved_gflops / decode_point.achieved_gflops,
+        "prefill_percent_of_peak": 100 * prefill_point.achieved_gflops / peaks.matmul_gflops,
+    }
+    facts = [
+        (f"Prefill step, N={prefill_point.num_tokens}", f"{prefill_point.intensity:,.1f} FLOP/byte · {prefill_point.achieved_gflops:,.1f} GFLOP/s"),
+        (f"Decode step, context {decode_point.context_len}", f"{decode_point.intensity:,.2f} FLOP/byte · {decode_point.achieved_gflops:,.1f} GFLOP/s"),
+        ("Ridge point (where the roofs meet)", f"{peaks.ridge_intensity:,.1f} FLOP/byte"),
+        (f"Prefill N={prefill_point.num_tokens}", _side_of_ridge(prefill_point.intensity, peaks.ridge_intensity)),
+        (f"Decode, context {decode_point.context_len}", _side_of_ridge(decode_point.intensity, peaks.ridge_intensity)),
+        ("This machine's roofs (measured)", f"{peaks.matmul_gflops:,.0f} GFLOP/s matmul · {peaks.memory_gb_s:,.1f} GB/s memory"),
+    ]
+    return make_outcome("roofline", loaded, parameters, measured, facts, {"roofline": result})
+
+
+def _side_of_ridge(intensity: float, ridge: float) -> str:
+    if intensity >= ridge:
+        return f"right of the ridge ({intensity / ridge:,.1f}× its intensity): compute-bound"
+    return f"left of the ridge ({ridge / intensity:,.1f}× below it): memory-bound"
+
+
+def _roofline_figure(outcome: ActionOutcome) -> go.Figure:
+    result = outcome.raw["roofline"]
+    return parallel_figures.roofline_figure(result.peaks, result.points)
+
+
+KIND = ActionKind(
+    name="roofline",
+    parameters={"prefill_sizes": (list, [16, 64, 256]), "decode_contexts": (list, [64]), "runs": (int, 2)},
+    scaled={"prefill_sizes": 4, "decode_contexts": 4},
+    measured=(
+        "prefill_tokens", "prefill_intensity", "decode_intensity", "intensity_ratio", "ridge_intensity", "prefill_over_ridge",
+        "prefill_gflops", "decode_gflops", "gflops_ratio", "prefill_percent_of_peak",
+    ),
+    figures={"roofline": _roofline_figure},
+    run=_run_roofline,
+    description="Prefill and decode steps, timed and placed under this machine's measured roofs.",
+    page_results=lambda run, label: {"parallel_roofline": run.raw["roofline"]},
+)

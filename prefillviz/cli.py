@@ -171,7 +171,7 @@ def packs_weights(args: argparse.Namespace) -> bool:
 
 def run_command(args: argparse.Namespace) -> dict:
     from prefillviz.engine.dispatch_tables import summary as dispatch_summary
-    from prefillviz.engine.llama_forward import forward_label
+    from prefillviz.engine.forward_status import forward_label
     from prefillviz.engine.packed_weights import linear_weights_label
     from prefillviz.measure.dtype_speed import dtype_speed
 

@@ -6,7 +6,8 @@ from prefillviz.analysis.attention_maps import causal_chunk_strips
 from prefillviz.experiments import inspect_run
 from prefillviz.figures import attention as figures
 from prefillviz.ui.inspection_source import inspection_source
-from prefillviz.ui.shell import downloads, page_frame
+from prefillviz.ui.results import downloads
+from prefillviz.ui.shell import page_frame
 
 page_frame()
 

@@ -7,7 +7,9 @@ from prefillviz.experiments.chunked import build_workload
 from prefillviz.figures import chunked as chunked_figures
 from prefillviz.figures import disagg as figures
 from prefillviz.ui.output_checks import same_tokens_block
-from prefillviz.ui.shell import downloads, get_result, page_frame, progress_callback, run_guarded, run_label, save_result
+from prefillviz.ui.results import downloads, get_result, save_result
+from prefillviz.ui.running import progress_callback, run_guarded, run_label
+from prefillviz.ui.shell import page_frame
 from prefillviz.ui.workload_controls import workload_controls
 
 loaded = page_frame()

@@ -15,7 +15,9 @@ from prefillviz.loading.hosted import hosted_policy
 from prefillviz.loading.prompts import PRESETS
 from prefillviz.measure import kernel_bench
 from prefillviz.measure import kernels as experiments
-from prefillviz.ui.shell import downloads, get_result, page_frame, run_guarded, save_result
+from prefillviz.ui.results import downloads, get_result, save_result
+from prefillviz.ui.running import run_guarded
+from prefillviz.ui.shell import page_frame
 
 loaded = page_frame()
 

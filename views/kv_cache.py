@@ -6,7 +6,8 @@ from prefillviz.experiments import inspect_run, kv_memory
 from prefillviz.experiments.inspect_run import KV_QUANTITIES
 from prefillviz.figures import kv_cache as figures
 from prefillviz.ui.inspection_source import inspection_source
-from prefillviz.ui.shell import downloads, page_frame
+from prefillviz.ui.results import downloads
+from prefillviz.ui.shell import page_frame
 
 page_frame()
 

@@ -16,7 +16,9 @@ from prefillviz.loading.hosted import hosted_policy
 from prefillviz.loading.prompts import PRESETS
 from prefillviz.measure.roofline import DEFAULT_DECODE_CONTEXTS, DEFAULT_PREFILL_SIZES, run_roofline
 from prefillviz.peers.workload import PeerRequest
-from prefillviz.ui.shell import downloads, get_result, page_frame, progress_bar, run_guarded, save_result
+from prefillviz.ui.results import downloads, get_result, save_result
+from prefillviz.ui.running import progress_bar, run_guarded
+from prefillviz.ui.shell import page_frame
 from prefillviz.ui.vllm_panel import vllm_panel
 
 loaded = page_frame()

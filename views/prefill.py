@@ -7,7 +7,10 @@ from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments.prefill import load_prefill_bundle, prefill_bundle, run_prefill
 from prefillviz.figures import prefill as figures
 from prefillviz.loading.prompts import PRESETS
-from prefillviz.ui.shell import chart, downloads, get_result, page_frame, run_guarded, save_result
+from prefillviz.ui.presenter import chart
+from prefillviz.ui.results import downloads, get_result, save_result
+from prefillviz.ui.running import run_guarded
+from prefillviz.ui.shell import page_frame
 
 loaded = page_frame()
 

@@ -9,8 +9,10 @@ and the revealed steps, keyed by lesson and step; no keyboard is needed anywhere
 import streamlit as st
 
 from prefillviz import lessons
+from prefillviz.ui.results import get_result, save_result
+from prefillviz.ui.running import run_guarded, run_label
 from prefillviz.ui.settings import set_setting
-from prefillviz.ui.shell import get_result, page_frame, run_guarded, run_label, save_result
+from prefillviz.ui.shell import page_frame
 
 loaded = page_frame()
 

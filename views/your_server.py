@@ -8,7 +8,10 @@ from prefillviz.figures import probe as figures
 from prefillviz.loading.hosted import hosted_policy
 from prefillviz.probe.client import ProbeBudget
 from prefillviz.probe.report import DEFAULT_SIZES, EXPERIMENTS, WHAT_OUTSIDE_CAN_MEASURE, ProbeSettings, probe_server
-from prefillviz.ui.shell import chart, downloads, get_result, page_frame, progress_bar, run_guarded, save_result
+from prefillviz.ui.presenter import chart
+from prefillviz.ui.results import downloads, get_result, save_result
+from prefillviz.ui.running import progress_bar, run_guarded
+from prefillviz.ui.shell import page_frame
 
 page_frame()  # the sidebar; the probe itself doesn't use the local model
 

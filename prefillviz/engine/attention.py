@@ -83,19 +83,40 @@ def compiled_attention_status(device: torch.device | str, dtype: torch.dtype, he
     return ops, why
 
 
-def attend(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache, value_cache, step, scale: float, meta=None):
+def attend(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache, value_cache, step, scale: float, meta=None,
+           rows: torch.Tensor | None = None) -> torch.Tensor:
     """One layer's attention with candidate ``name``: q (T, H, D), k and v (T, KVH, D) -> (T, H D).
 
     The step's new K/V are already in the cache. ``meta`` is ``engine_ops.step_meta(step)``,
-    made once per step, for v7; the SDPA versions take the views as they are.
+    made once per step, for v7, and ``rows`` the q|k|v rows (T, (H + 2 KVH) D) v7 reads q from
+    as they are; the SDPA versions take the views as they are.
     """
     num_tokens, num_heads, head_dim = q.shape
     if name == V7:
-        return engine_ops.paged_attention(engine_ops.engine_ops(), q.reshape(num_tokens, num_heads * head_dim), key_cache, value_cache, step,
-                                          num_heads, scale, meta)
+        queries = rows if rows is not None else q.reshape(num_tokens, num_heads * head_dim)
+        return engine_ops.paged_attention(engine_ops.engine_ops(), queries, key_cache, value_cache, step, num_heads, scale, meta)
     kernel = ENGINE_KERNELS[name]
     out = kernel(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), key_cache, value_cache, step, scale)  # (H, T, D)
     return out.transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
+
+
+def step_attention(meta: AttentionMetadata, layer_idx: int, module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   scale: float, rows: torch.Tensor | None = None, written: bool = False) -> torch.Tensor:
+    """One layer's attention in an engine step, whichever forward runs it: the step's new K/V
+    into the paged cache (unless ``written``), the instruments' observers, then the step's
+    measured attention (``meta.choice``). q (T, H, D), k and v (T, KVH, D) -> (T, H D).
+
+    The observers see (layer, module, q (1, H, T, D), k, v (1, KVH, T, D), metadata), as the
+    stock forward's attention function shows them.
+    """
+    cache = meta.kv_cache
+    if not written:
+        cache.write(layer_idx, meta.slot_mapping, k, v)
+    for observer in meta.observers:
+        observer(layer_idx, module, q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], meta)
+    choice = meta.choice.attention
+    return attend(choice, q, k, v, cache.key_cache[layer_idx], cache.value_cache[layer_idx], meta.paged_step, scale,
+                  meta.compiled_meta if choice == V7 else None, rows)
 
 
 def paged_attention_forward(
@@ -112,18 +133,9 @@ def paged_attention_forward(
     meta = prefillviz_metadata
     if meta is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    layer_idx = module.layer_idx
-    new_key = key[0].transpose(0, 1)  # (T, KVH, D)
-    new_value = value[0].transpose(0, 1)
-    meta.kv_cache.write(layer_idx, meta.slot_mapping, new_key, new_value)
-    for observer in meta.observers:
-        observer(layer_idx, module, query, key, value, meta)
-
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    cache = meta.kv_cache
-    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, heads, D)
-    out = attend(meta.choice.attention, q, k, v, cache.key_cache[layer_idx], cache.value_cache[layer_idx], meta.paged_step, scale,
-                 meta.compiled_meta if meta.choice.attention == V7 else None)
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, heads, D), post-RoPE
+    out = step_attention(meta, module.layer_idx, module, q, k, v, scale)
     return out.view(1, q.shape[0], q.shape[1], q.shape[2]), None  # (1, T, H, D)
 
 

@@ -34,53 +34,15 @@ q/k/v and hidden states as the stock forward shows them (``LlamaForward``).
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 import torch.nn.functional as F
 
-from prefillviz.engine.attention import attend, compiled_attention_status
-from prefillviz.engine.dispatch import V7, StepChoice
+from prefillviz.engine.attention import compiled_attention_status, step_attention
+from prefillviz.engine.dispatch import StepChoice
+from prefillviz.engine.forward_status import hooked, own_forward_status
 from prefillviz.engine.llama_weights import LlamaWeights, llama_weights
-from prefillviz.engine.ops.engine_ops import engine_ops_status
 from prefillviz.engine.ops.torch_ops import rms_norm, rope, silu_mul
-
-STOCK_FORWARD_ENV = "PREFILLVIZ_STOCK_FORWARD"
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-
-def own_forward_status(model: torch.nn.Module) -> tuple[bool, str]:
-    """(whether the engine runs its own forward of this model, why not when it doesn't)."""
-    if os.environ.get(STOCK_FORWARD_ENV, "").strip() not in ("", "0"):
-        return False, f"{STOCK_FORWARD_ENV} is set: the stock transformers forward runs"
-    config = model.config
-    model_type = getattr(config, "model_type", "")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        return False, f"no engine forward for {model_type or type(model).__name__} models; the stock transformers forward runs"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return False, f"activation {config.hidden_act!r}: the stock transformers forward runs"
-    if getattr(config, "use_sliding_window", False) or (model_type == "mistral" and getattr(config, "sliding_window", None)):
-        return False, "sliding-window attention: the stock transformers forward runs"
-    decoder = getattr(model, "model", None)
-    if decoder is None or not hasattr(decoder, "layers") or not hasattr(decoder, "rotary_emb"):
-        return False, "the model's modules are not laid out as transformers' Llama: the stock forward runs"
-    layer = decoder.layers[0]
-    if getattr(layer.mlp.gate_proj, "bias", None) is not None or getattr(layer.self_attn.o_proj, "bias", None) is not None:
-        return False, "biased MLP or output projections: the stock transformers forward runs"
-    return True, ""
-
-
-def _hooked(modules: list[torch.nn.Module]) -> bool:
-    """Whether an instrument hooked any module. transformers' own hooks don't count: once a call
-    asked for ``output_attentions`` it leaves output-capturing hooks on the layers for good, which
-    record nothing unless a call asks again (and the engine never does)."""
-    from torch.nn.modules import module as module_globals
-
-    def ours(hooks) -> bool:
-        return any(not getattr(hook, "__module__", "").startswith("transformers.") for hook in hooks.values())
-
-    if ours(module_globals._global_forward_hooks) or ours(module_globals._global_forward_pre_hooks):
-        return True
-    return any(ours(m._forward_hooks) or ours(m._forward_pre_hooks) for m in modules if m._forward_hooks or m._forward_pre_hooks)
 
 
 def compiled_ops_for(weights: LlamaWeights, device: torch.device, dtype: torch.dtype):
@@ -88,10 +50,60 @@ def compiled_ops_for(weights: LlamaWeights, device: torch.device, dtype: torch.d
     return compiled_attention_status(device, dtype, weights.head_dim)[0]
 
 
-def _observe(meta, index: int, module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Show the instruments' attention observers a layer's q, k, v (T, heads, D) as the stock forward does: (1, heads, T, D)."""
-    for observer in meta.observers:
-        observer(index, module, q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], meta)
+class TorchOps:
+    """The forward's ops in plain torch, on any device and dtype: each residual add on its own."""
+
+    @staticmethod
+    def rotary(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return cos[:, None], sin[:, None]  # (T, 1, D): broadcast over heads
+
+    @staticmethod
+    def add_rms_norm(residual: torch.Tensor | None, h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """h += residual (when there is one), then RMSNorm(h)."""
+        if residual is not None:
+            h.add_(residual)
+        return rms_norm(h, weight, eps)
+
+    @staticmethod
+    def rope_qkv(qkv: torch.Tensor, cos, sin, meta, index: int, heads: tuple[int, int, int]):
+        """(q, k, v, the q|k|v rows for v7 (None), whether the K/V are already in the cache)."""
+        H, KVH, D = heads
+        qk = rope(qkv[:, : (H + KVH) * D].view(qkv.shape[0], H + KVH, D), cos, sin)
+        return qk[:, :H], qk[:, H:], qkv[:, (H + KVH) * D :].view(qkv.shape[0], KVH, D), None, False
+
+    silu_mul = staticmethod(silu_mul)
+
+    @staticmethod
+    def final_norm(residual: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, keep: torch.Tensor) -> torch.Tensor:
+        h.add_(residual)
+        return rms_norm(h.index_select(0, keep), weight, eps)  # only the rows whose logits are kept
+
+
+class CompiledOps:
+    """The forward's ops in the engine's C++ (``prefillviz/engine/ops/engine_ops.py``): about ten calls
+    a layer. Each residual add is fused with the norm after it (``add_rms_norm``), RoPE with the K/V writes."""
+
+    def __init__(self, ops) -> None:
+        self.ops = ops
+        self.silu_mul = ops.silu_mul
+
+    @staticmethod
+    def rotary(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return cos.contiguous(), sin.contiguous()  # (T, D)
+
+    def add_rms_norm(self, residual: torch.Tensor | None, h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return self.ops.rms_norm(h, weight, eps) if residual is None else self.ops.add_rms_norm(residual, h, weight, eps)
+
+    def rope_qkv(self, qkv: torch.Tensor, cos, sin, meta, index: int, heads: tuple[int, int, int]):
+        """q and k rotated in place, k and v written to the cache in the same call."""
+        H, KVH, D = heads
+        cache = meta.kv_cache
+        self.ops.rope_write_kv(qkv, cos, sin, meta.slot_mapping, cache.key_cache[index], cache.value_cache[index], H)
+        rows = qkv.view(qkv.shape[0], H + 2 * KVH, D)
+        return rows[:, :H], rows[:, H : H + KVH], rows[:, H + KVH :], qkv, True
+
+    def final_norm(self, residual: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, keep: torch.Tensor) -> torch.Tensor:
+        return self.ops.add_rms_norm(residual, h, weight, eps).index_select(0, keep)
 
 
 class _NoSpans:
@@ -106,7 +118,7 @@ _NO_SPAN = contextlib.nullcontext()
 
 
 class _Spans:
-    """Named spans on an ``instrument.timers.SpanClock``: the per-layer clocks of a timing pass."""
+    """Named spans on a ``timers.SpanClock``: the per-layer clocks of a timing pass."""
 
     def __init__(self, clock) -> None:
         self.clock = clock
@@ -121,12 +133,15 @@ class _Spans:
 
 
 class LlamaForward:
-    """Runs one engine step (``ModelRunner.prepare``'s inputs) through the engine's own forward.
+    """Runs one engine step (``ModelRunner.prepare``'s inputs) through the engine's own forward:
+    one loop over the layers, its ops from a backend (``CompiledOps`` where the C++ ops run the
+    model here, else ``TorchOps``), its attention the step's (``attention.step_attention``).
 
     With a ``SpanClock`` (a timing pass) it times the spans the module hooks of the stock forward
-    would: ``embedding``, ``layers.i`` and, inside it, ``layers.i.input_layernorm``,
-    ``layers.i.attention`` (q|k|v, RoPE, the K/V writes, attention, o), ``layers.i.post_attention_layernorm``
-    (with the residual add before it), ``layers.i.mlp``; then ``final_norm`` and ``lm_head``.
+    would: ``embedding``, ``layers.i`` and, inside it, ``layers.i.input_layernorm`` (with the
+    previous MLP's residual add), ``layers.i.attention`` (q|k|v, RoPE, the K/V writes, attention,
+    o), ``layers.i.post_attention_layernorm`` (with the residual add before it), ``layers.i.mlp``;
+    then ``final_norm`` and ``lm_head``.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -136,7 +151,7 @@ class LlamaForward:
 
     def usable(self) -> bool:
         """Whether this step can run here: a known model, and no instrument hooked onto its modules."""
-        return self.available and not _hooked(self._modules)
+        return self.available and not hooked(self._modules)
 
     def __call__(self, inputs: dict, choice: StepChoice, clock=None, hidden=None) -> torch.Tensor:
         """Logits (num_kept, V) at the rows ``inputs['logits_to_keep']`` names.
@@ -152,106 +167,34 @@ class LlamaForward:
         """
         span = _Spans(clock) if clock is not None else _NoSpans()
         weights = llama_weights(self.model, choice.linears)
+        meta = inputs["prefillviz_metadata"]
         with span("embedding"):
             h = F.embedding(inputs["input_ids"][0], weights.embedding)  # (T, hidden)
         if hidden is not None:
             hidden(0, h)
+        compiled = compiled_ops_for(weights, h.device, h.dtype)
+        ops = CompiledOps(compiled) if compiled is not None else TorchOps
         cos, sin = weights.rotary(h[None], inputs["position_ids"])  # (1, T, D) in the model's dtype
-        ops = compiled_ops_for(weights, h.device, h.dtype)
-        if ops is not None:
-            h = self._compiled(ops, weights, h, cos[0].contiguous(), sin[0].contiguous(), inputs, choice.attention, span, hidden)
-        else:
-            h = self._torch(weights, h, cos[0, :, None], sin[0, :, None], inputs, choice.attention, span, hidden)
-        with span("lm_head"):
-            return weights.lm_head(h)
-
-    def _torch(self, weights: LlamaWeights, h, cos, sin, inputs: dict, attention: str, span, hidden) -> torch.Tensor:
-        """Plain torch ops, on any device and dtype; cos and sin (T, 1, D) broadcast over heads."""
-        meta = inputs["prefillviz_metadata"]
-        num_tokens = h.shape[0]
-        H, KVH, D = weights.num_heads, weights.num_kv_heads, weights.head_dim
-        cache, step = meta.kv_cache, meta.paged_step
-        for index, (norm_in, qkv_proj, o_proj, norm_post, gate_up_proj, down_proj, scale) in enumerate(weights.layers):
-            with span(f"layers.{index}"):
-                with span(f"layers.{index}.input_layernorm"):
-                    x = rms_norm(h, *norm_in)
-                with span(f"layers.{index}.attention"):
-                    qkv = qkv_proj(x)  # (T, (H + 2 KVH) D)
-                    qk = rope(qkv[:, : (H + KVH) * D].view(num_tokens, H + KVH, D), cos, sin)
-                    q, k = qk[:, :H], qk[:, H:]
-                    v = qkv[:, (H + KVH) * D :].view(num_tokens, KVH, D)
-                    cache.write(index, meta.slot_mapping, k, v)
-                    _observe(meta, index, weights.attention_modules[index], q, k, v)
-                    out = attend(attention, q, k, v, cache.key_cache[index], cache.value_cache[index], step, scale)  # (T, H D)
-                    attended = o_proj(out)
-                with span(f"layers.{index}.post_attention_layernorm"):
-                    h = h + attended
-                    x = rms_norm(h, *norm_post)
-                with span(f"layers.{index}.mlp"):
-                    h = h + down_proj(silu_mul(gate_up_proj(x)))
-            if hidden is not None:
-                hidden(index + 1, h)
-        with span("final_norm"):
-            return rms_norm(h.index_select(0, inputs["logits_to_keep"]), *weights.final_norm)
-
-    def _compiled(self, ops, weights: LlamaWeights, h, cos, sin, inputs: dict, attention: str, span, hidden) -> torch.Tensor:
-        """The engine's C++ ops (``prefillviz/engine/ops/engine_ops.py``): about ten calls a layer; cos and sin (T, D).
-
-        Each residual add is fused with the norm after it: the MLP's into the next layer's input
-        norm (``add_rms_norm``), the last one into the final norm.
-        """
-        meta = inputs["prefillviz_metadata"]
-        cache = meta.kv_cache
-        slots, step_rows = meta.compiled_meta
-        H, KVH, D = weights.num_heads, weights.num_kv_heads, weights.head_dim
-        num_tokens = h.shape[0]
+        cos, sin = ops.rotary(cos[0], sin[0])
+        heads = (weights.num_heads, weights.num_kv_heads, weights.head_dim)
         mlp_out = None  # the previous layer's MLP output, not yet added to h
         for index, (norm_in, qkv_proj, o_proj, norm_post, gate_up_proj, down_proj, scale) in enumerate(weights.layers):
             with span(f"layers.{index}"):
                 with span(f"layers.{index}.input_layernorm"):
-                    x = ops.rms_norm(h, *norm_in) if mlp_out is None else ops.add_rms_norm(mlp_out, h, *norm_in)
+                    x = ops.add_rms_norm(mlp_out, h, *norm_in)  # h += the previous MLP's output; x = norm(h)
                 if hidden is not None and index > 0:
                     hidden(index, h)  # the previous layer's output, now that its MLP is added
                 with span(f"layers.{index}.attention"):
-                    qkv = qkv_proj(x)  # (T, (H + 2 KVH) D): q and k rotated in place, k and v into the cache
-                    ops.rope_write_kv(qkv, cos, sin, meta.slot_mapping, cache.key_cache[index], cache.value_cache[index], H)
-                    heads = qkv.view(num_tokens, H + 2 * KVH, D)
-                    if meta.observers:
-                        _observe(meta, index, weights.attention_modules[index], heads[:, :H], heads[:, H : H + KVH], heads[:, H + KVH :])
-                    if attention == V7:  # straight on the q|k|v rows
-                        out = ops.paged_attention(qkv, cache.key_cache[index], cache.value_cache[index], slots, step_rows, H, scale)
-                    else:
-                        out = attend(attention, heads[:, :H], heads[:, H : H + KVH], heads[:, H + KVH :], cache.key_cache[index],
-                                     cache.value_cache[index], meta.paged_step, scale)
+                    q, k, v, rows, written = ops.rope_qkv(qkv_proj(x), cos, sin, meta, index, heads)
+                    out = step_attention(meta, index, weights.attention_modules[index], q, k, v, scale, rows, written)  # (T, H D)
                     attended = o_proj(out)
                 with span(f"layers.{index}.post_attention_layernorm"):
                     x = ops.add_rms_norm(attended, h, *norm_post)  # h += attention; x = norm(h)
                 with span(f"layers.{index}.mlp"):
                     mlp_out = down_proj(ops.silu_mul(gate_up_proj(x)))
         with span("final_norm"):
-            x = ops.add_rms_norm(mlp_out, h, *weights.final_norm)
+            x = ops.final_norm(mlp_out, h, *weights.final_norm, inputs["logits_to_keep"])
         if hidden is not None:
             hidden(len(weights.layers), h)
-        return x.index_select(0, inputs["logits_to_keep"])
-
-
-def forward_label(model: torch.nn.Module, capture: str = "none", with_reason: bool = False) -> str:
-    """Which forward the engine's steps run at this capture level, for captions next to their timings.
-
-    Args:
-        model: the loaded model.
-        capture: the run's capture level; ``profile`` hooks the modules, so the stock forward runs.
-        with_reason: add why, where it is not the engine's forward with its C++ ops (the sidebar's card).
-    """
-    available, why = own_forward_status(model)
-    if not available:
-        return f"stock transformers forward ({why})" if with_reason else "stock transformers forward"
-    if capture == "profile":
-        return "stock transformers forward (the profiler's scopes hook its modules)" if with_reason else "stock transformers forward"
-    parameter = next(model.parameters())
-    ops, ops_why = engine_ops_status()
-    if ops is not None and parameter.device.type == "cpu" and parameter.dtype in (torch.float32, torch.bfloat16):
-        return f"engine forward, {ops_why.removeprefix('the ')}"
-    if parameter.device.type != "cpu":
-        return "engine forward, torch ops"
-    return f"engine forward, plain torch ops ({ops_why})" if with_reason else "engine forward, plain torch ops"
+        with span("lm_head"):
+            return weights.lm_head(x)

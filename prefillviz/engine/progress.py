@@ -1,6 +1,6 @@
 """The progress callbacks that long runs report through, each signature named once.
 
-The app turns each into a progress bar (``ui.shell``); the command line prints or ignores them.
+The app turns each into a progress bar (``ui.running``); the command line prints or ignores them.
 """
 
 from __future__ import annotations

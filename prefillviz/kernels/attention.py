@@ -41,26 +41,18 @@ Memory, said honestly (two numbers, never mixed):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from prefillviz.engine.devices import dtype_name
-from prefillviz.engine.errors import PrefillVizError
-from prefillviz.engine.timers import CallTiming, synchronize, time_call
+from prefillviz.engine.ops.paged_check import ORACLE_ROW_BLOCK, KernelCheckError, compare_to_oracle
+from prefillviz.kernels.harness import KernelResult, time_checked
 
 BLOCK_SIZE = 64  # v3's query and key block (tile) size
 # 8 steps of the dtype (P and the output rounded; 16-bit scores rounded, |s| x half a step, averaging over the keys) + fp32 sums over up to 4,096 keys or dims (sqrt(4096) eps_fp32, twice)
-DEFAULT_TOLERANCE = {dtype: 8 * torch.finfo(dtype).eps + 2 * 4096**0.5 * torch.finfo(torch.float32).eps for dtype in (torch.float32, torch.float16, torch.bfloat16)}
 """Allowed max |kernel - oracle|, per unit of max |v| (the output is a weighted mean of V rows)."""
-ORACLE_ROW_BLOCK = 256  # the check's oracle holds at most (H, 256, N) scores at a time
-
-
-class KernelCheckError(PrefillVizError):
-    """A kernel disagrees with the naive oracle (or was given inconsistent shapes)."""
 
 
 # ------------------------------------------------------------------------------ versions
@@ -220,81 +212,7 @@ def check_against_oracle(
     return compare_to_oracle(kernel.name, kernel(q, k, v, scale), expected, v, tolerance, where)
 
 
-def compare_to_oracle(
-    name: str, got: torch.Tensor, expected: torch.Tensor, v: torch.Tensor, tolerance: float | None, where: str
-) -> tuple[float, float]:
-    """(max |got - expected|, allowed); raises ``KernelCheckError`` on a wrong shape, a
-    non-finite value or a difference above ``tolerance`` (None: ``DEFAULT_TOLERANCE`` for
-    v's dtype) times max(1, max |v|)."""
-    tolerance = DEFAULT_TOLERANCE.get(v.dtype, 1e-4) if tolerance is None else tolerance
-    allowed = tolerance * max(1.0, float(v.abs().max()))
-    if got.shape != expected.shape:
-        raise KernelCheckError(f"{name} returned shape {tuple(got.shape)}, expected {tuple(expected.shape)}.")
-    difference = float((got.float() - expected).abs().max())
-    if not math.isfinite(difference) or difference > allowed:
-        raise KernelCheckError(
-            f"{name} differs from the naive oracle by {difference:.3g} (allowed {allowed:.1g}) on {where}: it is not timed."
-        )
-    return difference, allowed
-
-
-# ------------------------------------------------------------------------------ memory
-@torch.inference_mode()
-def measure_peak_memory(fn: Callable[[], object], device: torch.device) -> tuple[int | None, str]:
-    """Peak bytes torch's allocator held above the starting point during one call.
-
-    Returns:
-        (bytes or None, how it was measured).
-    """
-    if device.type == "cuda":
-        synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        out = fn()
-        synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device) - before
-        del out
-        return int(peak), "torch.cuda.max_memory_allocated"
-    if device.type != "cpu":
-        return None, f"not measured on {device.type}"
-    try:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profiler:
-            out = fn()
-        events = [e for e in profiler.profiler.kineto_results.events() if e.name() == "[memory]"]
-    except (AttributeError, RuntimeError):  # a torch without these profiler internals
-        return None, "not measured (torch.profiler memory events unavailable)"
-    del out
-    running = peak = 0
-    for event in sorted(events, key=lambda e: e.start_ns()):
-        running += event.nbytes()  # frees are negative
-        peak = max(peak, running)
-    return int(peak), "torch.profiler allocation events"
-
-
 # ------------------------------------------------------------------------------ together
-@dataclass
-class KernelResult:
-    """One kernel on one input: checked against the oracle, timed, its memory measured."""
-
-    kernel: str
-    version: int
-    num_heads: int
-    num_kv_heads: int
-    num_tokens: int
-    head_dim: int
-    dtype: str
-    device: str
-    max_abs_diff: float  # vs the fp32 naive oracle
-    allowed_diff: float
-    timing: CallTiming  # seconds per call: median, spread, runs, clock
-    peak_memory_bytes: int | None  # measured (see memory_method)
-    memory_method: str
-    output_bytes: int
-    largest_intermediate_bytes: int | None = None  # analytic, from the shapes (None: unknown)
-    workload: str = "one prompt"  # what the N tokens were (paged kernels: a step's mix of requests)
-    context_tokens: int | None = None  # keys attended over, all requests together (paged kernels)
-
-
 def check_and_time(
     kernel: AttentionKernel,
     q: torch.Tensor,
@@ -324,40 +242,4 @@ def check_and_time(
     return time_checked(
         kernel.name, kernel.version, lambda: kernel(q, k, v, scale), q, k.shape[0], (difference, allowed), runs, warmup,
         measure_memory, largest_intermediate_bytes=kernel.largest_intermediate(q.shape[0], q.shape[1], q.element_size()),
-    )
-
-
-def time_checked(
-    name: str,
-    version: int,
-    call: Callable[[], torch.Tensor],
-    q: torch.Tensor,
-    num_kv_heads: int,
-    check: tuple[float, float],
-    runs: int = 5,
-    warmup: int = 2,
-    measure_memory: bool = True,
-    **extra,
-) -> KernelResult:
-    """Time ``call`` (a kernel that already passed its check, ``check`` = (difference, allowed))
-    and measure its memory; the result carries q's shape, dtype and device, and ``extra`` fields."""
-    timing = time_call(call, q.device, runs, warmup)
-    peak, method = measure_peak_memory(call, q.device) if measure_memory else (None, "not measured")
-    num_heads, num_tokens, head_dim = q.shape
-    return KernelResult(
-        kernel=name,
-        version=version,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        num_tokens=num_tokens,
-        head_dim=head_dim,
-        dtype=dtype_name(q.dtype),
-        device=str(q.device),
-        max_abs_diff=check[0],
-        allowed_diff=check[1],
-        timing=timing,
-        peak_memory_bytes=peak,
-        memory_method=method,
-        output_bytes=q.numel() * q.element_size(),
-        **extra,
     )

@@ -91,7 +91,7 @@ from prefillviz.engine.ops.paged import (
     paged_packed,
 )
 from prefillviz.engine.ops.paged_check import PagedInputs, check_paged, random_step
-from prefillviz.kernels.attention import KernelResult, time_checked
+from prefillviz.kernels.harness import KernelResult, time_checked
 
 __all__ = [  # the engine's versions, with the teaching ones, as the Kernel timings page lists them
     "COMPILED", "FLEX", "LOOP", "LOOP_FP32_DECODES", "NAIVE", "PACKED", "PAGED_KERNELS", "TRITON", "PagedInputs", "PagedKernel",

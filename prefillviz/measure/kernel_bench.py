@@ -31,7 +31,7 @@ from prefillviz.engine.errors import ConfigError
 from prefillviz.engine.progress import FractionProgress
 from prefillviz.kernels import attention as dense
 from prefillviz.kernels import paged_attention as paged
-from prefillviz.kernels.attention import KernelResult
+from prefillviz.kernels.harness import KernelResult
 
 BENCH_SIZES = (128, 256, 512, 1024, 2048, 4096, 8192)
 SHAPES = {  # name: (query heads, KV heads, head dim) of a model's attention

@@ -40,7 +40,8 @@ from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.experiments.timing_rows import predicted_vs_measured, timeline_events
 from prefillviz.instrument import passes
 from prefillviz.instrument.capture import run_captured
-from prefillviz.kernels.attention import KERNELS, AttentionKernel, KernelResult, check_and_time
+from prefillviz.kernels.attention import KERNELS, AttentionKernel, check_and_time
+from prefillviz.kernels.harness import KernelResult
 from prefillviz.loading.models import LoadedModel
 from prefillviz.measure.kernel_bench import KernelBenchmark, run_kernel_benchmark
 from prefillviz.measure.peaks_history import machine_peaks

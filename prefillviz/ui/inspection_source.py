@@ -10,7 +10,9 @@ import streamlit as st
 
 from prefillviz.experiments.inspect_run import InspectionRun, from_prefill_result, run_inspection
 from prefillviz.loading.prompts import PRESETS
-from prefillviz.ui.shell import get_result, loaded_model, progress_callback, run_guarded, save_result
+from prefillviz.ui.results import get_result, save_result
+from prefillviz.ui.running import progress_callback, run_guarded
+from prefillviz.ui.shell import loaded_model
 
 PREFILL_RUN, THIS_PAGE_RUN = "the Prefill page's last run", "a run on this page"
 

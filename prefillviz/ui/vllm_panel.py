@@ -20,7 +20,8 @@ from prefillviz.loading import bundled
 from prefillviz.loading.models import LoadedModel
 from prefillviz.peers import side_by_side
 from prefillviz.peers.vllm_client import BLOCK_SIZE, VLLMWorker, unavailable_for
-from prefillviz.ui.shell import get_result, run_guarded, save_result
+from prefillviz.ui.results import get_result, save_result
+from prefillviz.ui.running import run_guarded
 
 POLICY_NOTE = (
     "Where the schedules part: vLLM's scheduler (`vllm/v1/core/sched/scheduler.py`, `schedule`) first walks its "

@@ -132,7 +132,7 @@ def test_an_out_of_memory_run_shows_a_message_frees_and_the_next_run_works(bundl
 def test_sidebar_says_why_the_linears_are_stock_and_flags_a_slow_dtype(bundled, monkeypatch):
     from prefillviz.engine import packed_weights
     from prefillviz.measure.dtype_speed import DtypeSpeed
-    from prefillviz.ui import shell
+    from prefillviz.ui import sidebar as shell
 
     reason = "this CPU can't run oneDNN's packed bfloat16 matmul (forced by the test)"
     monkeypatch.setattr(packed_weights, "cpu_runs_packed_linear", lambda dtype: (False, reason))

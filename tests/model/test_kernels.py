@@ -5,19 +5,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from prefillviz.engine.ops.paged_check import KernelCheckError
 from prefillviz.kernels.attention import (
     BLOCK_SIZE,
     BLOCKED,
     KERNELS,
     NAIVE,
     AttentionKernel,
-    KernelCheckError,
     attention_blocked,
     attention_naive,
     check_and_time,
     get_kernel,
-    measure_peak_memory,
 )
+from prefillviz.kernels.harness import measure_peak_memory
 from tests.tolerances import assert_within, attention_allowed_difference
 
 SHAPES = [  # (H, KVH, N, D)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from prefillviz.engine import llama_forward
+from prefillviz.engine import forward_status, llama_forward
 from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.ops import engine_ops
@@ -29,7 +29,7 @@ WAYS = ("compiled", "torch", "stock")
 @pytest.fixture(autouse=True)
 def engine_forward_allowed(monkeypatch):
     """These tests pick each way themselves, also in a suite run under PREFILLVIZ_STOCK_FORWARD=1."""
-    monkeypatch.delenv(llama_forward.STOCK_FORWARD_ENV, raising=False)
+    monkeypatch.delenv(forward_status.STOCK_FORWARD_ENV, raising=False)
 
 
 def prompt(length, vocab, seed):
@@ -160,14 +160,14 @@ def test_an_inspection_pass_captures_the_same_on_every_way(tiny_llama, monkeypat
 
 def test_which_forward_each_model_and_setting_gets(tiny_llama, monkeypatch):
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=32)).eval()
-    assert llama_forward.own_forward_status(tiny_llama) == (True, "")
-    runs, why = llama_forward.own_forward_status(gpt2)
+    assert forward_status.own_forward_status(tiny_llama) == (True, "")
+    runs, why = forward_status.own_forward_status(gpt2)
     assert not runs and "gpt2" in why
-    assert llama_forward.forward_label(gpt2, with_reason=True).startswith("stock transformers forward (no engine forward for gpt2")
-    assert llama_forward.forward_label(tiny_llama, "profile") == "stock transformers forward"
-    assert llama_forward.forward_label(tiny_llama, "timing").startswith("engine forward")
-    monkeypatch.setenv(llama_forward.STOCK_FORWARD_ENV, "1")
-    assert not llama_forward.own_forward_status(tiny_llama)[0]
+    assert forward_status.forward_label(gpt2, with_reason=True).startswith("stock transformers forward (no engine forward for gpt2")
+    assert forward_status.forward_label(tiny_llama, "profile") == "stock transformers forward"
+    assert forward_status.forward_label(tiny_llama, "timing").startswith("engine forward")
+    monkeypatch.setenv(forward_status.STOCK_FORWARD_ENV, "1")
+    assert not forward_status.own_forward_status(tiny_llama)[0]
     assert not LLMEngine(tiny_llama, tokenizer=None, config=EngineConfig()).runner.own_forward.available
 
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from prefillviz.engine.dispatch import ATTENTION_CANDIDATES
-from prefillviz.kernels.attention import KernelCheckError
+from prefillviz.engine.ops.paged_check import KernelCheckError
 from prefillviz.kernels.paged_attention import (
     COMPILED,
     FLEX,

@@ -1,0 +1,98 @@
+"""Running something on the shared model from a page: its turn in the queue, an inline error that
+keeps earlier results, progress bars, and the caption that says what a number measured."""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import streamlit as st
+import torch
+from streamlit.errors import StreamlitAPIException
+
+from prefillviz.engine.devices import dtype_name
+from prefillviz.engine.dispatch_tables import choice_label
+from prefillviz.engine.errors import OutOfMemory, PrefillVizError, is_out_of_memory
+from prefillviz.engine.forward_status import forward_label
+from prefillviz.engine.packed_weights import linear_weights_label
+from prefillviz.instrument.passes import pass_label
+from prefillviz.loading.models import LoadedModel
+from prefillviz.ui.run_queue import RUN_QUEUE
+
+logger = logging.getLogger(__name__)
+
+
+def run_label(loaded: LoadedModel, capture: str) -> str:
+    """What a number measured: the pass (``instrument.passes``), the device and its threads, for captions under results."""
+    where = f"{loaded.model_id} on {loaded.device}, {dtype_name(loaded.dtype)}"
+    return (
+        f"{pass_label(capture)} · {where} · {forward_label(loaded.model, capture)} · {linear_weights_label(loaded.model)} · "
+        f"{choice_label(loaded.model)} · "
+        f"{torch.get_num_threads()} torch threads"
+    )
+
+
+@contextmanager
+def run_guarded(what: str, queue: bool = True) -> Iterator[None]:
+    """Wait for the shared model's turn, then run; show an inline error instead of a crash.
+
+    Sessions queue for the model one run at a time (``RUN_QUEUE``) and see their place in
+    line; ``queue=False`` for runs that don't use it (the server probe). After an
+    out-of-memory error the caches are freed. Earlier results stay in ``st.session_state``
+    untouched, so the page keeps showing them.
+    """
+    waiting = st.empty()
+    try:
+        turn = RUN_QUEUE.turn(on_wait=lambda ahead: waiting.info(f"Waiting for the shared model: {ahead} run(s) ahead of yours…")) if queue else nullcontext(0.0)
+        with turn as waited_s:
+            st.session_state["last_queue_wait_s"] = waited_s
+            if waited_s >= 0.1:
+                waiting.caption(f"Waited {waited_s:.1f} s for the shared model")
+            else:
+                waiting.empty()
+            yield
+    except PrefillVizError as error:
+        if isinstance(error, OutOfMemory):
+            free_memory()
+        st.error(f"{what} failed: {error}")
+    except Exception as error:
+        if is_out_of_memory(error):
+            free_memory()
+            st.error(f"{what} ran out of memory. Try a shorter prompt, a smaller token budget or a smaller model.")
+            return
+        if isinstance(error, StreamlitAPIException):  # a bug in a page, not bad input: let tests see it
+            raise
+        logger.exception("%s failed", what)  # the traceback goes to the server log
+        st.error(f"{what} failed unexpectedly ({type(error).__name__}: {error}). Earlier results are kept; please report this.")
+
+
+def free_memory() -> None:
+    """Give back what a failed run held: Python garbage and the CUDA caching allocator's blocks."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def progress_callback(total_steps: int, label: str) -> Callable[[int, Any], None]:
+    """An ``engine.run(progress=...)`` callback that drives a progress bar: steps done of total, and the phase."""
+    bar = st.progress(0.0, text=f"{label}: starting")
+
+    def update(steps_done: int, record) -> None:
+        phase = "prefill" if record.num_prefill_tokens else "decode"
+        fraction = min(1.0, steps_done / max(total_steps, 1))
+        bar.progress(fraction, text=f"{label}: step {steps_done} of ~{total_steps} ({phase}, {record.num_scheduled_tokens} tokens)")
+
+    return update
+
+
+@contextmanager
+def progress_bar(label: str) -> Iterator[Callable[[float, str], None]]:
+    """A progress bar driven by an experiment's (fraction, text) callback; gone when the run ends or fails."""
+    bar = st.progress(0.0, text=f"{label}: starting")
+    try:
+        yield lambda fraction, text: bar.progress(fraction, text=f"{label}: {text}")
+    finally:
+        bar.empty()

@@ -1,0 +1,91 @@
+"""The sidebar: the model picker (the model loaded once per id, device and dtype, cached with
+``st.cache_resource`` and shared, so it holds no per-run state) and the loaded model's card."""
+
+from __future__ import annotations
+
+import streamlit as st
+import torch
+
+from prefillviz.engine.devices import dtype_name
+from prefillviz.engine.dispatch_tables import choice_label
+from prefillviz.engine.errors import PrefillVizError
+from prefillviz.engine.forward_status import forward_label
+from prefillviz.engine.packed_weights import linear_weights_label
+from prefillviz.experiments.warm_up import warm_up
+from prefillviz.loading.hosted import hosted_policy
+from prefillviz.loading.model_registry import BUNDLED_MODEL_ID, RECOMMENDED_MODELS
+from prefillviz.loading.models import LoadedModel, load_model
+from prefillviz.measure.dtype_speed import dtype_speed
+from prefillviz.ui.presenter import PRESENTER_CSS, presenter_mode
+from prefillviz.ui.settings import kept
+
+DEVICES = ["auto", "cpu", "cuda", "mps"]
+DTYPES = ["auto", "float32", "bfloat16", "float16"]
+
+
+@st.cache_resource(show_spinner=False, max_entries=2)
+def _cached_model(model_id: str, device: str, dtype: str) -> LoadedModel:
+    loaded = load_model(model_id, device=device, dtype=dtype)
+    loaded.warm_up_s = warm_up(loaded)  # through the engine: packing, primitives and hooks stay out of the first measured run
+    return loaded
+
+
+def model_choice() -> tuple[str, str, str]:
+    """The sidebar's model, device and dtype widgets; returns their values.
+
+    Every page draws them (``page_frame``); ``kept`` carries their values across pages.
+
+    In hosted mode only the allow-listed models are offered and there is no free-text box.
+    """
+    policy = hosted_policy()
+    labels = {spec.model_id: f"{spec.model_id} · {spec.num_parameters_label} · {spec.needs}" for spec in RECOMMENDED_MODELS}
+    if policy.enabled:
+        labels = {model_id: labels.get(model_id, model_id) for model_id in policy.allowed_model_ids}
+    with st.sidebar:
+        kept(st.toggle, "Presenter mode", key="presenter_mode", help="Large text for a projector, fewer controls on screen")
+        st.header("Model")
+        model_id = kept(st.selectbox, "Model", list(labels), format_func=labels.get, key="sidebar_model")
+        # in presenter mode the rest folds away (still rendered, so the choices are kept)
+        with st.expander("Model settings", expanded=not presenter_mode()):
+            custom = "" if policy.enabled else kept(st.text_input, "…or another Hugging Face id or local folder", key="sidebar_custom_model").strip()
+            device = kept(st.selectbox, "Device", DEVICES, key="sidebar_device")
+            dtype = kept(st.selectbox, "dtype", DTYPES, key="sidebar_dtype", help="auto: bf16 on GPU and on a CPU where bf16 measured at least 1.25x faster than fp32, else fp32. A dtype this CPU can't run is refused with a message; a slow one is flagged with its measured factor.")
+        kept(st.radio, "Chart image format (each chart's camera button)", ["png", "svg"], key="export_format", horizontal=True)
+    if presenter_mode():
+        st.markdown(PRESENTER_CSS, unsafe_allow_html=True)
+    return custom or model_id or BUNDLED_MODEL_ID, device, dtype
+
+
+def current_model() -> LoadedModel | None:
+    """The model picked in the sidebar, loaded once per (id, device, dtype); None (with a
+    message in the sidebar) when it can't be loaded."""
+    model_id, device, dtype = model_choice()
+    with st.sidebar:
+        try:
+            with st.spinner(f"Loading {model_id} and warming it up (the bundled model's very first load dequantizes its GGUF: ~10 s)…"):
+                loaded = _cached_model(model_id, device, dtype)
+        except PrefillVizError as error:
+            st.error(str(error))
+            return None
+        model_card(loaded)
+        if loaded.device.type == "cpu" and loaded.dtype != torch.float32:
+            note = dtype_speed(loaded.device, loaded.dtype).note()  # measured once per process and dtype
+            if note:
+                st.warning(note, icon=":material/speed:")
+    return loaded
+
+
+def model_card(loaded: LoadedModel) -> None:
+    info = loaded.info
+    warm = f" · warmed up in {loaded.warm_up_s:.1f} s" if loaded.warm_up_s is not None else ""
+    st.subheader("Loaded")
+    st.markdown(
+        f"**{loaded.model_id}**  \n"
+        f"{info.architecture} · {info.num_parameters / 1e6:,.0f} M parameters  \n"
+        f"{info.num_layers} layers · {info.num_heads} heads · {info.num_kv_heads} KV heads · head dim {info.head_dim}  \n"
+        f"KV cache: **{info.kv_bytes_per_token:,} B per token**  \n"
+        f"{loaded.device} · {dtype_name(loaded.dtype)} · from {loaded.source} in {loaded.load_time_s:.1f} s{warm}  \n"
+        f"engine: {linear_weights_label(loaded.model, with_reason=True)}  \n"
+        f"forward: {forward_label(loaded.model, 'none', with_reason=True)}; profiler passes hook the stock one  \n"
+        f"dispatch: {choice_label(loaded.model, with_reason=True)}"
+    )

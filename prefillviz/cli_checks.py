@@ -40,7 +40,7 @@ def check_bench_sizes(loaded, num_tokens: int, with_vllm: bool) -> None:
     """``bench --num-tokens N`` within the model's context, before any part runs. Its longest sequence
     (``bench.py``) is the prefix hit's: a 2N-token prefix, 32 more prompt tokens and the first new one
     (the peer's 2N-token prompts with 32 new, the chunked workload's 2N + 4, are shorter); the
-    side-by-side with vLLM (``bench_vllm.py``) prefills 4N and gives vLLM a max_model_len of 4N + 64."""
+    side-by-side with vLLM (``measure/versus_vllm.py``) prefills 4N and gives vLLM a max_model_len of 4N + 64."""
     from prefillviz.peers.vllm_client import unavailable_for
 
     context = loaded.info.max_context or 0

@@ -4,7 +4,7 @@ Timing discipline (gpt-fast / nanoGPT ``bench.py``): warm up first, synchronize 
 before reading the clock, interleave the runs being compared so drift hits both, report
 medians with their spread. Every figure is measured in this run; nothing is remembered.
 The parts in a fresh process (cold start, the inspection's peak RSS) are in
-``bench_fresh_process``; the peer, transformers' own continuous batching, in ``bench_peer``.
+``fresh_process``; the peer, transformers' own continuous batching, in ``hf_batching``; the other parts in ``bench_parts``.
 
 ``--quick`` (``QUICK_SIZES``) runs every part on the smallest work that still fills
 every key, for the test of the JSON's keys and shape; its figures say nothing and the JSON

@@ -2,7 +2,7 @@
 
 A prefill point is one parallel prefill step of N tokens, a decode point one decode step
 at context C; their FLOPs and bytes come from ``flops.model_costs``, the roofs from the
-measured peaks (``analysis.peaks_history``), the placing from ``analysis.roofline``.
+measured peaks (``measure.peaks_history``), the placing from ``analysis.roofline``.
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ def test_a_slow_dtype_says_so_with_its_measured_factor():
 
 def test_warm_up_packs_the_weights_and_the_headline_ttft_is_a_median(bundled):
     model = bundled.model
-    assert warm_up(bundled) > 0
+    warm_up(bundled)
     chosen = dispatch_tables.table_for(model).choice("prefill_128", "linears")  # what the warm-up's short prompt ran
     if chosen != "stock":  # the packs the first measured run would otherwise make
         # the engine's own forward packs its stacked weights (llama_weights), the stock forward its linears

@@ -40,13 +40,12 @@ def test_each_layers_parts_are_clocked_inside_it_and_other_is_the_positive_rest(
     assert [row["layer"] for row in rows] == list(range(NUM_LAYERS))
     passes = [trace.steps[0].layer_times for trace in result.timing_traces]
     for layer, (row, layer_s) in enumerate(zip(rows, result.layer_times.layer_s)):
-        assert row["layer_ms"] == pytest.approx(layer_s * 1e3)
         fastest = min(passes, key=lambda times: times.layer_s[layer])
         assert (layer_s, result.layer_times.attention_s[layer]) == (fastest.layer_s[layer], fastest.attention_s[layer])
-        parts_ms = row["attention_ms"] + row["mlp_ms"] + row["norms_ms"]
-        assert parts_ms < row["layer_ms"]
-        assert row["other_ms"] == pytest.approx(row["layer_ms"] - parts_ms) and row["other_ms"] > 0
+        assert row["other_ms"] > 0  # never a negative bar
     figure = figures.layer_time_figure(rows)
+    stacked = [sum(trace.y[layer] for trace in figure.data) for layer in range(NUM_LAYERS)]
+    assert stacked == pytest.approx([layer_s * 1e3 for layer_s in result.layer_times.layer_s])  # each stacked bar is its layer's measured time
     assert [trace.name for trace in figure.data][:3] == ["attention", "MLP", "norms"]
     assert all(len(trace.x) == NUM_LAYERS for trace in figure.data)
     assert figure.layout.yaxis.title.text == "time (ms)"
@@ -100,10 +99,10 @@ def test_predicted_vs_measured_has_a_row_per_layer_and_shows_the_gap(result, bun
     assert len({row["predicted_attention_ms"] for row in rows}) == 1  # same shape, same prediction
     for row in rows:
         assert row["predicted_mlp_ms"] > 0 and row["measured_mlp_ms"] > 0
-        assert row["mlp_ratio"] == pytest.approx(row["measured_mlp_ms"] / row["predicted_mlp_ms"])
-    assert rows[3]["measured_attention_ms"] == pytest.approx(result.layer_times.attention_s[3] * 1e3)
     figure = figures.predicted_vs_measured_figure(rows)
     assert len(figure.data) == 4 and all(len(trace.x) == NUM_LAYERS for trace in figure.data)
+    measured_attention = next(trace for trace in figure.data if trace.name == "attention measured")
+    assert list(measured_attention.y) == pytest.approx([s * 1e3 for s in result.layer_times.attention_s])  # the chart shows the timing pass's figures
 
 
 def test_kernels_ran_on_the_prompts_captured_layer_and_on_the_sweep(result, bundled):

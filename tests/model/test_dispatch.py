@@ -15,6 +15,7 @@ import torch
 
 from prefillviz import cli
 from prefillviz.engine import dispatch, dispatch_tables, dispatch_tuning
+from prefillviz.engine.attention import ENGINE_KERNELS
 from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.dispatch import (
     ATTENTION,
@@ -156,15 +157,9 @@ def test_each_candidate_made_fastest_is_run_and_matches_hf(bundled, bundled_bf16
 
 # --------------------------------------------------------------------------- measuring
 def test_measuring_checks_each_candidate_and_excludes_a_wrong_one(tiny_llama, monkeypatch):
-    real = dispatch_tuning.get_paged_kernel
-
-    def broken_packed(name):
-        kernel = real(name)
-        if name != "v3 packed":
-            return kernel
-        return dataclasses.replace(kernel, forward=lambda *args: kernel.forward(*args) * 1.5)  # a wrong result: the oracle check must catch it
-
-    monkeypatch.setattr(dispatch_tuning, "get_paged_kernel", broken_packed)
+    kernel = ENGINE_KERNELS["v3 packed"]
+    broken = dataclasses.replace(kernel, forward=lambda *args: kernel.forward(*args) * 1.5)  # a wrong result: the oracle check must catch it
+    monkeypatch.setitem(ENGINE_KERNELS, "v3 packed", broken)
     table = dispatch_tuning.measure(tiny_llama)
     assert "differs from the naive oracle" in table.excluded[ATTENTION]["v3 packed"]
     assert set(table.timings) == set(BUCKET_NAMES)

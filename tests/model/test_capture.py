@@ -172,7 +172,7 @@ def test_hooks_are_removed_when_a_captured_run_fails(bundled):
         with pytest.raises(Boom):
             run_captured(engine, capture_level=level)
         assert not all_hooks(bundled.model)
-        assert engine.runner.observers == [fail] and engine.capture is None
+        assert engine.runner.observers == [fail] and engine.observer is None
         engine.add_request(TEXT)
     engine.runner.observers.clear()
     assert run_captured(engine, capture_level="timing").steps[-1].layer_times is not None

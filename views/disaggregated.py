@@ -7,7 +7,7 @@ from prefillviz.experiments.chunked import build_workload
 from prefillviz.figures import chunked as chunked_figures
 from prefillviz.figures import disagg as figures
 from prefillviz.ui.output_checks import same_tokens_block
-from prefillviz.ui.results import downloads, get_result, save_result
+from prefillviz.ui.results import downloads, figure_section, get_result, save_result
 from prefillviz.ui.running import progress_callback, run_guarded, run_label
 from prefillviz.ui.shell import page_frame
 from prefillviz.ui.workload_controls import workload_controls
@@ -55,14 +55,14 @@ for column, setup in zip(columns, SETUPS):
     column.metric(f"Max ITL, {setup}", f"{summaries[setup].itl_max_ms:,.0f} ms", help="The worst gap between two tokens of a decoding user")
 columns[3].metric("KV sent for the long prompt", f"{report['kv_bytes_sent_per_request']['long'] / 1e6:,.1f} MB", help=f"in {report['transfer_s_long'] * 1000:,.1f} ms")
 
-st.subheader("Who ran what, on which worker")
-st.markdown(
+gantt = figures.gantt_figure(run, "Disaggregated: the prefill worker, the decode worker and the KV transfers")
+figure_section(
+    "Who ran what, on which worker",
     "One lane per worker, one bar per engine step: **blue** = a prefill step (the requests it prefilled), **orange** = "
     "a decode step (how many users got a token). A **green line** is one request's KV cache on its way from the prefill "
-    "worker to the decode worker. The decode lane keeps going while the long prompt is prefilled."
+    "worker to the decode worker. The decode lane keeps going while the long prompt is prefilled.",
+    gantt, "disagg_gantt",
 )
-gantt = figures.gantt_figure(run, "Disaggregated: the prefill worker, the decode worker and the KV transfers")
-st.plotly_chart(gantt, key="disagg_gantt")
 downloads("disagg_gantt", "disagg_gantt_dl", figure=gantt, table=comparison.transfer_rows())
 
 st.subheader("The three set-ups side by side")

@@ -15,7 +15,7 @@ from prefillviz.figures import prefix as figures
 from prefillviz.loading.hosted import hosted_policy
 from prefillviz.peers.workload import PeerRequest
 from prefillviz.ui.output_checks import same_tokens_block
-from prefillviz.ui.results import downloads, get_result, save_result
+from prefillviz.ui.results import downloads, figure_section, get_result, save_result
 from prefillviz.ui.running import progress_callback, run_guarded, run_label
 from prefillviz.ui.shell import page_frame
 from prefillviz.ui.vllm_panel import vllm_panel
@@ -126,14 +126,14 @@ st.plotly_chart(ttft, key="prefix_ttft")
 downloads("prefix_ttft", "prefix_ttft_dl", figure=ttft, table=ttft_rows)
 
 if small is not None:
-    st.subheader(f"A small cache: {small.num_blocks} blocks")
-    st.markdown(
+    evictions = figures.eviction_figure(small, "Cached blocks evicted per step, and free blocks (small cache)")
+    figure_section(
+        f"A small cache: {small.num_blocks} blocks",
         "A freed block keeps its K/V and its hash until the block is handed out again: allocation takes the **least "
         "recently freed** block first and **evicts** what it held. A request's blocks are freed tail first, so its "
-        "shared prefix is the last to go, but a long request from another user can still push it out."
+        "shared prefix is the last to go, but a long request from another user can still push it out.",
+        evictions, "prefix_evictions",
     )
-    evictions = figures.eviction_figure(small, "Cached blocks evicted per step, and free blocks (small cache)")
-    st.plotly_chart(evictions, key="prefix_evictions")
     downloads("prefix_evictions", "prefix_evictions_dl", figure=evictions, table=figures.eviction_rows(small))
     lost = [
         {"request": rid, "cached tokens, ample cache": ample, "cached tokens, small cache": tight, "lost hits (tokens)": ample - tight}

@@ -8,8 +8,7 @@ from prefillviz.figures import probe as figures
 from prefillviz.loading.hosted import hosted_policy
 from prefillviz.probe.client import ProbeBudget
 from prefillviz.probe.report import DEFAULT_SIZES, EXPERIMENTS, WHAT_OUTSIDE_CAN_MEASURE, ProbeSettings, probe_server
-from prefillviz.ui.presenter import chart
-from prefillviz.ui.results import downloads, get_result, save_result
+from prefillviz.ui.results import downloads, figure_section, get_result, save_result
 from prefillviz.ui.running import progress_bar, run_guarded
 from prefillviz.ui.shell import page_frame
 
@@ -81,11 +80,10 @@ st.success(
 )
 
 if report.ttft:
-    st.subheader("Time to first token against prompt length")
-    st.caption("Unique prompts (each starts with its own tag), so no prefix cache helps; `max_tokens=1`, streamed. "
-               "A straight line is a fixed cost plus a cost per token; an upward bend is attention's N² share.")
-    figure = figures.ttft_figure(report)
-    chart(figure, key="probe_ttft_chart")
+    figure = figure_section("Time to first token against prompt length",
+                            "Unique prompts (each starts with its own tag), so no prefix cache helps; `max_tokens=1`, streamed. "
+                            "A straight line is a fixed cost plus a cost per token; an upward bend is attention's N² share.",
+                            figures.ttft_figure(report), "probe_ttft_chart", caption=True)
     table = [{"num_tokens": p.num_tokens, "target_tokens": p.target_tokens, "ttft_ms_median": p.ttft_s_median * 1e3,
               "runs_ms": [round(t * 1e3, 2) for t in p.runs]} for p in report.ttft]
     st.dataframe(pd.DataFrame(table), hide_index=True)
@@ -96,20 +94,18 @@ if report.ttft:
     downloads("server_ttft", "probe_ttft", figure=figure, table=table)
 
 if report.prefix:
-    st.subheader("The prefix cache")
-    st.caption("One long prefix, twice, with different suffixes. A server with prefix caching computes the prefix only the "
-               "first time; whole cached blocks are reused, so the hit covers the prefix rounded down to its block size.")
-    figure = figures.prefix_figure(report)
-    chart(figure, key="probe_prefix_chart")
+    figure = figure_section("The prefix cache",
+                            "One long prefix, twice, with different suffixes. A server with prefix caching computes the prefix only the "
+                            "first time; whole cached blocks are reused, so the hit covers the prefix rounded down to its block size.",
+                            figures.prefix_figure(report), "probe_prefix_chart", caption=True)
     downloads("server_prefix", "probe_prefix", figure=figure, data=report.to_json())
 
 if report.interference:
     result = report.interference
-    st.subheader("A long prompt arrives while others are decoding")
-    st.caption("The streams' gaps between tokens, before and while the long prompt is prefilled. A server that runs the "
-               "whole prompt in one step stalls every stream for that long; chunked prefill caps the stall at one chunk.")
-    figure = figures.interference_figure(report)
-    chart(figure, key="probe_interference_chart")
+    figure = figure_section("A long prompt arrives while others are decoding",
+                            "The streams' gaps between tokens, before and while the long prompt is prefilled. A server that runs the "
+                            "whole prompt in one step stalls every stream for that long; chunked prefill caps the stall at one chunk.",
+                            figures.interference_figure(report), "probe_interference_chart", caption=True)
     cols = st.columns(3)
     cols[0].metric("Worst gap before (ms)", f"{result.itl_max_ms(False):,.0f}")
     cols[1].metric("Worst gap during (ms)", f"{result.itl_max_ms(True):,.0f}")

@@ -112,13 +112,13 @@ class WorkloadSettings:
     """The chunked workload's sizes: the one place their defaults are written (the pages'
     sliders, the lessons' parameters and the bench start from ``WORKLOAD_DEFAULTS``)."""
 
-    num_short_requests: int = 3
-    short_prompt_tokens: int = 16
-    short_max_new_tokens: int = 16
-    long_prompt_tokens: int = 512
+    num_short_requests: int = 3  # users already decoding when the long prompt arrives
+    short_prompt_tokens: int = 16  # each one's prompt
+    short_max_new_tokens: int = 16  # and the tokens it generates
+    long_prompt_tokens: int = 512  # the long prompt
     long_max_new_tokens: int = 4
-    arrival_step: int = 2
-    token_budget: int = 64
+    arrival_step: int = 2  # the engine step it arrives at
+    token_budget: int = 64  # tokens per step when chunking is on
 
     def as_dict(self) -> dict[str, int]:
         return {field.name: getattr(self, field.name) for field in fields(self)}

@@ -62,10 +62,6 @@ OTHER_USER_PROMPT = PRESETS["Code"]  # another user's request, with a prefix of 
 OTHER_REQUEST_ID = "other user"
 
 
-def question_request_id(index: int) -> str:
-    return f"q{index + 1}"
-
-
 @dataclass(frozen=True)
 class PrefixStream:
     """Requests in arrival order; those named q1, q2, ... start with the shared prefix.
@@ -149,7 +145,7 @@ def build_stream(
     prompts = []
     for i, question in enumerate(questions):
         turn_ids = tuple(tokenizer(turn_template.format(question), add_special_tokens=False)["input_ids"])
-        prompts.append((question_request_id(i), prefix_ids + turn_ids))
+        prompts.append((f"q{i + 1}", prefix_ids + turn_ids))  # q1, q2, ...: the questions on the shared prefix
         if other_user_after is not None and i + 1 == other_user_after and i + 1 < len(questions):
             prompts.append((OTHER_REQUEST_ID, tuple(tokenizer(OTHER_USER_PROMPT)["input_ids"])))
     return PrefixStream(tuple(prompts), len(prefix_ids), max_new_tokens, block_size)

@@ -62,20 +62,20 @@ def one_pass_diagram(timing: Trace, inspection: Trace, request_id: str, first_to
     return style.apply_layout(fig, "Prefill: the whole prompt in one forward pass (measured)", "", "", height=300)
 
 
-TTFT_PARTS = [
-    ("tokenize_s", "tokenize", style.NEUTRAL),
-    ("schedule_s", "schedule + pack", style.OTHER),
-    ("forward_s", "forward (prefill)", style.PREFILL),
-    ("sample_s", "sample", style.DECODE),
-    ("detokenize_s", "detokenize", style.NORMS),
-    ("other_s", "other", style.FREE),
-]
+TTFT_PARTS = {  # the breakdown's key: (its label, its colour), in the order they happen
+    "tokenize_s": ("tokenize", style.NEUTRAL),
+    "schedule_s": ("schedule + pack", style.OTHER),
+    "forward_s": ("forward (prefill)", style.PREFILL),
+    "sample_s": ("sample", style.DECODE),
+    "detokenize_s": ("detokenize", style.NORMS),
+    "other_s": ("other", style.FREE),
+}
 
 
 def ttft_breakdown_figure(breakdown_s: dict[str, float]) -> go.Figure:
     """One horizontal stacked bar: where the time to the first token went (ms)."""
     fig = go.Figure()
-    for key, label, color in TTFT_PARTS:
+    for key, (label, color) in TTFT_PARTS.items():
         value_ms = breakdown_s.get(key, 0.0) * 1000
         fig.add_bar(y=["TTFT"], x=[value_ms], name=f"{label} {value_ms:,.2f} ms", orientation="h", marker_color=color)
     fig.update_layout(barmode="stack")

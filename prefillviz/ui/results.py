@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from prefillviz.ui.presenter import presenter_mode
+from prefillviz.ui.presenter import chart, presenter_mode
 
 
 def save_result(page: str, value: Any) -> None:
@@ -44,3 +44,11 @@ def downloads(name: str, key: str, figure: go.Figure | None = None, table: pd.Da
         columns[2].download_button(
             "Figure (HTML)", lambda: figure.to_html(include_plotlyjs=True), f"{name}.html", "text/html", key=f"{key}_html", on_click="ignore"
         )
+
+
+def figure_section(title: str, text: str, figure: go.Figure, key: str, caption: bool = False) -> go.Figure:
+    """A page's section around one chart: its subheader, what to look for (markdown, or a caption), the chart; returns the figure."""
+    st.subheader(title)
+    (st.caption if caption else st.markdown)(text)
+    chart(figure, key=key)
+    return figure

@@ -1,15 +1,9 @@
 """The paged attention the engine can run, over one step's packed requests and the paged KV cache.
 
-One signature for every version (``prefillviz/kernels/paged_attention.py`` says what each
-changes and times them side by side on the Kernel timings page):
-
-    out = kernel(q, k_new, v_new, key_cache, value_cache, step, scale)
-        q             (H, T, D)   post-RoPE queries of the step's T new tokens, all requests packed
-        k_new, v_new  (KVH, T, D) the step's new keys and values (already written to the cache)
-        key_cache,    (num_blocks, block_size, KVH, D) one layer's paged K and V
-        value_cache
-        step          PagedStep: where each request's rows start, what it had cached, and
-                      the cache slots of its whole context
+Every version takes (q, k_new, v_new, key_cache, value_cache, step, scale) and returns (H, T, D):
+the step's T new queries, packed request after request, each attending its own request's
+context up to its position (``prefillviz/kernels/paged_attention.py`` draws the signature, says
+what each version changes and times them side by side on the Kernel timings page).
 
 Here: v1 naive (the oracle every other version is checked against), v2 loop, v3 packed and
 v6 loop with fp32 decodes, plain torch. v7, the engine's C++ kernel, is in ``engine_ops.py``.

@@ -28,21 +28,18 @@ SELF_TEST = "--self-test" in sys.argv
 if SELF_TEST:  # must precede the Triton kernel's import: @triton.jit reads it when it decorates
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import torch  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from prefillviz.analysis.flops import model_costs  # noqa: E402
-from prefillviz.engine.devices import (
-    dtype_name,  # noqa: E402
-    machine_name,  # noqa: E402
-)
-from prefillviz.engine.request import SamplingParams  # noqa: E402
-from prefillviz.engine.timers import run_timed  # noqa: E402
-from prefillviz.experiments.one_request import one_request_engine  # noqa: E402
+from prefillviz.analysis.flops import model_costs
+from prefillviz.engine.devices import dtype_name, machine_name
+from prefillviz.engine.request import SamplingParams
+from prefillviz.engine.timers import run_timed
+from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.instrument.capture import run_captured
-from prefillviz.kernels import paged_attention as paged  # noqa: E402
-from prefillviz.measure.kernel_bench import run_kernel_benchmark  # noqa: E402
-from prefillviz.measure.peaks import measure_matmul_gflops  # noqa: E402
+from prefillviz.kernels import paged_attention as paged
+from prefillviz.measure.kernel_bench import run_kernel_benchmark
+from prefillviz.measure.peaks import measure_matmul_gflops
 
 LLAMA_3_2_1B = dict(  # meta-llama/Llama-3.2-1B's config.json, the shape only (random weights)
     hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,

@@ -286,6 +286,10 @@ def cap_verdict(run: Run, found: dict, plain: dict, own_cap: str | None, ran: li
     if run.kind in ("aten", "cpu"):
         if torch_says != run.env["ATEN_CPU_CAPABILITY"].upper():
             return Verdict("above", f"not reachable on this CPU (torch says {torch_says})")
+        own_level = str(plain.get("torch_capability", "")).lower()
+        if own_level in ATEN_CAPS and ATEN_CAPS.index(run.env["ATEN_CPU_CAPABILITY"]) > ATEN_CAPS.index(own_level):
+            # torch takes a forced level above the CPU's at its word (an AVX2-only Zen 3 then dies of SIGILL in AVX-512 code)
+            return Verdict("above", f"above this CPU's own level (torch runs {own_level.upper()} kernels unforced)")
         if torch_says == plain.get("torch_capability") and (run.kind == "aten" or isas(found) == isas(plain)):
             return Verdict("own", f"this CPU's own level (torch says {torch_says}" + (f"; {isas(found)}" if run.kind == "cpu" else "")
                            + "): the plain suite runs it")

@@ -102,6 +102,16 @@ def test_on_an_avx2_only_cpu_avx512_is_not_reachable_and_the_avx2_cpu_run_is_the
     assert verdicts[cap("AVX2").label].status == "own" and verdicts[cap("AVX512_CORE").label].status == "above"
 
 
+def test_a_forced_level_above_the_cpus_own_is_not_run_even_when_torch_takes_it():
+    # torch 2.13 on an AVX2-only Zen 3 reports AVX512 under ATEN_CPU_CAPABILITY=avx512, then dies of SIGILL in its kernels
+    plain = found("Intel AVX2", ["inner_product brg_matmul:avx2"], torch="AVX2")
+    probes = {aten("avx512").label: {**plain, "torch_capability": "AVX512"}, aten("default").label: {**plain, "torch_capability": "DEFAULT"}}
+    verdicts = isa_caps.classify([aten("avx512"), aten("default")], probes, plain)
+    assert verdicts[aten("avx512").label].status == "above"
+    assert verdicts[aten("avx512").label].why == "above this CPU's own level (torch runs AVX2 kernels unforced)"
+    assert verdicts[aten("default").label].status == "run"
+
+
 def test_on_a_xeon_with_amx_the_zen4_cap_runs_and_is_in_ci():
     plain = found(AMX, ["inner_product brg_matmul:avx512_core_amx"])
     zen4 = found(AVX512_BF16, ["inner_product brg_matmul:avx512_core_bf16"])

@@ -2,7 +2,7 @@
 
 Every test gets its tier's marker from its folder (tests/unit -> ``unit``, ...), and
 ``bundled`` when it uses the bundled model, so ``-m "model and not bundled"`` is the model
-tier's quick part. The markers are registered in pytest.ini.
+tier's quick part. The markers are registered in pyproject.toml.
 """
 
 from pathlib import Path
@@ -29,6 +29,14 @@ def pytest_collection_modifyitems(items):
         by_param = any(isinstance(value, str) and value == "bundled" for value in params)  # request.getfixturevalue
         if "bundled" in item.fixturenames or by_param:  # by name, or through another fixture
             item.add_marker("bundled")
+
+
+@pytest.fixture(autouse=True)
+def not_hosted_unless_asked(monkeypatch):
+    """Every test starts off hosted mode, even where the suite runs on a Space (``SPACE_ID``) or with
+    ``PREFILLVIZ_HOSTED`` exported; the hosted tests set them themselves."""
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    monkeypatch.delenv("PREFILLVIZ_HOSTED", raising=False)
 
 
 @pytest.fixture

@@ -61,6 +61,24 @@ def resolve_device(name: str | torch.device = "auto") -> torch.device:
     return device
 
 
+@functools.cache
+def cuda_fallback_note() -> str:
+    """Why this CUDA build of torch runs on the CPU here ('' where it has a GPU, or is a CPU build).
+
+    ``torch.cuda.is_available()`` is quietly False when the wheel's CUDA is newer than the
+    host's driver (PyPI's CUDA wheel on an older host), or when there is no driver at all;
+    ``torch.cuda.init()`` raises with the reason, which this returns for the sidebar.
+    """
+    if torch.version.cuda is None or torch.cuda.is_available():
+        return ""
+    try:
+        torch.cuda.init()
+        reason = "torch.cuda.is_available() is False"
+    except Exception as error:  # noqa: BLE001 -- any failure to start CUDA is the reason we show
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:240]
+    return f"This torch is built for CUDA {torch.version.cuda}, but no GPU can be used here, so everything runs on the CPU: {reason}"
+
+
 BF16_AUTO_SPEEDUP = 1.25  # auto picks bfloat16 on a CPU only where it measured at least this much faster than float32
 
 

@@ -1,6 +1,8 @@
 """Hosted mode: the settings for a public demo that strangers use at once.
 
-Switched on by one environment variable, ``PREFILLVIZ_HOSTED=1``. Then:
+On by itself where the environment says it runs on a Hugging Face Space (Spaces set
+``SPACE_ID``); ``PREFILLVIZ_HOSTED`` overrides that either way (``1`` turns it on anywhere, ``0``
+turns it off, e.g. on a private Space). Then:
 
 * only allow-listed model ids load (no local paths, no other hub downloads);
 * prompts, requests per workload, new tokens and sweep sizes have upper limits (the engine
@@ -8,7 +10,11 @@ Switched on by one environment variable, ``PREFILLVIZ_HOSTED=1``. Then:
   ``engine_limits``);
 * the server probe ("Your server") reaches only the URLs whoever runs the demo lists in
   ``PREFILLVIZ_PROBE_URLS`` (comma-separated), and is off when that is empty: a public page
-  that fetches any URL it is given would let strangers reach the host's private network.
+  that fetches any URL it is given would let strangers reach the host's private network;
+* device and dtype are fixed (``auto``): the model is shared by every session, and one
+  visitor's switch would reload it for everyone;
+* loading a saved run bundle is off: Streamlit's uploader fails its XSRF check inside the
+  Space's iframe (the browser drops the cookie), and the XSRF check stays on.
 
 Off (the default), a user on their own machine may load any causal LM by id or folder.
 """
@@ -24,11 +30,14 @@ from prefillviz.loading.model_registry import BUNDLED_HUB_ID, BUNDLED_MODEL_ID
 
 HOSTED_ENV = "PREFILLVIZ_HOSTED"
 PROBE_URLS_ENV = "PREFILLVIZ_PROBE_URLS"
+SPACE_ENV = "SPACE_ID"  # set by Hugging Face Spaces in every Space's environment
+_ON, _OFF = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 
 @dataclass(frozen=True)
 class HostedPolicy:
     enabled: bool
+    why: str = ""  # what turned it on or off, for the sidebar
     allowed_model_ids: tuple[str, ...] = (BUNDLED_MODEL_ID, BUNDLED_HUB_ID)
     max_prompt_tokens: int = 2048
     max_requests_per_workload: int = 8
@@ -37,6 +46,8 @@ class HostedPolicy:
     allowed_probe_urls: tuple[str, ...] = ()
     max_probe_requests: int = 60
     max_probe_prompt_tokens: int = 40_000
+    device: str = "auto"  # fixed in hosted mode: the sidebar shows it and offers no other
+    dtype: str = "auto"
 
     def check_model(self, model_id: str) -> None:
         """Raise ``ModelLoadError`` if hosted mode may not load ``model_id``."""
@@ -71,9 +82,22 @@ class HostedPolicy:
 
 
 def hosted_policy() -> HostedPolicy:
-    """The policy in force now (read from the environment on each call)."""
+    """The policy in force now (read from the environment on each call). A ``PREFILLVIZ_HOSTED``
+    that is neither on nor off counts as on: a typo must not leave a public demo open."""
     urls = tuple(u.strip() for u in os.environ.get(PROBE_URLS_ENV, "").split(",") if u.strip())
-    return HostedPolicy(enabled=os.environ.get(HOSTED_ENV, "").strip().lower() in {"1", "true", "yes", "on"}, allowed_probe_urls=urls)
+    setting = os.environ.get(HOSTED_ENV, "").strip().lower()
+    space = os.environ.get(SPACE_ENV, "").strip()
+    if setting in _ON:
+        enabled, why = True, f"{HOSTED_ENV}={setting}"
+    elif setting in _OFF:
+        enabled, why = False, f"{HOSTED_ENV}={setting}" + (f" overrides the Space ({SPACE_ENV}={space})" if space else "")
+    elif setting:
+        enabled, why = True, f"{HOSTED_ENV}={setting!r} is neither on nor off (0, false, no, off), so it counts as on"
+    elif space:
+        enabled, why = True, f"running on the Hugging Face Space {space} ({SPACE_ENV} is set)"
+    else:
+        enabled, why = False, f"neither {HOSTED_ENV} nor {SPACE_ENV} is set"
+    return HostedPolicy(enabled=enabled, why=why, allowed_probe_urls=urls)
 
 
 def normalized_url(url: str) -> str:

@@ -15,11 +15,9 @@ import streamlit as st
 from prefillviz.loading.hosted import hosted_policy
 from prefillviz.loading.model_registry import RECOMMENDED_MODELS
 from prefillviz.loading.prompts import PRESETS
-from prefillviz.ui.settings import set_setting
+from prefillviz.ui.settings import device_choices, dtype_choices, set_setting
 
 MAX_PROMPT_CHARS = 4000
-DEVICES = ["auto", "cpu", "cuda", "mps"]
-DTYPES = ["auto", "float32", "bfloat16", "float16"]
 
 
 def _choice(options: Callable[[], list]) -> Callable[[str], object]:
@@ -51,8 +49,8 @@ def _model_ids() -> list[str]:
 # query name -> (session-state key of the widget, parser that raises ValueError on junk)
 LINK_PARAMETERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "model": ("sidebar_model", _choice(_model_ids)),
-    "device": ("sidebar_device", _choice(lambda: DEVICES)),
-    "dtype": ("sidebar_dtype", _choice(lambda: DTYPES)),
+    "device": ("sidebar_device", _choice(device_choices)),
+    "dtype": ("sidebar_dtype", _choice(dtype_choices)),
     "presenter": ("presenter_mode", _flag),
     "preset": ("prefill_preset", _choice(lambda: list(PRESETS))),
     "prompt": ("prefill_prompt", _prompt),

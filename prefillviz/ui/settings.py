@@ -15,7 +15,23 @@ from typing import Any
 
 import streamlit as st
 
+from prefillviz.loading.hosted import hosted_policy
+
 KEPT_PREFIX = "kept_"
+DEVICES = ["auto", "cpu", "cuda", "mps"]
+DTYPES = ["auto", "float32", "bfloat16", "float16"]
+
+
+def device_choices() -> list[str]:
+    """The devices the sidebar and a shared link may pick: in hosted mode only the fixed one."""
+    policy = hosted_policy()
+    return [policy.device] if policy.enabled else DEVICES
+
+
+def dtype_choices() -> list[str]:
+    """The dtypes the sidebar and a shared link may pick: in hosted mode only the fixed one."""
+    policy = hosted_policy()
+    return [policy.dtype] if policy.enabled else DTYPES
 
 
 def set_setting(key: str, value: Any) -> None:

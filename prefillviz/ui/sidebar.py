@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 import torch
 
-from prefillviz.engine.devices import dtype_name
+from prefillviz.engine.devices import cuda_fallback_note, dtype_name
 from prefillviz.engine.dispatch_tables import choice_label
 from prefillviz.engine.errors import PrefillVizError
 from prefillviz.engine.forward_status import forward_label
@@ -17,16 +17,17 @@ from prefillviz.loading.model_registry import BUNDLED_MODEL_ID, RECOMMENDED_MODE
 from prefillviz.loading.models import LoadedModel, load_model
 from prefillviz.measure.dtype_speed import dtype_speed
 from prefillviz.ui.presenter import PRESENTER_CSS, presenter_mode
-from prefillviz.ui.settings import kept
-
-DEVICES = ["auto", "cpu", "cuda", "mps"]
-DTYPES = ["auto", "float32", "bfloat16", "float16"]
+from prefillviz.ui.run_queue import RUN_QUEUE
+from prefillviz.ui.settings import device_choices, dtype_choices, kept
 
 
 @st.cache_resource(show_spinner=False, max_entries=2)
 def _cached_model(model_id: str, device: str, dtype: str) -> LoadedModel:
     loaded = load_model(model_id, device=device, dtype=dtype)
-    loaded.warm_up_s = warm_up(loaded)  # through the engine: packing, primitives and hooks stay out of the first measured run
+    # through the engine: packing, primitives and hooks stay out of the first measured run. It takes
+    # its turn in the run queue like any run, so it never runs beside another session's timed run.
+    with RUN_QUEUE.turn():
+        loaded.warm_up_s = warm_up(loaded)
     return loaded
 
 
@@ -35,7 +36,8 @@ def model_choice() -> tuple[str, str, str]:
 
     Every page draws them (``page_frame``); ``kept`` carries their values across pages.
 
-    In hosted mode only the allow-listed models are offered and there is no free-text box.
+    In hosted mode only the allow-listed models are offered, there is no free-text box, and
+    device and dtype are fixed (switching them would reload the shared model for everyone).
     """
     policy = hosted_policy()
     labels = {spec.model_id: f"{spec.model_id} · {spec.num_parameters_label} · {spec.needs}" for spec in RECOMMENDED_MODELS}
@@ -48,11 +50,16 @@ def model_choice() -> tuple[str, str, str]:
         # in presenter mode the rest folds away (still rendered, so the choices are kept)
         with st.expander("Model settings", expanded=not presenter_mode()):
             custom = "" if policy.enabled else kept(st.text_input, "…or another Hugging Face id or local folder", key="sidebar_custom_model").strip()
-            device = kept(st.selectbox, "Device", DEVICES, key="sidebar_device")
-            dtype = kept(st.selectbox, "dtype", DTYPES, key="sidebar_dtype", help="auto: bf16 on GPU and on a CPU where bf16 measured at least 1.25x faster than fp32, else fp32. A dtype this CPU can't run is refused with a message; a slow one is flagged with its measured factor.")
+            fixed = {"disabled": True, "help": f"Fixed in this hosted demo: the model is shared, and a switch would reload it for everyone ({policy.why})."} if policy.enabled else {}
+            device = kept(st.selectbox, "Device", device_choices(), key="sidebar_device", **fixed)
+            dtype = kept(st.selectbox, "dtype", dtype_choices(), key="sidebar_dtype", **(fixed or {"help": "auto: bf16 on GPU and on a CPU where bf16 measured at least 1.25x faster than fp32, else fp32. A dtype this CPU can't run is refused with a message; a slow one is flagged with its measured factor."}))
+        if policy.enabled:
+            st.caption(f"Hosted demo ({policy.why}): allow-listed models only, fixed device and dtype, bounded prompts.")
         kept(st.radio, "Chart image format (each chart's camera button)", ["png", "svg"], key="export_format", horizontal=True)
     if presenter_mode():
         st.markdown(PRESENTER_CSS, unsafe_allow_html=True)
+    if policy.enabled:  # whatever a widget or a link holds, the shared model stays as it is
+        device, dtype = policy.device, policy.dtype
     return custom or model_id or BUNDLED_MODEL_ID, device, dtype
 
 
@@ -68,6 +75,8 @@ def current_model() -> LoadedModel | None:
             st.error(str(error))
             return None
         model_card(loaded)
+        if loaded.device.type == "cpu" and cuda_fallback_note():
+            st.warning(cuda_fallback_note(), icon=":material/memory:")
         if loaded.device.type == "cpu" and loaded.dtype != torch.float32:
             note = dtype_speed(loaded.device, loaded.dtype).note()  # measured once per process and dtype
             if note:

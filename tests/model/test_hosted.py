@@ -74,3 +74,41 @@ def test_hosted_sidebar_offers_only_allowed_models(hosted, bundled):
     options = app.selectbox(key="sidebar_model").options
     assert [o.split(" · ")[0] for o in options] == list(hosted_policy().allowed_model_ids)
     assert not [w for w in app.sidebar.text_input if w.key == "sidebar_custom_model"]
+
+
+@pytest.mark.parametrize(
+    ("space_id", "setting", "enabled"),
+    [
+        ("someone/prefillviz", None, True),  # a Space turns it on by itself
+        ("someone/prefillviz", "0", False),  # an explicit setting overrides it
+        ("someone/prefillviz", "off", False),
+        (None, "1", True),
+        (None, None, False),
+        (None, "yse", True),  # a typo counts as on: it must not leave a public demo open
+    ],
+)
+def test_hosted_mode_follows_the_space_and_an_explicit_setting_overrides_it(monkeypatch, space_id, setting, enabled):
+    if space_id:
+        monkeypatch.setenv("SPACE_ID", space_id)
+    if setting is not None:
+        monkeypatch.setenv("PREFILLVIZ_HOSTED", setting)
+    policy = hosted_policy()
+    assert policy.enabled is enabled
+    assert policy.why  # the sidebar says what turned it on or off
+    if space_id and enabled:
+        assert "SPACE_ID" in policy.why and space_id in policy.why
+
+
+def test_on_a_space_the_sidebar_fixes_device_and_dtype_and_ignores_a_link_to_others(monkeypatch, bundled):
+    monkeypatch.setenv("SPACE_ID", "someone/prefillviz")
+    app = AppTest.from_file(APP, default_timeout=240)
+    app.query_params["device"] = "cpu"
+    app.query_params["dtype"] = "bfloat16"
+    app.run()
+    assert not app.exception
+    device, dtype = app.selectbox(key="sidebar_device"), app.selectbox(key="sidebar_dtype")
+    assert device.options == ["auto"] and device.disabled and device.value == "auto"
+    assert dtype.options == ["auto"] and dtype.disabled and dtype.value == "auto"
+    captions = " ".join(c.value for c in app.sidebar.caption)
+    assert "Hosted demo" in captions and "SPACE_ID" in captions
+    assert "device" in captions and "dtype" in captions  # the link's device and dtype were ignored, and said so

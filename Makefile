@@ -47,7 +47,7 @@ ops: $(STAMP)
 run: install
 	$(PY) -m streamlit run app.py
 
-# a broken layer fails in seconds; ruff and lint-imports are in requirements.txt
+# a broken layer fails in seconds; ruff and lint-imports are in requirements-dev.txt
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache

@@ -6,6 +6,7 @@ from prefillviz.analysis.first_token import first_token_view
 from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments.prefill import load_prefill_bundle, prefill_bundle, run_prefill
 from prefillviz.figures import prefill as figures
+from prefillviz.loading.hosted import hosted_policy
 from prefillviz.loading.prompts import PRESETS
 from prefillviz.ui.presenter import chart
 from prefillviz.ui.results import downloads, get_result, save_result
@@ -36,7 +37,11 @@ if loaded is not None and st.button("Run prefill", type="primary", key="prefill_
         save_result("prefill", run_prefill(loaded, prompt))
 
 with st.expander("Load a saved run (no model needed)"):
-    bundle = st.file_uploader("Run bundle (.zip from “Download this run”)", type=["zip"], key="prefill_bundle_upload")
+    if hosted_policy().enabled:  # Streamlit's uploader fails its XSRF check inside a Space's iframe (hosted.py)
+        st.caption("Loading a saved run is off in this hosted demo: open the bundle in prefillviz on your own machine (`make run`).")
+        bundle = None
+    else:
+        bundle = st.file_uploader("Run bundle (.zip from “Download this run”)", type=["zip"], key="prefill_bundle_upload")
     if bundle is not None and st.button("Show this run", key="prefill_bundle_load"):
         with run_guarded("Loading the bundle"):
             save_result("prefill", load_prefill_bundle(bundle.getvalue()))

@@ -8,6 +8,7 @@ the first-token logits; ``compare_inspections`` measures how far apart they are,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -24,6 +25,22 @@ fp32: 1e-3, as the engine-vs-HF tests. bf16 keeps 8 significant bits, so a key o
 near 20-35 is rounded to steps of 0.125-0.25; a different matmul shape (N rows vs 1 row)
 flips some roundings, and the flips add up over the layers. fp16 keeps 11 bits (8x finer).
 """
+
+RELATIVE_ROUNDING_STEPS = 8
+ACCUMULATION_FLOOR = 1e-4
+"""The relative pass mark: keys and values count as "the same" when their largest difference,
+over the layer's largest |K| or |V|, is within 8 rounding steps of the dtype (2^-significant
+bits: bf16 8 x 2^-8 = 3%) plus 1e-4 (matmuls add in float32 in every dtype, and a different
+order of a long sum moves float32 results by a few parts per million per layer). A wrong key
+or value is off by about its own size (relative ~1), in any dtype and whatever the size of a
+model's keys, which an absolute tolerance can't say."""
+SIGNIFICANT_BITS = {"float32": 24, "float16": 11, "bfloat16": 8}
+
+
+def relative_tolerance_for(dtype: str) -> float:
+    """The relative difference allowed in this dtype (see ``RELATIVE_ROUNDING_STEPS``)."""
+    bits = SIGNIFICANT_BITS.get(dtype_name(dtype), SIGNIFICANT_BITS["bfloat16"])
+    return RELATIVE_ROUNDING_STEPS * 2.0**-bits + ACCUMULATION_FLOOR
 
 
 def tolerance_for(dtype: str) -> float:
@@ -43,6 +60,7 @@ class EqualityCheck:
         key_max_abs_diff: (L,) max |K_parallel - K_token_by_token| per layer, all KV heads.
         value_max_abs_diff: (L,) the same for V.
         key_max_abs: (L,) max |K| per layer (the scale the differences compare to).
+        value_max_abs: (L,) max |V| per layer.
         logits_max_abs_diff: max over the vocabulary of |logit_parallel - logit_token_by_token|.
         probs_max_abs_diff: the same for softmax probabilities.
         parallel_top_token_id, token_by_token_top_token_id: argmax of each way's logits.
@@ -59,6 +77,18 @@ class EqualityCheck:
     probs_max_abs_diff: float
     parallel_top_token_id: int
     token_by_token_top_token_id: int
+    value_max_abs: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def relative_diff(self) -> float:
+        """The largest difference over the layer's largest value, keys and values, all layers."""
+        pairs = list(zip(self.key_max_abs_diff, self.key_max_abs)) + list(zip(self.value_max_abs_diff, self.value_max_abs))
+        return max((diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf) for diff, scale in pairs), default=math.nan)
+
+    @property
+    def relative_tolerance(self) -> float:
+        """The relative difference that still counts as rounding in this dtype (``relative_tolerance_for``)."""
+        return relative_tolerance_for(self.dtype)
 
     @property
     def num_layers(self) -> int:
@@ -128,4 +158,5 @@ def compare_inspections(parallel: Trace, token_by_token: Trace, request_id: str 
         probs_max_abs_diff=float(np.abs(_softmax(logits_a) - _softmax(logits_b)).max()),
         parallel_top_token_id=int(logits_a.argmax()),
         token_by_token_top_token_id=int(logits_b.argmax()),
+        value_max_abs=[float(np.abs(v).max()) for v in a.values],
     )

@@ -15,7 +15,7 @@ from tests.tiny_models import make_tiny_llama
 from tests.tolerances import MODEL_STEPS, assert_same_greedy_token, logits_allowed_difference
 
 TESTS = Path(__file__).resolve().parent
-TIERS = ("unit", "model", "app", "browser", "peer")  # folder name = marker name
+TIERS = ("unit", "model", "app", "browser", "peer", "space")  # folder name = marker name
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers

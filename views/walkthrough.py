@@ -188,7 +188,7 @@ if locked and outcome is not None:
     st.plotly_chart(lessons.step_figure(step, outcome), key="lesson_figure")
     st.caption(f"Measured on {outcome.model_id} ({outcome.device}, {outcome.dtype}) in this session's run.")
     if step.after_reveal:
-        st.markdown(step.after_reveal)
+        st.markdown(lessons.step_after_reveal(step, outcome))  # written from this run: its numbers, its outcome's variant
     same_run = bool(lessons.page_results(outcome, ""))
     st.page_link(step.view, label="Open the full view of this run" if same_run else "Open the full view to explore further", icon=":material/open_in_new:")
 elif locked:

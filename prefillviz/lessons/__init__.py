@@ -33,8 +33,9 @@ The modules, in import order:
     registry.py      ACTION_KINDS (one line a kind); resolve_parameters, run_action
     loading.py       parse and check the .md/.json pair: load_lesson, load_lessons
     run_store.py     action_key, RunStore: a session's runs
-    views.py         step_figure; page_results, page_state: hand a run to its full view
+    views.py         step_figure, step_after_reveal; page_results, page_state: hand a run to its full view
     reveal.py        format_reveal, format_value, choice_for: the prediction vs the measurement
+    reveal_text.py   the after-reveal text of a run: measured {placeholders}, "#### If" variants
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from prefillviz.lessons.registry import ACTION_KINDS, resolve_parameters, run_ac
 from prefillviz.lessons.reveal import choice_for, format_reveal, format_value
 from prefillviz.lessons.run_store import RunStore, action_key
 from prefillviz.lessons.spec import LESSONS_DIR, ROOT, SETTINGS, Lesson, LessonError, Question
-from prefillviz.lessons.views import page_results, page_state, step_figure
+from prefillviz.lessons.views import page_results, page_state, step_after_reveal, step_figure
 
 __all__ = [
     "ACTION_KINDS",
@@ -67,5 +68,6 @@ __all__ = [
     "page_state",
     "resolve_parameters",
     "run_action",
+    "step_after_reveal",
     "step_figure",
 ]

@@ -11,6 +11,7 @@ from typing import Any
 
 from prefillviz.lessons.actions import ActionKind, check_parameters
 from prefillviz.lessons.registry import ACTION_KINDS
+from prefillviz.lessons.reveal_text import parse_after_reveal
 from prefillviz.lessons.spec import (
     AFTER_REVEAL,
     LESSONS_DIR,
@@ -120,6 +121,7 @@ def parse_step(spec: Any, index: int, section: tuple[str, str, str], where: str)
         _require(name in SETTINGS, where, f"unknown setting {name!r} (known: {', '.join(SETTINGS)}).")
         _require(value in SETTINGS[name][1], where, f"setting {name} must be one of {', '.join(SETTINGS[name][1])}, got {value!r}.")
     question = parse_question(spec.get("question"), kind, where)
+    parse_after_reveal(section[2], kind, where)  # its placeholders and variants name what the kind measures
     return Step(index, section[0], section[1], section[2], dict(action), view, question, figure, dict(settings))
 
 

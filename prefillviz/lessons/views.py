@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 
 from prefillviz.lessons.actions import ActionOutcome
 from prefillviz.lessons.registry import ACTION_KINDS
+from prefillviz.lessons.reveal_text import after_reveal_text
 from prefillviz.lessons.spec import Step
 
 
@@ -36,3 +37,8 @@ def page_state(outcome: ActionOutcome) -> dict[str, str]:
 def step_figure(step: Step, outcome: ActionOutcome) -> go.Figure:
     """The step's figure, drawn from its run."""
     return ACTION_KINDS[outcome.kind].figures[step.figure](outcome)
+
+
+def step_after_reveal(step: Step, outcome: ActionOutcome) -> str:
+    """The step's after-reveal text for this run: measured numbers filled in, the variant its outcome picks."""
+    return after_reveal_text(step.after_reveal, ACTION_KINDS[outcome.kind], outcome)

@@ -25,8 +25,8 @@ def test_lesson_one_predict_run_reveal_navigate_and_the_prefill_page(bundled):
     app.run()
     app.switch_page(PAGE).run()
     assert not app.exception and app.title[0].value == "Guided lessons"
-    assert len(app.radio(key="lesson_choice").options) >= 4
-    assert app.header[0].value == "1. One forward pass over the whole prompt"
+    assert len(app.radio(key="lesson_choice").options) >= 5
+    assert app.header[0].value == "1. One forward pass, or several?"
     assert app.button(key="lesson_back_top").disabled and app.button(key="lesson_reveal").disabled
 
     app.button(key="lesson_run").click().run()  # the real model
@@ -35,30 +35,36 @@ def test_lesson_one_predict_run_reveal_navigate_and_the_prefill_page(bundled):
     assert app.button(key="lesson_reveal").disabled  # run, but nothing predicted yet: still hidden
     assert "Measured:" not in texts(app.markdown) and not app.get("plotly_chart")
 
-    app.radio(key=f"lesson_predict_{LESSON}/0").set_value(0).run()  # "1 step for the whole prompt"
+    app.radio(key=f"lesson_predict_{LESSON}/0").set_value(1).run()  # "A few steps": the budget (24) is below the prompt
     assert not app.button(key="lesson_reveal").disabled
     app.button(key="lesson_reveal").click().run()
     assert not app.exception
-    assert "**Measured:** 1 step for the whole prompt (measured: 1)" in texts(app.markdown)
+    num_tokens = len(bundled.tokenizer(PRESETS["Chat with a system prompt"])["input_ids"])
+    num_steps = -(-num_tokens // 24)
+    assert f"**Measured:** A few steps (2 to 9) (measured: {num_steps})" in texts(app.markdown)
+    assert f"{num_steps} steps for {num_tokens} prompt tokens" in texts(app.markdown)  # the text after the reveal, from the run
     assert app.success[0].value.startswith("Right")
     assert app.get("plotly_chart") and app.radio(key=f"lesson_predict_{LESSON}/0").disabled  # the prediction is locked
 
     app.button(key="lesson_next_top").click().run()
     assert app.header[0].value == "2. Where the time to first token goes"
-    assert "the run of lesson 1, step 1" in texts(app.caption)  # the same action: no second run needed
     assert app.button(key="lesson_reveal").disabled and not app.metric
+    app.button(key="lesson_run").click().run()  # the default budget: one step, a run of its own
+    assert not app.exception and not app.error
     app.button(key="lesson_lock").click().run()  # keep the slider's value as the prediction
     app.button(key="lesson_reveal").click().run()
     assert [metric.label for metric in app.metric[:2]] == ["Measured", "Your prediction"]
     assert app.metric[0].value.endswith("%") and app.metric[1].value == "50%"
 
+    assert "(float32) the forward pass was" in texts(app.markdown)  # the reveal text names the run's device and dtype
+
     app.button(key="lesson_back_bottom").click().run()
-    assert app.header[0].value == "1. One forward pass over the whole prompt" and app.success  # still revealed
+    assert app.header[0].value == "1. One forward pass, or several?" and app.success  # still revealed
 
     app.switch_page("views/prefill.py").run()
     assert not app.exception
     assert app.text_area(key="prefill_prompt").value == PRESETS["Chat with a system prompt"]
-    assert "Last run: “<|im_start|>system" in texts(app.caption)  # the lesson's run, not a new one
+    assert "Last run: “<|im_start|>system" in texts(app.caption)  # step 2's one-step run, not a new one
 
 
 def test_a_step_sets_the_sidebar_dtype_before_it_runs(bundled):

@@ -19,7 +19,8 @@ def first_action(kind: str) -> dict:
 
 
 def run(bundled, kind: str, **override) -> lessons.ActionOutcome:
-    outcome = lessons.run_action(bundled, {**first_action(kind), **override}, scale=SCALE)
+    action = {name: value for name, value in {**first_action(kind), **override}.items() if value is not None}  # None: the default
+    outcome = lessons.run_action(bundled, action, scale=SCALE)
     assert set(outcome.measured) == set(lessons.ACTION_KINDS[kind].measured)
     assert all(math.isfinite(value) for value in outcome.measured.values()), outcome.measured
     assert (outcome.model_id, outcome.dtype) == (bundled.model_id, "float32") and outcome.elapsed_s > 0
@@ -32,8 +33,17 @@ def run(bundled, kind: str, **override) -> lessons.ActionOutcome:
     return outcome
 
 
+def test_a_budget_smaller_than_the_prompt_takes_several_steps(bundled):
+    outcome = run(bundled, "prefill")  # lesson 1, step 1: a budget smaller than the prompt
+    measured = outcome.measured
+    budget = measured["token_budget"]
+    assert budget < measured["num_tokens"] and measured["num_steps"] == math.ceil(measured["num_tokens"] / budget)
+    assert 2 <= measured["num_steps"] <= 9  # the lesson's answer: "A few steps"
+    assert lessons.page_results(outcome, "") == {}  # the Prefill page draws one pass: not this run
+
+
 def test_prefill_is_one_step_and_sets_the_prefill_page(bundled):
-    outcome = run(bundled, "prefill")
+    outcome = run(bundled, "prefill", token_budget=None)
     measured = outcome.measured
     assert measured["num_steps"] == 1 and measured["num_tokens"] == len(bundled.tokenizer(PRESETS["Chat with a system prompt"])["input_ids"])
     assert 0 < measured["forward_share_percent"] <= 100 and measured["forward_ms"] <= measured["ttft_ms"]
@@ -49,7 +59,9 @@ def test_ttft_ratio_times_a_short_and_a_long_prompt(bundled):
     assert [len(times[4]), len(times[26])] == [3, 3]  # each shape's warm-up run is left out
     assert sum(times[4]) + sum(times[26]) < outcome.elapsed_s  # real clocks inside the action's own wall time
     facts = dict(outcome.facts)  # what the step shows: both times, and their ratio agreeing with them
-    assert set(facts) == {"TTFT, 4 tokens", "TTFT, 26 tokens", "Tokens: long / short", "TTFT: long / short"}
+    assert set(facts) == {"TTFT, 4 tokens", "TTFT, 26 tokens", "Tokens: long / short", "TTFT: long / short", "FLOPs: long / short (time ∝ FLOPs would give this)"}
+    assert measured["ttft_over_flop_ratio"] == pytest.approx(measured["ttft_ratio"] / measured["flop_ttft_ratio"])
+    assert 6 < measured["flop_ttft_ratio"] < 26 / 4 + 1 and 6_000 < measured["attention_crossover_tokens"] < 6_300
     shown = [float(facts[f"TTFT, {n} tokens"].removesuffix(" ms").replace(",", "")) for n in (4, 26)]
     assert float(facts["TTFT: long / short"].removesuffix("×")) == pytest.approx(shown[1] / shown[0], abs=0.06)
 
@@ -60,12 +72,16 @@ def test_token_by_token_takes_n_steps_is_slower_and_fills_the_same_cache(bundled
     assert measured["num_tokens"] == measured["token_by_token_steps"] == 16
     assert measured["ratio"] > 1  # 16 steps that each read every weight vs 1
     assert measured["same_top_token"] == 1 and measured["kv_diff_over_tolerance"] < 1
+    assert measured["kv_relative_diff"] < measured["relative_tolerance"] and 0 < measured["flop_extra_percent"] < 100
     assert lessons.page_results(outcome, "")["parallel"] is outcome.raw["parallel"]
 
 
 def test_roofline_puts_prefill_at_a_higher_intensity_than_decode(bundled):
     measured = run(bundled, "roofline", runs=1).measured
     assert measured["prefill_tokens"] == 13 and measured["intensity_ratio"] > 5
+    assert measured["decode_intensity"] == pytest.approx(measured["decode_intensity_limit"], rel=0.05)  # 2 FLOPs per weight
+    assert measured["decode_intensity_limit"] == 0.5  # fp32: 4 bytes per weight
+    assert measured["past_ridge_tokens"] >= 13 and (measured["past_ridge_over_ridge"] >= 1.5 or measured["past_ridge_tokens"] > 13)
     assert measured["prefill_gflops"] > 0 and measured["decode_gflops"] > 0 and measured["ridge_intensity"] > 0
 
 
@@ -75,11 +91,16 @@ def test_kv_memory_matches_the_formula_and_gqa_saves_3x(bundled):
     assert measured["gqa_saving_factor"] == 3 and measured["mha_bytes_per_token"] == 138_240
     assert measured["num_blocks"] == math.ceil(measured["num_tokens"] / measured["block_size"])
     assert measured["kv_total_mb"] == pytest.approx(measured["num_tokens"] * 46_080 / 1e6)
+    # at the model's whole context one request's cache (~377 MB) is still smaller than the weights (~538 MB)
+    assert measured["max_context"] == 8192 and measured["kv_at_context_mb"] == pytest.approx(8192 * 46_080 / 1e6)
+    assert measured["weights_mb"] == pytest.approx(538, rel=0.01) and measured["kv_at_context_mb"] < measured["weights_mb"]
+    assert measured["tokens_to_match_weights"] == math.ceil(measured["weights_mb"] * 1e6 / 46_080)
 
 
 def test_chunked_runs_more_steps_and_generates_the_same_tokens(bundled):
     outcome = run(bundled, "chunked")
     assert outcome.measured["outputs_identical"] == 1 and outcome.measured["num_steps_on"] > outcome.measured["num_steps_off"]
+    assert outcome.measured["arrival_gap_ratio"] == pytest.approx(outcome.measured["arrival_gap_off_ms"] / outcome.measured["arrival_gap_on_ms"])
     assert set(lessons.page_results(outcome, "label")["chunked"]) == {"comparison", "label"}
 
 

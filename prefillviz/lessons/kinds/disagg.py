@@ -16,8 +16,16 @@ from prefillviz.lessons.kinds.common import make_outcome
 
 DISAGG_MEASURED = (
     "itl_max_off_ms", "itl_max_on_ms", "itl_max_disagg_ms", "long_ttft_off_ms", "long_ttft_on_ms", "long_ttft_disagg_ms",
-    "disagg_itl_growth", "kv_mb_sent_long", "transfer_ms_long", "outputs_identical",
+    "disagg_itl_growth", "kv_mb_sent_long", "transfer_ms_long", "outputs_identical", "disagg_ttft_ratio", "placement_kind",
 )
+PLACEMENTS = ("CPU cores split between the workers", "one GPU shared, K/V through host memory", "a GPU each")  # placement_kind 0, 1, 2
+
+
+def placement_kind(devices: tuple[str, str]) -> int:
+    """0: both workers on the CPU (they split its cores); 1: both on one GPU; 2: one device each."""
+    if devices[0] != devices[1]:
+        return 2
+    return 0 if devices[0] == "cpu" else 1
 
 
 def _run_disagg(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:
@@ -36,12 +44,15 @@ def _run_disagg(loaded, parameters: dict, report: FractionProgress, scale: float
         "long_ttft_off_ms": off.long_ttft_ms, "long_ttft_on_ms": on.long_ttft_ms, "long_ttft_disagg_ms": disagg.long_ttft_ms,
         "disagg_itl_growth": comparison.itl_growth(), "kv_mb_sent_long": long.num_bytes / 1e6, "transfer_ms_long": long.transfer_s * 1000,
         "outputs_identical": float(comparison.outputs_equal),
+        "disagg_ttft_ratio": disagg.long_ttft_ms / off.long_ttft_ms,
+        "placement_kind": placement_kind(comparison.disagg.spec.placement.devices),
     }
     facts = [
         ("Worst gap of a decoding user: chunking off, on, disaggregated", f"{off.itl_max_ms:,.0f} ms, {on.itl_max_ms:,.0f} ms, {disagg.itl_max_ms:,.0f} ms"),
         ("Disaggregated: worst gap after the long prompt arrived, over the median gap", f"{measured['disagg_itl_growth']:.1f}×"),
         ("Long prompt's TTFT: chunking off, on, disaggregated", f"{off.long_ttft_ms:,.0f} ms, {on.long_ttft_ms:,.0f} ms, {disagg.long_ttft_ms:,.0f} ms"),
         ("Its KV cache sent to the decode worker", f"{measured['kv_mb_sent_long']:,.1f} MB in {measured['transfer_ms_long']:,.1f} ms"),
+        ("Placement", comparison.disagg.spec.placement.label),
         ("Threads", comparison.threads_label),
         ("Same tokens generated", "yes" if measured["outputs_identical"] else "no"),
     ]

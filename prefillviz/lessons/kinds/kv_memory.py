@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from prefillviz.analysis.flop_facts import tokens_to_match_weights
 from prefillviz.analysis.memory import kv_memory_report
+from prefillviz.engine.model_shape import model_shape
 from prefillviz.engine.progress import FractionProgress
 from prefillviz.experiments import inspect_run, kv_memory
 from prefillviz.figures import kv_cache as kv_figures
@@ -21,6 +23,8 @@ def _run_kv_memory(loaded, parameters: dict, report: FractionProgress, scale: fl
     usage = kv_memory.block_usage(run.trace, run.request_id, run.num_tokens)
     written = float(growth.bytes_written[-1])  # what the layers really wrote (the KV write log)
     per_token = written / run.num_tokens
+    weight_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())  # tied tensors counted once
+    context = model_shape(loaded).max_context or run.num_tokens
     measured = {
         "num_tokens": run.num_tokens,
         "kv_bytes_per_token": per_token,
@@ -30,6 +34,10 @@ def _run_kv_memory(loaded, parameters: dict, report: FractionProgress, scale: fl
         "block_size": usage.block_size,
         "mha_bytes_per_token": formula.mha_bytes_per_token,
         "gqa_saving_factor": formula.mha_bytes_per_token / per_token,
+        "max_context": context,
+        "kv_at_context_mb": per_token * context / 1e6,
+        "weights_mb": weight_bytes / 1e6,
+        "tokens_to_match_weights": tokens_to_match_weights(weight_bytes, per_token),
     }
     facts = [
         ("Prompt tokens", f"{run.num_tokens:,} ({formula.dtype})"),
@@ -37,6 +45,8 @@ def _run_kv_memory(loaded, parameters: dict, report: FractionProgress, scale: fl
         ("The formula", formula.formula),
         ("The whole prompt", f"{written / 1e6:,.2f} MB in {len(usage.block_ids)} blocks of {usage.block_size} tokens"),
         ("With one KV head per query head (MHA)", f"{formula.mha_bytes_per_token:,} B per token"),
+        (f"One request at the model's whole context ({context:,} tokens)", f"{per_token * context / 1e6:,.0f} MB of KV cache"),
+        ("The model's weights", f"{weight_bytes / 1e6:,.0f} MB"),
     ]
     raw = {**outcome.raw, "growth": growth, "report": formula}
     return make_outcome("kv_memory", loaded, parameters, measured, facts, raw, prompt=outcome.prompt, preset=outcome.preset)
@@ -56,7 +66,7 @@ KIND = ActionKind(
     scaled={},
     measured=(
         "num_tokens", "kv_bytes_per_token", "kv_bytes_per_token_formula", "kv_total_mb", "num_blocks", "block_size",
-        "mha_bytes_per_token", "gqa_saving_factor",
+        "mha_bytes_per_token", "gqa_saving_factor", "max_context", "kv_at_context_mb", "weights_mb", "tokens_to_match_weights",
     ),
     figures={"memory_growth": _memory_growth_figure, "gqa_bars": _gqa_figure},
     run=_run_kv_memory,

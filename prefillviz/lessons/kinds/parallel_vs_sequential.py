@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from prefillviz.analysis.flop_facts import token_by_token_flops
 from prefillviz.engine.progress import FractionProgress
 from prefillviz.experiments import parallel
 from prefillviz.figures import parallel as parallel_figures
@@ -18,6 +19,7 @@ def _run_parallel(loaded, parameters: dict, report: FractionProgress, scale: flo
     )
     check = comparison.equality
     diff = max(check.max_key_diff, check.max_value_diff)
+    flops = token_by_token_flops(loaded, comparison.num_tokens)  # the FLOP model: every one-token step computes logits
     measured = {
         "num_tokens": comparison.num_tokens,
         "parallel_ttft_ms": comparison.parallel.time_to_first_token_s * 1e3,
@@ -25,7 +27,11 @@ def _run_parallel(loaded, parameters: dict, report: FractionProgress, scale: flo
         "ratio": comparison.ratio,
         "token_by_token_steps": comparison.token_by_token.num_steps,
         "max_kv_diff": diff,
-        "kv_diff_over_tolerance": diff / check.tolerance,
+        "kv_relative_diff": check.relative_diff,
+        "kv_diff_over_tolerance": check.relative_diff / check.relative_tolerance,
+        "relative_tolerance": check.relative_tolerance,
+        "flop_extra_percent": 100 * (flops.extra_work - 1),
+        "parallel_over_step_flops": flops.parallel_over_mean_step,
         "logits_max_abs_diff": check.logits_max_abs_diff,
         "same_top_token": float(check.parallel_top_token_id == check.token_by_token_top_token_id),
     }
@@ -33,7 +39,11 @@ def _run_parallel(loaded, parameters: dict, report: FractionProgress, scale: flo
         ("Prompt tokens", f"{comparison.num_tokens:,}"),
         ("Parallel: time to first token", f"{measured['parallel_ttft_ms']:,.1f} ms in 1 step"),
         ("Token-by-token: time to first token", f"{measured['token_by_token_ttft_ms']:,.1f} ms in {comparison.token_by_token.num_steps} steps"),
-        ("Largest K/V difference", f"{diff:.1e} (tolerance {check.tolerance:g} in {check.dtype})"),
+        ("FLOPs: token-by-token over parallel (FLOP model)", f"{flops.extra_work:.2f}× (each one-token step computes a row of logits)"),
+        (
+            "Largest K/V difference, relative to the layer's largest |K| or |V|",
+            f"{check.relative_diff:.1e} (absolute {diff:.1e}; tolerance {check.relative_tolerance:.1e} in {check.dtype})",
+        ),
         ("Same next token", "yes" if measured["same_top_token"] else "no"),
     ]
     return make_outcome("parallel_vs_sequential", loaded, parameters, measured, facts, {"parallel": comparison})
@@ -53,7 +63,8 @@ KIND = ActionKind(
     scaled={"num_tokens": 8},
     measured=(
         "num_tokens", "parallel_ttft_ms", "token_by_token_ttft_ms", "ratio", "token_by_token_steps", "max_kv_diff",
-        "kv_diff_over_tolerance", "logits_max_abs_diff", "same_top_token",
+        "kv_diff_over_tolerance", "logits_max_abs_diff", "same_top_token", "kv_relative_diff", "relative_tolerance",
+        "flop_extra_percent", "parallel_over_step_flops",
     ),
     figures={"step_latency": _step_latency_figure, "kv_difference": _kv_difference_figure},
     run=_run_parallel,

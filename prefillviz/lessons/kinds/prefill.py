@@ -14,8 +14,10 @@ from prefillviz.lessons.kinds.common import PROMPT_PARAMETERS, make_outcome, pro
 def _run_prefill(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:
     prompt, preset = prompt_of(parameters)
     report(0.0, "prefill: a timing pass, then an inspection pass")
-    result = run_prefill(loaded, prompt)
+    budget = parameters.get("token_budget")  # kv_memory runs this too, without one
+    result = run_prefill(loaded, prompt) if budget is None else run_prefill(loaded, prompt, token_budget=budget)
     record = result.timing.requests[result.request_id]
+    forward_s = sum(step.forward_time_s for step in result.timing.steps)
     parts = record.ttft_breakdown_s
     measured = {
         "num_tokens": result.num_tokens,
@@ -23,7 +25,8 @@ def _run_prefill(loaded, parameters: dict, report: FractionProgress, scale: floa
         "ttft_ms": parts["total_s"] * 1e3,
         "forward_ms": parts["forward_s"] * 1e3,
         "forward_share_percent": 100 * parts["forward_s"] / parts["total_s"],
-        "prefill_tokens_per_s": result.num_tokens / result.timing.steps[0].forward_time_s,
+        "prefill_tokens_per_s": result.num_tokens / forward_s,
+        "token_budget": budget or result.num_tokens,  # None: the engine's default, at least the prompt
     }
     facts = [
         ("Prompt tokens", f"{result.num_tokens:,}"),
@@ -42,11 +45,11 @@ def _ttft_breakdown_figure(outcome: ActionOutcome) -> go.Figure:
 
 KIND = ActionKind(
     name="prefill",
-    parameters=PROMPT_PARAMETERS,
+    parameters={**PROMPT_PARAMETERS, "token_budget": (int, None)},
     scaled={},
-    measured=("num_tokens", "num_steps", "ttft_ms", "forward_ms", "forward_share_percent", "prefill_tokens_per_s"),
+    measured=("num_tokens", "num_steps", "ttft_ms", "forward_ms", "forward_share_percent", "prefill_tokens_per_s", "token_budget"),
     figures={"ttft_breakdown": _ttft_breakdown_figure},
     run=_run_prefill,
     description="One parallel prefill of the prompt (timing pass, then inspection pass); the Prefill page shows it.",
-    page_results=lambda run, label: {"prefill": run.raw["prefill"]},
+    page_results=lambda run, label: {"prefill": run.raw["prefill"]} if run.measured["num_steps"] == 1 else {},  # the page draws one pass
 )

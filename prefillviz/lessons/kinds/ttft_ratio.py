@@ -6,6 +6,7 @@ import statistics
 
 import plotly.graph_objects as go
 
+from prefillviz.analysis import flop_facts
 from prefillviz.engine.progress import FractionProgress
 from prefillviz.experiments.one_request import OnePrompt
 from prefillviz.figures import style
@@ -30,6 +31,7 @@ def _run_ttft_ratio(loaded, parameters: dict, report: FractionProgress, scale: f
                 times[n].append(ttft)
             done += 1
     short_s, long_s = statistics.median(times[short_n]), statistics.median(times[long_n])
+    flop_ratio = flop_facts.flop_ttft_ratio(loaded, short_n, long_n)  # the FLOP model, this model's shapes
     measured = {
         "short_tokens": short_n,
         "long_tokens": long_n,
@@ -37,12 +39,17 @@ def _run_ttft_ratio(loaded, parameters: dict, report: FractionProgress, scale: f
         "short_ttft_ms": short_s * 1e3,
         "long_ttft_ms": long_s * 1e3,
         "ttft_ratio": long_s / short_s,
+        "flop_ttft_ratio": flop_ratio,
+        "ttft_over_flop_ratio": long_s / short_s / flop_ratio,
+        "attention_share_percent": 100 * flop_facts.attention_share(loaded, long_n),
+        "attention_crossover_tokens": flop_facts.attention_crossover_tokens(loaded),
     }
     facts = [
         (f"TTFT, {short_n} tokens", f"{short_s * 1e3:,.1f} ms"),
         (f"TTFT, {long_n} tokens", f"{long_s * 1e3:,.1f} ms"),
         ("Tokens: long / short", f"{long_n / short_n:,.1f}×"),
         ("TTFT: long / short", f"{long_s / short_s:,.1f}×"),
+        ("FLOPs: long / short (time ∝ FLOPs would give this)", f"{flop_ratio:,.1f}×"),
     ]
     return make_outcome("ttft_ratio", loaded, parameters, measured, facts, {"times": times})
 
@@ -63,7 +70,10 @@ KIND = ActionKind(
     name="ttft_ratio",
     parameters={"short_tokens": (int, 32), "long_tokens": (int, 512), "runs": (int, 3)},
     scaled={"short_tokens": 4, "long_tokens": 8},
-    measured=("short_tokens", "long_tokens", "token_ratio", "short_ttft_ms", "long_ttft_ms", "ttft_ratio"),
+    measured=(
+        "short_tokens", "long_tokens", "token_ratio", "short_ttft_ms", "long_ttft_ms", "ttft_ratio", "flop_ttft_ratio",
+        "ttft_over_flop_ratio", "attention_share_percent", "attention_crossover_tokens",
+    ),
     figures={"ttft_bars": _ttft_bars_figure},
     run=_run_ttft_ratio,
     description="Time to first token of a short and a long prompt of real prose (median of runs after a warm-up).",

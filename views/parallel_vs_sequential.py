@@ -6,6 +6,7 @@ from dataclasses import asdict
 import pandas as pd
 import streamlit as st
 
+from prefillviz.analysis.flop_facts import decode_intensity_limit, predicted_quadratic_coefficient, token_by_token_flops
 from prefillviz.engine.devices import dtype_name
 from prefillviz.experiments.kv_equality import TOLERANCES
 from prefillviz.experiments.length_sweep import DEFAULT_PARALLEL_SIZES, DEFAULT_SEQUENTIAL_SIZES, run_sweep
@@ -92,11 +93,17 @@ if comparison is not None:
     latency = figures.step_latency_figure(comparison)
     st.plotly_chart(latency, key="parallel_latency_chart")
     one_token_step_s = statistics.median(sequential.step_wall_times_s)
-    st.caption(
-        f"Each bar is one engine step (schedule + pack + forward + sample + update); {source(comparison, 'none')}. "
-        f"The parallel step did {n}× the work of a median one-token step ({one_token_step_s * 1e3:,.1f} ms) in "
-        f"{parallel.step_wall_times_s[0] / one_token_step_s:,.1f}× its time: each step reads all the weights, whatever its token count."
-    )
+    same_shapes = loaded is not None and loaded.model_id == comparison.model_id
+    work = ""
+    if same_shapes:  # the FLOP model, not n: every one-token step also computes a row of logits
+        flops = token_by_token_flops(loaded, n)
+        work = (
+            f"The parallel step did {flops.parallel_over_mean_step:,.0f}× the FLOPs of an average one-token step (the FLOP model; "
+            f"not {n}×: each of the {n} steps computes a row of logits, so token by token does {100 * (flops.extra_work - 1):.0f}% more "
+            f"FLOPs in all) in {parallel.step_wall_times_s[0] / one_token_step_s:,.1f}× the time of a median one "
+            f"({one_token_step_s * 1e3:,.1f} ms): each step reads all the weights, whatever its token count."
+        )
+    st.caption(f"Each bar is one engine step (schedule + pack + forward + sample + update); {source(comparison, 'none')}. {work}")
     downloads("parallel_step_latency", "parallel_latency_dl", figure=latency, table=comparison.step_rows(), data=comparison.summary())
 
     over_time = figures.tokens_over_time_figure(comparison)
@@ -113,6 +120,8 @@ if comparison is not None:
         f"first-token logits max |Δ| = {check.logits_max_abs_diff:.2e} (probabilities {check.probs_max_abs_diff:.2e}); "
         f"top token {'the same' if check.parallel_top_token_id == check.token_by_token_top_token_id else 'DIFFERENT'} "
         f"({token_text(check.parallel_top_token_id)} vs {token_text(check.token_by_token_top_token_id)}). "
+        f"Relative to each layer's largest |K| or |V|, the largest difference is {check.relative_diff:.1e} "
+        f"(a few rounding steps of {check.dtype} are {check.relative_tolerance:.1e}). "
     )
     if check.passed:
         st.success(verdict + f"All differences are below the tolerance {tolerance}.")
@@ -140,8 +149,10 @@ st.header("Time to first token against N")
 st.markdown(
     "Prompts of N tokens of real prose, each way, fitted by least squares to **t = a + b·N + c·N²** with "
     "a, b, c ≥ 0 (no cost shrinks as the prompt grows): *a* is the fixed cost of a request, *b* the cost per token, "
-    "*c* the part that grows with N² (causal attention: token *i* looks at *i* keys). Token-by-token pays a whole "
-    "step per token, so its *b* is about one step's time; keep its N small."
+    "*c* the part that grows faster than N. Attention's N² FLOPs (token *i* looks at *i* keys) bend the curve up, but so "
+    "does a device that is under-used at short prompts and then fills up (a GPU's TTFT is flat, then rises): the fitted *c* "
+    "is compared below with the *c* attention's FLOPs predict. Token-by-token pays a whole step per token, so its *b* is "
+    "about one step's time; keep its N small."
 )
 columns = st.columns(3)
 parallel_sizes = columns[0].multiselect(
@@ -156,6 +167,23 @@ if comparison is not None and loaded is not None and (comparison.model_id, compa
     step_s = statistics.median(comparison.token_by_token.step_wall_times_s)
     estimate += f" At the {step_s * 1e3:,.0f} ms per one-token step measured above, the token-by-token part takes about {sum(sequential_sizes) * step_s:,.0f} s."
 st.caption(estimate)
+
+
+
+def bend_text(sweep) -> str:
+    """Which explains the parallel fit's upward bend: attention's FLOPs, or something else (the FLOP model's c vs the fitted c)."""
+    fit = sweep.fits[PARALLEL]
+    if loaded is None or loaded.model_id != sweep.model_id or fit.b_s_per_token <= 0:
+        return ""
+    predicted = predicted_quadratic_coefficient(loaded, fit.b_s_per_token)
+    said = f"Parallel: fitted c = {fit.c_s_per_token2 * 1e6:.3g} µs per token²; attention's FLOPs, at the fitted b, predict {predicted * 1e6:.3g}."
+    if fit.c_s_per_token2 <= 3 * predicted:
+        return said + " Attention's N² share can explain the bend."
+    return said + (
+        f" The bend is {fit.c_s_per_token2 / predicted:,.0f}× larger than attention explains: the device was under-used at small N "
+        "and filled up as N grew (or caches overflowed), not the N² term."
+    )
+
 
 if loaded is not None and st.button("Run the sweep", key="parallel_sweep_run"):
     with run_guarded("The sweep"):
@@ -185,16 +213,20 @@ if sweep is not None:
         if b_parallel > 0
         else "Parallel's per-token cost b fitted as 0: at these N its growth is lost in the timing noise; try larger N."
     )
-    st.caption(f"{b_text} Every number: {source(sweep, 'none')}, each run a fresh request with the prefix cache off.")
+    st.caption(f"{b_text} {bend_text(sweep)} Every number: {source(sweep, 'none')}, each run a fresh request with the prefix cache off.")
     downloads("parallel_sweep", "parallel_sweep_dl", figure=sweep_chart, table=sweep.rows(), data={"fits": sweep.fit_rows(), "points": sweep.rows()})
 
 # ---------------------------------------------------------------- the roofline
 st.header("Roofline: why one big step beats N small ones")
+decode_limit = (
+    f"at most 2 ÷ bytes per weight = {decode_intensity_limit(loaded.dtype.itemsize):.2g} FLOP/byte in {dtype_name(loaded.dtype)}"
+    if loaded is not None else "at most 2 ÷ bytes per weight FLOP/byte"
+)
 st.markdown(
     "A step that does F FLOPs while moving B bytes can run no faster than min(peak FLOP/s, bandwidth × F/B). "
-    "A prefill step of N tokens reuses every weight N times (high intensity, **compute-bound**); a one-token step "
-    "reads every weight for one token (intensity ≈ 1 FLOP/byte, **memory-bound**). The roofs are this machine's "
-    "measured matmul peak and memory bandwidth; the points are measured engine steps."
+    "A prefill step of N tokens reuses every weight N times (high intensity: **compute-bound** once it passes the ridge); "
+    f"a one-token step reads every weight for one token: a multiply and an add per weight, so an intensity of {decode_limit} "
+    "(**memory-bound**). The roofs are this machine's measured matmul peak and memory bandwidth; the points are measured engine steps."
 )
 columns = st.columns(3)
 prefill_sizes = columns[0].multiselect("Prefill points: N", [16, 32, 64, 128, 256, 512, 1024], list(DEFAULT_PREFILL_SIZES), max_selections=hosted_policy().limit("sweep_points", 64), key="parallel_roofline_prefill")
@@ -216,5 +248,6 @@ if roofline is not None:
         f"Roofs: matmul {roofline.peaks.matmul_gflops:,.0f} GFLOP/s, memory {roofline.peaks.memory_gb_s:,.1f} GB/s, "
         f"measured on {roofline.peaks.machine} ({roofline.peaks.device}, {roofline.peaks.dtype})."
         + (" Stars: the prompt above (its timing pass)." if prompt_points else "")
+        + "".join(f" {p.label}: {p.intensity:.2g} FLOP/byte." for p in roofline.points if p.phase == "decode")
     )
     downloads("parallel_roofline", "parallel_roofline_dl", figure=roofline_chart, table=roofline.rows(), data={"peaks": asdict(roofline.peaks), "points": roofline.rows()})

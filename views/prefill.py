@@ -15,6 +15,8 @@ from prefillviz.ui.shell import page_frame
 
 loaded = page_frame()
 
+MEANINGFUL_THROUGHPUT_TOKENS = 64  # below this a pass is mostly its fixed cost: tokens/s would measure that cost, not prefill
+
 st.title("Prefill: the whole prompt in one pass")
 st.markdown(
     "The model reads every prompt token **at once**: one forward pass computes keys and values for all "
@@ -66,7 +68,16 @@ st.caption("Writes and bytes: inspection pass (KV write log). Forward time: timi
 
 columns = st.columns(3)
 columns[0].metric("Time to first token", f"{result.ttft_s * 1000:,.1f} ms", help="The median timing pass; its spread is below")
-columns[1].metric("Prefill throughput", f"{result.num_tokens / timing.steps[0].forward_time_s:,.0f} tokens/s", help="Prompt tokens over the median pass's forward time")
+throughput = result.num_tokens / sum(step.forward_time_s for step in timing.steps)
+if result.num_tokens >= MEANINGFUL_THROUGHPUT_TOKENS:
+    columns[1].metric("Prefill throughput", f"{throughput:,.0f} tokens/s", help="Prompt tokens over the median pass's forward time")
+else:  # a handful of tokens measures the step's fixed cost, not a rate
+    columns[1].metric("Forward pass", f"{sum(step.forward_time_s for step in timing.steps) * 1000:,.1f} ms", help="The median timing pass")
+    columns[1].caption(
+        f"No tokens/s for {result.num_tokens} tokens: a pass this short is mostly the step's fixed cost (launching every "
+        f"layer, reading the weights), so {throughput:,.0f} tokens/s would say more about that cost than about prefill speed. "
+        f"It is shown from {MEANINGFUL_THROUGHPUT_TOKENS} tokens on."
+    )
 columns[2].metric("First token", repr(record.first_token_text))
 st.caption(f"TTFT: {result.ttft_label()}.", help="Each press runs the timing pass a few times on an already warm model; a busy machine explains a slow figure.")
 ttft = figures.ttft_breakdown_figure(record.ttft_breakdown_s)

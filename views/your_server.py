@@ -82,7 +82,9 @@ st.success(
 if report.ttft:
     figure = figure_section("Time to first token against prompt length",
                             "Unique prompts (each starts with its own tag), so no prefix cache helps; `max_tokens=1`, streamed. "
-                            "A straight line is a fixed cost plus a cost per token; an upward bend is attention's N² share.",
+                            "A straight line is a fixed cost plus a cost per token. An upward bend may be attention's N² share, or a GPU "
+                            "that is under-used by short prompts (TTFT flat) and then fills up (TTFT rising): the Parallel vs "
+                            "token-by-token page compares the bend with what attention's FLOPs predict for a model it runs.",
                             figures.ttft_figure(report), "probe_ttft_chart", caption=True)
     table = [{"num_tokens": p.num_tokens, "target_tokens": p.target_tokens, "ttft_ms_median": p.ttft_s_median * 1e3,
               "runs_ms": [round(t * 1e3, 2) for t in p.runs]} for p in report.ttft]

@@ -40,6 +40,11 @@ def test_both_ways_sweep_roofline_and_an_empty_prompt(bundled):
     assert "PASS" in proof and "below the tolerance 0.001" in proof and "float32" in proof
     assert len(figures["difference"]["data"][0]["y"]) == 30  # max |ΔK| of every layer
     assert app.metric[2].value.endswith("×")
+    captions = " ".join(c.value for c in app.caption)
+    assert "the FLOPs of an average one-token step (the FLOP model; not" in captions  # counted, not assumed to be N
+    assert "a multiply and an add per weight, so an intensity of at most 2 ÷ bytes per weight = 0.5 FLOP/byte in float32" in " ".join(
+        m.value for m in app.markdown
+    )
 
     app.multiselect(key="parallel_sweep_parallel_sizes").set_value([8, 16, 32])
     app.multiselect(key="parallel_sweep_sequential_sizes").set_value([2, 4, 8])
@@ -51,6 +56,8 @@ def test_both_ways_sweep_roofline_and_an_empty_prompt(bundled):
     assert [trace["x"] for trace in measured.values()] == [[8, 16, 32], [2, 4, 8]]
     assert all(t > 0 for trace in measured.values() for t in trace["y"])
     assert len(app.dataframe[0].value) == 2  # fitted a, b, c of both ways
+    fitted = " ".join(c.value for c in app.caption)
+    assert "attention's FLOPs, at the fitted b, predict" in fitted or "fitted as 0" in fitted  # which explains the bend
 
     app.multiselect(key="parallel_roofline_prefill").set_value([16, 32])
     app.multiselect(key="parallel_roofline_decode").set_value([16])

@@ -26,6 +26,13 @@ def test_all_lessons_load_with_at_least_four_that_fit_in_ten_minutes():
             assert step.title and step.narration and step.after_reveal and step.question.text
 
 
+def test_every_step_shows_a_small_diagram_before_its_question():
+    for lesson in load_lessons():
+        for step in lesson.steps:
+            assert step.narration.startswith("```"), f"{lesson.slug}, step {step.index + 1}: no diagram first"
+            assert len(step.narration.split("```")[1].strip().splitlines()) <= 6, f"{lesson.slug}, step {step.index + 1}: a small one"
+
+
 def test_each_markdown_has_one_section_per_step_spec():
     for markdown in sorted(LESSONS_DIR.glob("*.md")):
         sections = re.findall(r"^## ", markdown.read_text(encoding="utf-8"), flags=re.MULTILINE)

@@ -33,6 +33,16 @@ def test_every_step_shows_a_small_diagram_before_its_question():
             assert len(step.narration.split("```")[1].strip().splitlines()) <= 6, f"{lesson.slug}, step {step.index + 1}: a small one"
 
 
+@pytest.mark.parametrize("term", ["token budget", "batch", "logits", "greedy", "KV head", "activations", "torch.distributed", "inter-token latency"])
+def test_a_term_is_defined_in_bold_where_the_lessons_first_use_it(term):
+    text = "\n".join(
+        part for lesson in load_lessons() for part in [lesson.intro, *(p for s in lesson.steps for p in (s.narration, s.after_reveal))]
+    )
+    first = re.search(re.escape(term), text, flags=re.IGNORECASE)
+    assert first is not None, term
+    assert text[first.start() - 2 : first.start()] == "**", f"{term!r} is first used before it is defined: {text[first.start() - 80 : first.end() + 20]!r}"
+
+
 def test_each_markdown_has_one_section_per_step_spec():
     for markdown in sorted(LESSONS_DIR.glob("*.md")):
         sections = re.findall(r"^## ", markdown.read_text(encoding="utf-8"), flags=re.MULTILINE)

@@ -46,6 +46,7 @@ def test_run_prefill_shows_measured_figures(bundled):
     app.button(key="prefill_run").click().run()
     assert not app.exception and not app.error
     assert app.metric[2].value == "' Paris'"
+    assert app.metric[1].label == "Forward pass" and "No tokens/s for" in " ".join(c.value for c in app.caption)  # 5 tokens: a fixed cost, not a rate
     charts = {chart.proto.id: chart for chart in app.get("plotly_chart")}
     assert len(charts) == 3
     app.slider(key="prefill_temperature").set_value(1.0).run()

@@ -115,3 +115,14 @@ def test_a_variant_is_chosen_by_the_first_condition_that_holds():
 def test_a_broken_reveal_text_says_what_is_wrong(text, message):
     with pytest.raises(LessonError, match=message.replace("(", r"\(").replace("{", r"\{")):
         parse_after_reveal(text, ACTION_KINDS["ttft_ratio"], "here")
+
+
+@pytest.mark.parametrize(
+    "devices, kind, words",
+    [(("cpu", "cpu"), 0, "split its cores"), (("cuda:0", "cuda:0"), 1, "share one GPU"), (("cuda:0", "cuda:1"), 2, "a GPU of its own")],
+)
+def test_the_disaggregation_text_follows_where_the_workers_ran(devices, kind, words):
+    from prefillviz.lessons.kinds.disagg import placement_kind
+
+    assert placement_kind(devices) == kind
+    assert words in text_of(5, 3, placement_kind=kind)

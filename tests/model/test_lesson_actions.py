@@ -110,3 +110,13 @@ def test_prefix_cache_hits_the_shared_prefix_and_keeps_the_outputs(bundled):
     assert measured["num_shared_prefix_tokens"] >= 40 and measured["outputs_identical"] == 1
     assert measured["later_cached_percent"] > 0 and measured["hit_rate_percent"] > 0  # every full prefix block is a hit
     assert set(lessons.page_results(outcome, "label")["prefix"]) == {"experiment", "label"}
+
+
+def test_disagg_sends_the_long_prompts_kv_and_says_where_the_workers_ran(bundled):
+    outcome = run(bundled, "disagg")
+    measured = outcome.measured
+    assert measured["placement_kind"] == 0  # both workers on this CPU: the lesson's text says they split its cores
+    assert measured["kv_mb_sent_long"] == pytest.approx(measured["long_prompt_tokens"] * measured["kv_bytes_per_token"] / 1e6)
+    assert measured["kv_bytes_per_token"] == 46_080 and measured["outputs_identical"] == 1
+    assert measured["disagg_ttft_ratio"] == pytest.approx(measured["long_ttft_disagg_ms"] / measured["long_ttft_off_ms"])
+    assert "cpu" in dict(outcome.facts)["Placement"]

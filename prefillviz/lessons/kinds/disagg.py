@@ -17,6 +17,7 @@ from prefillviz.lessons.kinds.common import make_outcome
 DISAGG_MEASURED = (
     "itl_max_off_ms", "itl_max_on_ms", "itl_max_disagg_ms", "long_ttft_off_ms", "long_ttft_on_ms", "long_ttft_disagg_ms",
     "disagg_itl_growth", "kv_mb_sent_long", "transfer_ms_long", "outputs_identical", "disagg_ttft_ratio", "placement_kind",
+    "long_prompt_tokens", "kv_bytes_per_token",
 )
 PLACEMENTS = ("CPU cores split between the workers", "one GPU shared, K/V through host memory", "a GPU each")  # placement_kind 0, 1, 2
 
@@ -46,6 +47,8 @@ def _run_disagg(loaded, parameters: dict, report: FractionProgress, scale: float
         "outputs_identical": float(comparison.outputs_equal),
         "disagg_ttft_ratio": disagg.long_ttft_ms / off.long_ttft_ms,
         "placement_kind": placement_kind(comparison.disagg.spec.placement.devices),
+        "long_prompt_tokens": len(workload.long_prompt),
+        "kv_bytes_per_token": comparison.kv_bytes_per_token,
     }
     facts = [
         ("Worst gap of a decoding user: chunking off, on, disaggregated", f"{off.itl_max_ms:,.0f} ms, {on.itl_max_ms:,.0f} ms, {disagg.itl_max_ms:,.0f} ms"),

@@ -126,3 +126,18 @@ def test_the_disaggregation_text_follows_where_the_workers_ran(devices, kind, wo
 
     assert placement_kind(devices) == kind
     assert words in text_of(5, 3, placement_kind=kind)
+
+
+def test_a_choice_and_the_text_after_it_split_the_outcomes_at_the_same_bounds():
+    """Where the text's variants turn on the question's own answer, each variant is one choice (or a run of them):
+    the revealed choice and the explanation can never disagree."""
+    for lesson in LESSONS.values():
+        for step in lesson.steps:
+            question = step.question
+            _, variants = parse_after_reveal(step.after_reveal, ACTION_KINDS[step.action["kind"]], "test")
+            on_answer = [v for v in variants if v.name == question.answer]
+            if question.kind != "choice" or not on_answer:
+                continue
+            bounds = {choice.up_to for choice in question.choices}
+            for variant in on_answer:
+                assert variant.op == "<=" and variant.bound in bounds, (lesson.slug, step.index + 1, variant)

@@ -114,8 +114,9 @@ def prefill_figures(name: str, model, tokenizer, sizes, device, peak_gflops: flo
         records.append(_emit({
             "check": "prefill", "model": name, "N": n, "tok_s": n / median, "median_s": median, "min_s": min(times),
             "max_s": max(times), "runs": runs, "achieved_gflops": achieved, "mfu_vs_measured_peak": mfu,
-            # every run produced its first token, and no faster than the measured matmul peak allows (else a clock is wrong)
-            "ok": first_tokens and mfu <= MAX_PLAUSIBLE_MFU,
+            # every run produced its first token, and on a GPU no faster than the measured matmul peak allows (else a clock
+            # is wrong); on a shared CPU (the self-test) a peak measured in a busy moment may be beaten in a quiet one
+            "ok": first_tokens and (device.type != "cuda" or mfu <= MAX_PLAUSIBLE_MFU),
         }))
     return records
 

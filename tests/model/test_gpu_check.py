@@ -26,7 +26,7 @@ def test_self_test_runs_every_check_and_passes(bundled, tmp_path):
     assert checks[0] == "machine" and checks[-1] == "summary" and records[-1] == {"check": "summary", "records": len(records) - 1, "failed": 0, "ok": True}
     prefill = [r for r in records if r["check"] == "prefill" and "skipped" not in r]
     assert {r["model"] for r in prefill} == {"bundled:SmolLM2-135M-Instruct", "random tiny Llama"}
-    assert all(r["tok_s"] > 0 and 0 < r["mfu_vs_measured_peak"] < 1 for r in prefill)
+    assert all(r["tok_s"] > 0 and r["mfu_vs_measured_peak"] > 0 for r in prefill)  # a CPU's peak may be measured in a busy moment
     clocks = [r for r in records if r["check"] == "clocks"]
     assert len(clocks) == 2 and all(r["median_layer_ratio"] > 0 for r in clocks)
     kernels = [r for r in records if r["check"] == "kernels" and "skipped" not in r]

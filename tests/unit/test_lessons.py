@@ -26,11 +26,13 @@ def test_all_lessons_load_with_at_least_four_that_fit_in_ten_minutes():
             assert step.title and step.narration and step.after_reveal and step.question.text
 
 
-def test_every_step_shows_a_small_diagram_before_its_question():
+def test_every_step_shows_a_small_diagram_and_at_most_three_sentences_before_its_question():
     for lesson in load_lessons():
         for step in lesson.steps:
             assert step.narration.startswith("```"), f"{lesson.slug}, step {step.index + 1}: no diagram first"
             assert len(step.narration.split("```")[1].strip().splitlines()) <= 6, f"{lesson.slug}, step {step.index + 1}: a small one"
+            text = step.narration.split("```")[-1].split("**Look at:**")[0]  # what is read between the diagram and the question
+            assert len(re.findall(r"[.!?](?:\s|$)", text.strip())) <= 3, f"{lesson.slug}, step {step.index + 1}: more than three sentences"
 
 
 @pytest.mark.parametrize("term", ["token budget", "batch", "logits", "greedy", "KV head", "activations", "torch.distributed", "inter-token latency"])

@@ -5,7 +5,8 @@ A lesson is two files with the same stem under ``assets/lessons/``:
     01_prefill_and_ttft.md      # Title            <- the lesson's title
                                 # intro text
                                 # ## Step title    <- one section per step: the narration
-                                # ### After the reveal   (optional: shown after the reveal)
+                                # ### After the reveal   (shown after the reveal: {measured} numbers,
+                                #   "#### If name < number" variants chosen by the run, "#### Otherwise")
     01_prefill_and_ttft.json    {"minutes": 7, "steps": [one spec per "## " section, in order]}
 
 A step spec says what the step does to the app and asks:

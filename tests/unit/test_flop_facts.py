@@ -58,3 +58,16 @@ def test_the_kv_cache_at_the_models_context_is_smaller_than_its_weights():
     weight_bytes = 134_515_008 * 4  # SmolLM2-135M's parameters (tied embedding counted once)
     tokens = flop_facts.tokens_to_match_weights(weight_bytes, per_token)
     assert SMOLLM2.max_context < tokens < 2 * SMOLLM2.max_context  # two full-context requests pass the weights
+
+
+@pytest.mark.parametrize(
+    "ridge, size",
+    [(8.0, 256), (60.0, 1024), (150.0, 8192), (1e4, 8192)],  # a CPU's low ridge: 256 already; a GPU's: longer; never past the context
+)
+def test_the_lessons_size_past_the_ridge_follows_the_measured_ridge(ridge, size):
+    from prefillviz.lessons.kinds.roofline import PAST_RIDGE_MARGIN, size_past_ridge
+
+    chosen = size_past_ridge(SMOLLM2, 256, ridge)
+    assert chosen == size
+    if chosen < SMOLLM2.max_context:
+        assert model_costs(SMOLLM2, chosen, chosen).arithmetic_intensity >= PAST_RIDGE_MARGIN * ridge

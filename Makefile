@@ -1,6 +1,6 @@
 # make run        - install into .venv (once) and start the app
 # make test       - install into .venv and .venv-vllm (once), the kernel and engine tests as an AVX2-only CPU (and, on a Xeon with AMX,
-#                   a Zen 4) runs them (test-isa's CI subset: 1-3 min), then the whole test suite (every tier, vLLM's too)
+#                   a Zen 4) runs them (test-isa's CI subset: 1-3 min), then the whole test suite (every tier: vLLM's, and the Space simulation in a venv of requirements.txt only)
 # make lint       - ruff, and import-linter's layer contracts in pyproject.toml (lint-imports); make test runs it first
 # make test-fast  - the unit tier and the small model tests (no bundled model), under 2 minutes
 # make test-isa   - the kernel, numerics and engine tests under each lower ISA cap this CPU allows (oneDNN's DNNL_MAX_CPU_ISA,

@@ -4,13 +4,15 @@ CPU-side self-test runs inside scripts/gpu_first_run.sh's (tests/model/test_gpu_
 every record of it), so the suite runs it once."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="there is a GPU here")
@@ -58,3 +60,62 @@ def test_a_compiled_kernel_that_fails_to_build_is_skipped_with_its_reason(monkey
     assert flex and "trial launch failed" in flex[0]["reason"] and "PassManager::run failed" in flex[0]["reason"]
     assert {"v2 loop", "v3 packed"} <= {row["kernel"] for row in bench.rows()}
     assert "v4 flex" not in {row["kernel"] for row in bench.rows()}
+
+
+def test_clocks_compare_the_events_with_the_scopes_device_span_where_there_is_one():
+    """Like with like: on a GPU the profiler side is each ``layers.i`` scope's device-side span (launch
+    gaps included, as CUDA events count them), not its kernels' busy time; on a CPU, the scope's span."""
+    import gzip
+
+    from prefillviz.measure.gpu_check import scope_spans_s
+
+    events = [
+        {"cat": "user_annotation", "name": "layers.0", "ts": 0, "dur": 900},
+        {"cat": "user_annotation", "name": "layers.1", "ts": 900, "dur": 800},
+        {"cat": "gpu_user_annotation", "name": "layers.0", "ts": 50, "dur": 1000},
+        {"cat": "gpu_user_annotation", "name": "layers.1", "ts": 1050, "dur": 1100},
+        {"cat": "gpu_user_annotation", "name": "layers.1.mlp", "ts": 1500, "dur": 400},  # a sub-scope is not the layer
+        {"cat": "kernel", "name": "layers.0", "ts": 60, "dur": 10},
+    ]
+    trace = gzip.decompress(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    assert scope_spans_s(trace, 2) == ([1000e-6, 1100e-6], "gpu_user_annotation")
+    cpu_only = json.dumps({"traceEvents": events[:2]}).encode()
+    assert scope_spans_s(cpu_only, 2) == ([900e-6, 800e-6], "user_annotation")
+
+
+def test_flex_attention_may_compile_every_shape_of_a_benchmark_and_the_limit_comes_back():
+    import torch._dynamo.config as dynamo_config
+
+    from prefillviz.measure.kernel_bench import _recompile_limit
+
+    before = dynamo_config.recompile_limit
+    with _recompile_limit(before + 10):
+        assert dynamo_config.recompile_limit == before + 10
+    with _recompile_limit(1):  # never lowered
+        assert dynamo_config.recompile_limit == before
+    assert dynamo_config.recompile_limit == before
+
+
+TABLES_ONCE = """
+import json, torch
+from prefillviz.kernels import paged_attention as paged
+from prefillviz.kernels import paged_attention_triton as triton_kernel
+runs, why = paged.TRITON.status("cpu")
+built, real = [], triton_kernel.block_tables_from_slots
+triton_kernel.block_tables_from_slots = lambda *args: built.append(1) or real(*args)
+inputs = paged.random_step([(20, 1), (0, 23)], 4, 2, 16, block_size=16, seed=3, workload="mixed")
+first, second = paged.TRITON(*inputs.arguments()), paged.TRITON(*inputs.arguments())
+print(json.dumps({"runs": runs, "built": len(built), "same": bool(torch.equal(first, second)),
+                  "vs_oracle": float((first - paged.NAIVE(*inputs.arguments())).abs().max())}))
+"""
+
+
+def test_the_triton_kernel_builds_its_block_tables_once_per_step_not_in_each_timed_call():
+    """Under Triton's interpreter (a process of its own: @triton.jit reads TRITON_INTERPRET when it decorates)."""
+    pytest.importorskip("triton")
+
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", TABLES_ONCE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["runs"] and result["built"] == 1 and result["same"] and result["vs_oracle"] < 1e-4

@@ -112,3 +112,30 @@ def test_on_a_space_the_sidebar_fixes_device_and_dtype_and_ignores_a_link_to_oth
     captions = " ".join(c.value for c in app.sidebar.caption)
     assert "Hosted demo" in captions and "SPACE_ID" in captions
     assert "device" in captions and "dtype" in captions  # the link's device and dtype were ignored, and said so
+
+
+def test_a_cuda_torch_that_cannot_reach_a_gpu_says_so_on_the_sidebar(monkeypatch, bundled):
+    """PyPI's CUDA wheel on a host whose driver is older runs on the CPU: torch.cuda.is_available() is
+    quietly False. The sidebar says so, with the reason torch gives when CUDA is started."""
+    import torch
+
+    from prefillviz.engine import devices
+
+    def old_driver():
+        raise RuntimeError("The NVIDIA driver on your system is too old (found version 11040).")
+
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "init", old_driver)
+    devices.cuda_fallback_note.cache_clear()
+    try:
+        note = devices.cuda_fallback_note()
+        assert "built for CUDA 12.8" in note and "runs on the CPU" in note and "driver on your system is too old" in note
+        app = AppTest.from_file(APP, default_timeout=240)
+        app.run()
+        assert not app.exception
+        assert any("driver on your system is too old" in w.value for w in app.sidebar.warning)
+    finally:
+        devices.cuda_fallback_note.cache_clear()
+    monkeypatch.undo()
+    assert devices.cuda_fallback_note() == ""  # this CPU build of torch: nothing to say

@@ -10,11 +10,13 @@ from streamlit.testing.v1 import AppTest
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
 
-def open_page(page: str | None = None) -> AppTest:
-    """The app with the sidebar dtype set to float32, switched to ``views/<page>.py``."""
+def open_page(page: str | None = None, dtype: str | None = "float32") -> AppTest:
+    """The app with the sidebar dtype set to ``dtype`` (None: left as it is, e.g. fixed in hosted mode),
+    switched to ``views/<page>.py``."""
     app = AppTest.from_file(APP, default_timeout=240)
     app.run()
-    app.selectbox(key="sidebar_dtype").set_value("float32").run()
+    if dtype is not None:
+        app.selectbox(key="sidebar_dtype").set_value(dtype).run()
     if page is not None:
         app.switch_page(f"views/{page}.py").run()
     return app

@@ -139,3 +139,38 @@ def test_a_cuda_torch_that_cannot_reach_a_gpu_says_so_on_the_sidebar(monkeypatch
         devices.cuda_fallback_note.cache_clear()
     monkeypatch.undo()
     assert devices.cuda_fallback_note() == ""  # this CPU build of torch: nothing to say
+
+
+def test_the_warm_up_waits_for_its_turn_in_the_run_queue(monkeypatch):
+    """A model loaded (and warmed up) while another session's run holds the shared model waits for
+    that run to end, so the warm-up never skews another session's timings."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from prefillviz.ui import sidebar
+    from prefillviz.ui.run_queue import RUN_QUEUE
+
+    events = []
+    monkeypatch.setattr(sidebar, "load_model", lambda *args, **kwargs: SimpleNamespace(warm_up_s=None))
+    monkeypatch.setattr(sidebar, "warm_up", lambda loaded: events.append("warm-up") or 0.1)
+    release = threading.Event()
+
+    def other_sessions_run():
+        with RUN_QUEUE.turn():
+            events.append("run starts")
+            release.wait(10)
+            events.append("run ends")
+
+    runner = threading.Thread(target=other_sessions_run)
+    runner.start()
+    while "run starts" not in events:
+        time.sleep(0.01)
+    loader = threading.Thread(target=lambda: sidebar._cached_model.__wrapped__("some-model", "cpu", "float32"))
+    loader.start()
+    time.sleep(0.3)
+    assert events == ["run starts"]  # the warm-up is waiting for its turn
+    release.set()
+    runner.join(10)
+    loader.join(10)
+    assert events == ["run starts", "run ends", "warm-up"]

@@ -3,6 +3,7 @@
 import streamlit as st
 
 from prefillviz.analysis.first_token import first_token_view
+from prefillviz.engine.devices import dtype_name
 from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments.prefill import load_prefill_bundle, prefill_bundle, run_prefill
 from prefillviz.figures import prefill as figures
@@ -10,7 +11,7 @@ from prefillviz.loading.hosted import hosted_policy
 from prefillviz.loading.prompts import PRESETS
 from prefillviz.ui.presenter import chart
 from prefillviz.ui.results import downloads, get_result, save_result
-from prefillviz.ui.running import run_guarded
+from prefillviz.ui.running import measured_once, run_guarded, sharing_note, timing_runs_for
 from prefillviz.ui.shell import page_frame
 
 loaded = page_frame()
@@ -35,8 +36,13 @@ st.session_state.setdefault("prefill_prompt", PRESETS[st.session_state["prefill_
 prompt = st.text_area("Prompt", height=150, key="prefill_prompt", persist_state="session")  # kept across pages
 
 if loaded is not None and st.button("Run prefill", type="primary", key="prefill_run"):
-    with run_guarded("The prefill"), st.spinner("Running a few timing passes, then an inspection pass…"):
-        save_result("prefill", run_prefill(loaded, prompt))
+    with run_guarded("The prefill", queue=False), st.spinner("Running a few timing passes, then an inspection pass…"):
+        # identical inputs (model, device, dtype, prompt, settings) are measured once for every session asking
+        key = ("prefill page", loaded.model_id, str(loaded.device), dtype_name(loaded.dtype), prompt, "greedy", "budget 8192", "timing+inspect")
+        shared = measured_once(key, lambda others: (others, run_prefill(loaded, prompt, timing_runs=timing_runs_for(others))))
+        waiting_behind, result = shared.result
+        save_result("prefill", result)
+        st.session_state["prefill_sharing"] = {"viewers": shared.viewers, "joined": shared.joined, "waiting_behind": waiting_behind}
 
 with st.expander("Load a saved run (no model needed)"):
     if hosted_policy().enabled:  # Streamlit's uploader fails its XSRF check inside a Space's iframe (hosted.py)
@@ -80,6 +86,9 @@ else:  # a handful of tokens measures the step's fixed cost, not a rate
     )
 columns[2].metric("First token", repr(record.first_token_text))
 st.caption(f"TTFT: {result.ttft_label()}.", help="Each press runs the timing pass a few times on an already warm model; a busy machine explains a slow figure.")
+sharing = st.session_state.get("prefill_sharing")
+if sharing is not None and get_result("prefill") is result:
+    st.caption(sharing_note(sharing, len(result.ttft_runs_s)))
 ttft = figures.ttft_breakdown_figure(record.ttft_breakdown_s)
 chart(ttft, key="prefill_ttft")
 downloads("ttft_breakdown", "prefill_ttft_dl", figure=ttft, table=[{"part": k, "seconds": v} for k, v in record.ttft_breakdown_s.items()])

@@ -10,8 +10,10 @@ stops its thread) gives its ticket back in ``finally``.
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -21,6 +23,14 @@ class RunQueue:
         self._condition = threading.Condition()
         self._tickets: list[int] = []  # head = the run that holds the model
         self._next_ticket = 0
+        self._held_s: deque[float] = deque(maxlen=20)  # how long the last runs held the model
+
+    def estimate_s(self, ahead: int) -> float | None:
+        """Seconds until a run with ``ahead`` runs before it gets the model: ``ahead`` x the median of
+        the last runs' times (None before any run finished)."""
+        with self._condition:
+            held = list(self._held_s)
+        return ahead * statistics.median(held) if held else None
 
     @property
     def num_waiting(self) -> int:
@@ -38,7 +48,7 @@ class RunQueue:
         Yields:
             Seconds spent waiting.
         """
-        start = time.perf_counter()
+        start, started = time.perf_counter(), None
         with self._condition:
             ticket = self._next_ticket
             self._next_ticket += 1
@@ -54,9 +64,12 @@ class RunQueue:
                 with self._condition:
                     if self._tickets[0] != ticket:
                         self._condition.wait(timeout=poll_s)
-            yield time.perf_counter() - start
+            started = time.perf_counter()
+            yield started - start
         finally:
             with self._condition:
+                if started is not None:
+                    self._held_s.append(time.perf_counter() - started)
                 self._tickets.remove(ticket)
                 self._condition.notify_all()
 

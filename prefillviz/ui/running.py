@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -18,9 +19,11 @@ from prefillviz.engine.dispatch_tables import choice_label
 from prefillviz.engine.errors import OutOfMemory, PrefillVizError, is_out_of_memory
 from prefillviz.engine.forward_status import forward_label
 from prefillviz.engine.packed_weights import linear_weights_label
+from prefillviz.experiments.prefill import TIMING_RUNS
 from prefillviz.instrument.passes import pass_label
 from prefillviz.loading.models import LoadedModel
 from prefillviz.ui.run_queue import RUN_QUEUE
+from prefillviz.ui.shared_runs import SHARED_RUNS, Shared
 
 logger = logging.getLogger(__name__)
 
@@ -44,15 +47,8 @@ def run_guarded(what: str, queue: bool = True) -> Iterator[None]:
     out-of-memory error the caches are freed. Earlier results stay in ``st.session_state``
     untouched, so the page keeps showing them.
     """
-    waiting = st.empty()
     try:
-        turn = RUN_QUEUE.turn(on_wait=lambda ahead: waiting.info(f"Waiting for the shared model: {ahead} run(s) ahead of yours…")) if queue else nullcontext(0.0)
-        with turn as waited_s:
-            st.session_state["last_queue_wait_s"] = waited_s
-            if waited_s >= 0.1:
-                waiting.caption(f"Waited {waited_s:.1f} s for the shared model")
-            else:
-                waiting.empty()
+        with queue_turn() if queue else nullcontext(0.0):
             yield
     except PrefillVizError as error:
         if isinstance(error, OutOfMemory):
@@ -67,6 +63,63 @@ def run_guarded(what: str, queue: bool = True) -> Iterator[None]:
             raise
         logger.exception("%s failed", what)  # the traceback goes to the server log
         st.error(f"{what} failed unexpectedly ({type(error).__name__}: {error}). Earlier results are kept; please report this.")
+
+
+def _wait_text(ahead: int) -> str:
+    eta = RUN_QUEUE.estimate_s(ahead)
+    estimate = f", about {eta:,.0f} s from the last runs' median" if eta is not None else ""
+    return f"Waiting for the shared model: you are number {ahead + 1} in line ({ahead} run(s) ahead of yours{estimate})…"
+
+
+@contextmanager
+def queue_turn() -> Iterator[float]:
+    """This session's turn on the shared model (``RUN_QUEUE``), with its place in line and an estimate
+    from the last runs while it waits, and how long it waited after; yields the seconds waited."""
+    waiting = st.empty()
+    with RUN_QUEUE.turn(on_wait=lambda ahead: waiting.info(_wait_text(ahead))) as waited_s:
+        st.session_state["last_queue_wait_s"] = waited_s
+        if waited_s >= 0.1:
+            waiting.caption(f"Waited {waited_s:.1f} s for the shared model")
+        else:
+            waiting.empty()
+        yield waited_s
+
+
+def measured_once(key: tuple, measure: Callable[[int], Any]) -> Shared:
+    """``measure(others_waiting)`` run once for every session asking the same ``key`` (``SHARED_RUNS``):
+    the first takes its turn in the queue and measures, the others join and wait for its result.
+    Use it inside ``run_guarded(what, queue=False)``; ``others_waiting`` is how many runs queued
+    behind when the turn came (a long line may ask for fewer timing passes)."""
+    joining = st.empty()
+
+    def measure_in_turn() -> Any:
+        with queue_turn():
+            return measure(RUN_QUEUE.num_waiting)
+
+    viewer = st.session_state.setdefault("shared_runs_viewer", uuid.uuid4().hex)  # this session, in its own state
+    shared = SHARED_RUNS.run(
+        key, measure_in_turn, viewer=viewer,
+        on_join_wait=lambda viewers: joining.info(f"An identical run is being measured; you will see its result ({viewers} viewers so far)…"),
+    )
+    joining.empty()
+    return shared
+
+
+BUSY_TIMING_RUNS = 3  # timing passes when other runs wait behind this one: never fewer than 3 (a median with a spread)
+
+
+def timing_runs_for(others_waiting: int) -> int:
+    """Timing passes for a run with ``others_waiting`` runs queued behind it: the full count alone, 3 in a line."""
+    return TIMING_RUNS if others_waiting == 0 else min(TIMING_RUNS, BUSY_TIMING_RUNS)
+
+
+def sharing_note(sharing: dict, timing_runs: int) -> str:
+    """The caption under a shared or shortened run: who measured it, for how many viewers, and why fewer passes."""
+    who = "Joined an identical run another session started" if sharing["joined"] else "Measured by this session"
+    note = f"{who}: measured once for {sharing['viewers']} viewer(s)."
+    if sharing["waiting_behind"] and timing_runs < TIMING_RUNS:
+        note += f" {timing_runs} timing passes instead of {TIMING_RUNS}: {sharing['waiting_behind']} run(s) were waiting behind it."
+    return note
 
 
 def free_memory() -> None:

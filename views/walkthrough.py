@@ -10,7 +10,7 @@ import streamlit as st
 
 from prefillviz import lessons
 from prefillviz.ui.results import get_result, save_result
-from prefillviz.ui.running import run_guarded, run_label
+from prefillviz.ui.running import measured_once, run_guarded, run_label
 from prefillviz.ui.settings import set_setting
 from prefillviz.ui.shell import page_frame
 
@@ -141,10 +141,15 @@ clicked = st.button(
     width="stretch",
 )
 if clicked and loaded is not None:
-    with run_guarded(f"Step {index + 1}"):
+    with run_guarded(f"Step {index + 1}", queue=False):
         bar = st.progress(0.0, text=f"Step {index + 1}: starting")
-        try:
-            outcome = lessons.run_action(loaded, step.action, progress=lambda fraction, text: bar.progress(min(1.0, fraction), text=text))
+        try:  # a class running the same step at once: measured once (the same action, settings, model and dtype)
+            shared = measured_once(
+                ("lesson step", sid, key),
+                lambda others: lessons.run_action(loaded, step.action, progress=lambda fraction, text: bar.progress(min(1.0, fraction), text=text)),
+            )
+            outcome = shared.result
+            state["lesson_sharing"] = (key, shared.viewers, shared.joined)
         finally:
             bar.empty()
         runs.put(key, outcome, f"lesson {lesson.number}, step {index + 1}")
@@ -154,8 +159,10 @@ if clicked and loaded is not None:
 if outcome is not None:
     origin = runs.origin(key)
     shared = "" if origin == f"lesson {lesson.number}, step {index + 1}" else f" (the run of {origin})"
+    sharing = state.get("lesson_sharing")
+    viewers = f" Measured once for {sharing[1]} viewer(s){' (you joined a run another session started)' if sharing[2] else ''}." if sharing and sharing[0] == key else ""
     st.caption(
-        f"Ran in {outcome.elapsed_s:,.1f} s on {outcome.model_id} ({outcome.device}, {outcome.dtype}){shared}. "
+        f"Ran in {outcome.elapsed_s:,.1f} s on {outcome.model_id} ({outcome.device}, {outcome.dtype}){shared}.{viewers} "
         "The answer stays hidden until you reveal it."
     )
 

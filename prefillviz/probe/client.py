@@ -63,6 +63,7 @@ class StreamedCompletion:
     text: str = ""
     prompt_tokens: int | None = None  # the server's usage.prompt_tokens, when it reports usage
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when reported
+    completion_tokens: int | None = None  # usage.completion_tokens, when reported
     finish_reason: str | None = None
     stopped_early: bool = False  # the client closed the stream (``stop_when`` said so)
 
@@ -201,14 +202,14 @@ class ServerClient:
                 for line in response.iter_lines():
                     if time.monotonic() > deadline:
                         raise ProbeError(f"{self.url} took over {self.request_deadline_s:.0f} s for one answer; the probe stopped it.")
-                    if self._take_line(line, result) == "done":
+                    if self.take_line(line, result) == "done":
                         break
                     if stop_when is not None and stop_when(result):
                         result.stopped_early = True
                         break
         return result
 
-    def _take_line(self, line: str, result: StreamedCompletion) -> str | None:
+    def take_line(self, line: str, result: StreamedCompletion) -> str | None:
         """Read one server-sent-events line into ``result``; "done" at ``data: [DONE]``."""
         line = line.strip()
         if not line or line.startswith(":") or line.startswith(("event:", "id:", "retry:")):
@@ -237,6 +238,7 @@ class ServerClient:
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             result.prompt_tokens = usage.get("prompt_tokens", result.prompt_tokens)
+            result.completion_tokens = usage.get("completion_tokens", result.completion_tokens)
             details = usage.get("prompt_tokens_details")
             if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
                 result.cached_tokens = details["cached_tokens"]

@@ -125,6 +125,8 @@ async def _run_point(
     peaks: dict[str, float] = {}
     tasks: set[asyncio.Task] = set()
     ended_because: list[str] = []
+    finished: list[RequestRecord] = []  # reported to ``on_done`` by the loop below, so a callback that raises (a page's stop) ends the point
+    num_reported = 0
     timeout = httpx.Timeout(client.read_timeout_s, connect=CONNECT_TIMEOUT_S)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     started = time.perf_counter()
@@ -145,7 +147,7 @@ async def _run_point(
             record.error = f"{type(error).__name__}: {error}" if isinstance(error, httpx.HTTPError) else str(error)
         if record.end_s is None:
             record.end_s = time.perf_counter() - started
-        on_done(record)
+        finished.append(record)
 
     def why_end() -> str | None:
         errors = [r for r in records if r.error]
@@ -156,6 +158,12 @@ async def _run_point(
         if time.perf_counter() - started > deadline_s:
             return f"the time bound ran out ({deadline_s:.0f} s left for this point)"
         return None
+
+    def report_done() -> None:
+        nonlocal num_reported
+        for record in finished[num_reported:]:
+            on_done(record)
+        num_reported = len(finished)
 
     async def closed_loop_user(queue: list[PlannedRequest]) -> None:
         while queue and not ended_because:
@@ -168,6 +176,7 @@ async def _run_point(
                 for arrival, request in zip(arrival_times_s(load, len(plan), seed), plan):
                     while time.perf_counter() - started < arrival and not ended_because:
                         ended_because += filter(None, [why_end()])
+                        report_done()
                         await asyncio.sleep(min(0.02, max(0.0, arrival - (time.perf_counter() - started))))
                     if ended_because:
                         break
@@ -178,6 +187,8 @@ async def _run_point(
             while not ended_because and any(not t.done() for t in tasks):
                 ended_because += filter(None, [why_end()])
                 await asyncio.wait(tasks, timeout=0.02, return_when=asyncio.FIRST_COMPLETED)
+                report_done()
+            report_done()
             ended_because += filter(None, [why_end()]) if not ended_because else []
             for task in tasks:
                 if task.done() and task.exception() is not None:

@@ -4,7 +4,8 @@ It asks the server what it is, sizes prompts with one calibration request, then 
 ``WARMUP_REQUESTS`` requests one at a time: they warm the server up and measure the rate it
 serves one at a time (``1 / latency``). Open-loop loads default to multiples of that rate, so
 the sweep crosses the knee on a laptop and on a GPU alike. Each load point then runs
-``requests_per_point`` streamed requests (``load.run_point``) with the server's ``/metrics``
+``requests_per_point`` streamed requests (fewer, down to ``MIN_REQUESTS_PER_POINT``, for a light
+open-loop load whose arrivals would not fit its share of the time left; ``load.run_point``) with the server's ``/metrics``
 read before and after it (``load_stats``).
 
 Bounded before it starts: the plan's requests, prompt tokens and new tokens are checked
@@ -34,6 +35,7 @@ from prefillviz.probe.report import DEFAULT_CONTEXT, server_info
 WARMUP_REQUESTS = 3
 RATE_MULTIPLES = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0)  # × the rate served one at a time
 DEFAULT_CONCURRENCIES = (1, 2, 4, 8, 16)
+MIN_REQUESTS_PER_POINT = 4
 METRICS_SETTLE_S = 3.0  # the longest wait for the server's histograms to count the point's requests
 
 
@@ -117,10 +119,10 @@ def check_bounds(settings: LoadSettings, num_points: int, budget: ProbeBudget) -
                          "fewer loads, shorter prompts or fewer output tokens.")
 
 
-def plan_requests(settings: LoadSettings, maker: PromptMaker, shared_prefix: str, rng: random.Random) -> list[PlannedRequest]:
+def plan_requests(settings: LoadSettings, maker: PromptMaker, shared_prefix: str, rng: random.Random, num_requests: int) -> list[PlannedRequest]:
     """One point's prompts: lengths from the chosen distribution, some behind the shared prefix."""
     plan = []
-    for _ in range(settings.requests_per_point):
+    for _ in range(num_requests):
         spread = settings.prompt_tokens * settings.prompt_spread
         num_tokens = max(16, round(rng.uniform(settings.prompt_tokens - spread, settings.prompt_tokens + spread)))
         if rng.random() < settings.shared_prefix_share:
@@ -193,7 +195,11 @@ def load_sweep(
             if should_stop():
                 report.stopped_reason = "Stopped by the user."
                 break
-            arrivals_s = settings.requests_per_point / load if settings.mode == "rate" else 0.0  # open loop: sending alone takes this
+            num_requests = settings.requests_per_point
+            if settings.mode == "rate":  # a light load gets fewer requests when all of them would not arrive within its share of the time left
+                share_s = left_s / (len(loads) - index)
+                num_requests = min(num_requests, max(MIN_REQUESTS_PER_POINT, math.floor(load * share_s * 0.7)))
+            arrivals_s = num_requests / load if settings.mode == "rate" else 0.0  # open loop: sending alone takes this
             if left_s <= 1 or arrivals_s > left_s:
                 report.stopped_reason = (f"The sweep stopped before load {load:g}: it would take over {arrivals_s:.0f} s, and "
                                          f"{max(left_s, 0):.0f} s are left of its time bound of {settings.max_seconds:.0f} s.")
@@ -202,8 +208,8 @@ def load_sweep(
             counter.advance(label, units=0)
             before = _snapshot(client, info)
             run = run_point(
-                client, info["model"], settings.mode, load, plan_requests(settings, maker, shared_prefix, rng), settings.output_tokens,
-                max_errors=math.floor(settings.max_error_share * settings.requests_per_point), deadline_s=left_s,
+                client, info["model"], settings.mode, load, plan_requests(settings, maker, shared_prefix, rng, num_requests), settings.output_tokens,
+                max_errors=math.floor(settings.max_error_share * num_requests), deadline_s=left_s,
                 request_deadline_s=client.request_deadline_s, seed=settings.seed + index, poll_metrics=before is not None,
                 should_stop=should_stop, on_done=lambda record: counter.advance(label),
             )

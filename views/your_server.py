@@ -190,8 +190,11 @@ if load_report is not None:
                                 "worst); goodput on the right axis. Past the knee the server can't keep up and requests wait longer "
                                 "the longer the load lasts.", load_figures.ttft_load_figure(load_report), "load_ttft_chart", caption=True)
         split = figure_section("Where the time to first token went",
-                               "The server's mean queue wait and mean prefill per load point, stacked, next to the mean TTFT this client "
-                               "saw (network and HTTP included). Prefill also grows under load: a batch shares the machine.",
+                               "The server's own means per load point, stacked: time in its API server before the engine (its TTFT less "
+                               "the two below), the wait in the engine's queue, and prefill (first scheduled to first token); the dash is "
+                               "the mean TTFT this client saw (network and HTTP included). vLLM admits a request into the running batch "
+                               "while the batch has room, so at first load shows up as longer prefill (each step is shared with more "
+                               "requests) and the queue grows only once the batch is full: sequences, token budget or KV cache.",
                                load_figures.split_figure(load_report), "load_split_chart", caption=True)
         data = load_report.to_json()
         rows = [{k: v for k, v in p.items() if k not in ("split", "metrics_delta", "gauge_peaks")} | {f"split_{k}": v for k, v in p["split"].items()}

@@ -38,11 +38,13 @@ def ttft_load_figure(report: LoadReport) -> go.Figure:
 
 
 def split_figure(report: LoadReport) -> go.Figure:
-    """Per load point: the server's mean queue time and mean prefill time stacked, beside the client's mean TTFT."""
+    """Per load point: the server's mean time before its engine, queue time and prefill time stacked, beside the client's mean TTFT."""
     points = report.points
     labels = [f"{p.load:g}" for p in points]
     splits = [p.split() for p in points]
     fig = go.Figure()
+    fig.add_bar(x=labels, y=[max(s["before_engine_s_mean"] or 0, 0) * 1e3 for s in splits], name="before the engine (API server)",
+                marker_color=style.PARTIAL, hovertemplate="load %{x}: API server %{y:,.0f} ms<extra></extra>")
     fig.add_bar(x=labels, y=[(s["queue_s_mean"] or 0) * 1e3 for s in splits], name="waiting in the queue (server)", marker_color=style.NEUTRAL,
                 hovertemplate="load %{x}: queue %{y:,.0f} ms<extra></extra>")
     fig.add_bar(x=labels, y=[(s["prefill_s_mean"] or 0) * 1e3 for s in splits], name="prefill (server)", marker_color=style.PREFILL,

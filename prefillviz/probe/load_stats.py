@@ -10,8 +10,13 @@ The **split** comes from the server's own histograms, read before and after the 
 (``vllm:request_queue_time_seconds``: queued until first scheduled) and its prefill
 (``vllm:request_prefill_time_seconds``: first scheduled until first token), and its own
 ``vllm:time_to_first_token_seconds`` (arrival at the API server until first token). Their
-means per point are ``sum / count`` of the increase. A server without them gets the client's
-figures and the list of what is missing.
+means per point are ``sum / count`` of the increase; the server's TTFT less queue and prefill
+is the time before the engine (the API server: parsing, tokenizing, handing over). A server
+without them gets the client's figures and the list of what is missing.
+
+vLLM admits a request into the running batch as soon as the batch has room (sequences, token
+budget, KV blocks), so below that its queue stays near zero and sharing steps with the other
+requests shows up as longer prefill; the queue grows once the batch is full.
 
 The **knee** is the highest load whose TTFT p99 stays within ``knee_factor`` times the
 lowest load's p99; it is "reached" only when a heavier load went past that line.
@@ -80,8 +85,10 @@ class PointResult:
         hits, queries = self.server.get(PREFIX_HITS), self.server.get(PREFIX_QUERIES)
         return {
             "queue_s_mean": queue, "prefill_s_mean": prefill, "server_ttft_s_mean": server_ttft, "client_ttft_s_mean": client_mean,
+            "before_engine_s_mean": server_ttft - both if server_ttft is not None and both is not None else None,
             "queue_share": queue / both if both else None,
             "split_over_client": both / client_mean if both is not None and client_mean else None,
+            "server_ttft_over_client": server_ttft / client_mean if server_ttft is not None and client_mean else None,
             "prefix_cache_hit_share": hits / queries if queries else None,
             "missing": missing if self.metrics_available else ["/metrics (the server has none)"],
         }

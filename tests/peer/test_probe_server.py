@@ -1,6 +1,6 @@
 """The server probe against a real ``vllm serve`` (vLLM's OpenAI-compatible server from
-.venv-vllm, the bundled model, on 127.0.0.1): the command line's JSON, the page, and a
-server that stops answering mid-probe."""
+.venv-vllm, the bundled model, on 127.0.0.1): the command line's JSON, the page, a short load
+sweep, and a server that stops answering mid-probe."""
 
 import json
 import subprocess
@@ -11,10 +11,12 @@ import pytest
 
 from prefillviz.peers.vllm_server import LocalVLLMServer
 from prefillviz.probe.client import ProbeError
+from prefillviz.probe.load_sweep import LoadSettings, load_sweep
 from prefillviz.probe.report import ProbeSettings, probe_server
 from tests.app.pages import chart_titled, open_page
 from tests.browser.test_browser import CHROMIUM, CHROMIUM_FLAGS, SCREENSHOTS
 
+MAX_NUM_SEQS = 4
 REQUIRED_KEYS = {
     "server", "ttft_by_tokens", "prefix_miss_ttft_s", "prefix_hit_ttft_s", "prefix_hit_speedup", "cached_tokens_reported",
     "itl_max_ms_before", "itl_max_ms_during", "metrics_delta",
@@ -23,7 +25,8 @@ REQUIRED_KEYS = {
 
 @pytest.fixture(scope="module")
 def vllm_server(needs_vllm, bundled):  # bundled: its first load writes the safetensors copy vLLM reads
-    with LocalVLLMServer(max_model_len=2048) as server:
+    # at most 4 sequences in a batch: the load sweep's 8 users make a queue on 2 cores as on a GPU
+    with LocalVLLMServer(max_model_len=2048, extra_args=("--max-num-seqs", str(MAX_NUM_SEQS))) as server:
         yield server
     assert server.process.poll() is not None
 
@@ -115,6 +118,25 @@ def test_the_page_in_a_real_browser(vllm_server, app_url):
         assert not page.locator('[data-testid="stAlertContentError"]').count()
         page.screenshot(path=str(SCREENSHOTS / "your_server_vllm.png"), full_page=True)
         browser.close()
+
+
+def test_under_load_ttft_p99_and_the_queue_share_rise_and_the_split_matches_the_servers_ttft(vllm_server):
+    """1 user, then 2 × the batch's room: the extra users wait in vLLM's queue, by its own histograms."""
+    settings = LoadSettings(mode="concurrency", loads=(1, 2 * MAX_NUM_SEQS), requests_per_point=2 * MAX_NUM_SEQS, prompt_tokens=128,
+                            prompt_spread=0.25, output_tokens=8, max_seconds=240)
+    report = load_sweep(vllm_server.url, settings=settings, read_timeout_s=60)
+    assert report.stopped_reason is None and len(report.points) == 2, report.stopped_reason
+    one, many = (p.to_json(settings.ttft_target_s, settings.itl_target_s) for p in report.points)
+    assert one["requests_ok"] == many["requests_ok"] == 2 * MAX_NUM_SEQS
+    assert many["ttft_s_p99"] > 1.5 * one["ttft_s_p99"], (one, many)
+    assert many["split"]["queue_share"] > one["split"]["queue_share"] + 0.2, (one["split"], many["split"])
+    assert many["gauge_peaks"].get("vllm:num_requests_waiting", 0) >= 1  # seen waiting while the point ran
+    for point in (one, many):
+        split = point["split"]
+        assert split["missing"] == [] and split["queue_s_mean"] >= 0 and split["prefill_s_mean"] > 0
+        assert 0.85 < split["server_ttft_over_client"] <= 1.02, split  # the server's TTFT ≈ the client's, less the network
+        assert split["before_engine_s_mean"] >= -0.01 and 0.3 < split["split_over_client"] <= 1.02, split
+        assert point["output_tokens_per_s"] > 0 and point["prompt_tokens_per_s"] > point["output_tokens_per_s"]
 
 
 def test_a_server_that_dies_mid_probe_is_a_clear_error_within_a_bounded_time(vllm_server):

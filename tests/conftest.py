@@ -39,6 +39,16 @@ def not_hosted_unless_asked(monkeypatch):
     monkeypatch.delenv("PREFILLVIZ_HOSTED", raising=False)
 
 
+@pytest.fixture(autouse=True)
+def no_shared_runs_between_tests():
+    """Each test measures its own runs: the app shares identical runs between sessions for a minute
+    (ui/shared_runs.py), and one test's AppTest must not get another test's result."""
+    from prefillviz.ui.shared_runs import SHARED_RUNS
+
+    SHARED_RUNS.clear()
+    yield
+
+
 @pytest.fixture
 def one_torch_thread():
     """Test machines are shared: one intra-op thread avoids OpenMP oversubscription stalls."""

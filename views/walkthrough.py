@@ -9,6 +9,7 @@ and the revealed steps, keyed by lesson and step; no keyboard is needed anywhere
 import streamlit as st
 
 from prefillviz import lessons
+from prefillviz.ui import classroom
 from prefillviz.ui.results import get_result, save_result
 from prefillviz.ui.running import measured_once, run_guarded, run_label
 from prefillviz.ui.settings import set_setting
@@ -28,6 +29,9 @@ try:
 except lessons.LessonError as error:
     st.error(f"The lesson files could not be loaded: {error}")
     st.stop()
+
+here = classroom.room_controls()  # a class room: start, join, or its code and link
+following = classroom.follow_teacher(here, [lesson.slug for lesson in LESSONS])  # a student: the teacher's lesson and step
 
 state = st.session_state
 runs = state.setdefault("lesson_runs", lessons.RunStore())  # action key (action, settings, model, dtype) -> run
@@ -53,13 +57,17 @@ def apply_settings(settings: dict) -> None:
         set_setting(lessons.SETTINGS[name][0], value)
 
 
-def record_prediction(sid: str, widget_key: str) -> None:
+def record_prediction(sid: str, widget_key: str, lock: bool = True) -> None:
     predictions[sid] = state[widget_key]
+    if lock:
+        classroom.lock_prediction(here, sid, state[widget_key])  # in a room, the first one locked in counts
 
 
-def reveal(sid: str) -> None:
+def reveal(sid: str, measured: float | None = None) -> None:
     if sid in predictions:
         revealed.add(sid)
+        if measured is not None:
+            classroom.publish_answer(here, sid, measured)  # the teacher's reveal shows the class the answer
 
 
 lesson_index = st.radio(
@@ -67,22 +75,25 @@ lesson_index = st.radio(
     range(len(LESSONS)),
     format_func=lambda i: f"{LESSONS[i].number}. {LESSONS[i].title} · about {LESSONS[i].minutes} min",
     key="lesson_choice",
+    disabled=following,
 )
 lesson = LESSONS[lesson_index]
 position_key = f"lesson_step_{lesson.slug}"
 index = min(state.setdefault(position_key, 0), lesson.num_steps - 1)
 step, sid = lesson.steps[index], step_id(lesson, index)
 last_step, last_lesson = index == lesson.num_steps - 1, lesson_index == len(LESSONS) - 1
+classroom.publish_position(here, lesson_index, index)  # the teacher's step, for the students to follow
+classroom.watch_room(here, lesson_index, index)
 
 
 def navigation(where: str) -> None:
     back, middle, forward = st.columns([1, 2, 1], vertical_alignment="center")
-    back.button("◀ Back", key=f"lesson_back_{where}", on_click=move, args=(position_key, lesson.num_steps, -1), disabled=index == 0, width="stretch")
+    back.button("◀ Back", key=f"lesson_back_{where}", on_click=move, args=(position_key, lesson.num_steps, -1), disabled=index == 0 or following, width="stretch")
     middle.progress((index + 1) / lesson.num_steps, text=f"Step {index + 1} of {lesson.num_steps}: {step.title}")
     if last_step:
-        forward.button("Next lesson ▶", key=f"lesson_next_{where}", type="primary", on_click=next_lesson, args=(lesson_index,), disabled=last_lesson, width="stretch")
+        forward.button("Next lesson ▶", key=f"lesson_next_{where}", type="primary", on_click=next_lesson, args=(lesson_index,), disabled=last_lesson or following, width="stretch")
     else:
-        forward.button("Next ▶", key=f"lesson_next_{where}", type="primary", on_click=move, args=(position_key, lesson.num_steps, 1), width="stretch")
+        forward.button("Next ▶", key=f"lesson_next_{where}", type="primary", on_click=move, args=(position_key, lesson.num_steps, 1), disabled=following, width="stretch")
 
 
 done = " · ".join(f"{'✓ ' if step_id(lesson, s.index) in revealed else ''}{s.index + 1}. {s.title}" for s in lesson.steps)
@@ -109,11 +120,14 @@ if question.kind == "number":
         format_func=lambda v: lessons.format_value(v, question.unit),
         key=widget_key,
         on_change=record_prediction,
-        args=(sid, widget_key),
+        args=(sid, widget_key, False),  # moving the slider is not locking in (in a room, the button is)
         disabled=locked,
     )
-    if sid not in predictions:
+    in_room = classroom.locked_in_room(here, sid)
+    if sid not in predictions or (here is not None and in_room is None):
         st.button(f"Lock in my prediction: {lessons.format_value(value, question.unit)}", key="lesson_lock", on_click=record_prediction, args=(sid, widget_key))
+    elif in_room is not None:
+        st.caption(f"Locked in for the class: {lessons.format_value(in_room, question.unit)}")
 else:
     st.radio(
         question.text,
@@ -125,6 +139,8 @@ else:
         args=(sid, widget_key),
         disabled=locked,
     )
+
+classroom.class_histogram(here, question, sid)  # in a room: the class's predictions (the teacher's, and everyone's after the reveal)
 
 # ---------------------------------------------------------------- 2. run
 st.subheader("② Run it on the model")
@@ -177,7 +193,7 @@ st.button(
     key="lesson_reveal",
     type="primary",
     on_click=reveal,
-    args=(sid,),
+    args=(sid, outcome.measured[question.answer] if outcome is not None else None),
     disabled=sid not in predictions or outcome is None or locked,
     width="stretch",
 )

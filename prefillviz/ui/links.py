@@ -56,6 +56,8 @@ LINK_PARAMETERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "prompt": ("prefill_prompt", _prompt),
 }
 
+ROOM_PARAMETERS = ("room", "member")  # never copied into a share link: a member id is that browser's own
+
 
 def apply_link_parameters() -> list[str]:
     """Set the widgets named in the URL, once per session; returns the names that were ignored."""
@@ -63,6 +65,8 @@ def apply_link_parameters() -> list[str]:
         return st.session_state.get("_link_ignored", [])
     ignored = []
     for name, value in st.query_params.items():
+        if name in ROOM_PARAMETERS:  # a class room's link: ui/classroom.py reads it
+            continue
         if name not in LINK_PARAMETERS:
             ignored.append(name)
             continue

@@ -62,6 +62,11 @@ class SharedRuns:
         while len(self._entries) > self.max_entries:  # the oldest first; a running entry's owner still holds its object
             self._entries.popitem(last=False)
 
+    def clear(self) -> None:
+        """Forget every entry (a run in progress still hands its result to those already waiting)."""
+        with self._lock:
+            self._entries.clear()
+
     def __len__(self) -> int:
         with self._lock:
             self._expire(time.monotonic())

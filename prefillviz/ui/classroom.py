@@ -1,0 +1,176 @@
+"""The Guided lessons page's class room: start or join one, follow the teacher's step, the class's
+predictions next to the measured answer (``rooms.py`` keeps the rooms).
+
+A session's place in a room is its link: ``?room=CODE&member=ID`` (the member id is random), so a
+student who reloads the page stays in the room, counted once. The join link the teacher shows
+carries the code only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import streamlit as st
+
+from prefillviz import lessons
+from prefillviz.engine.errors import PrefillVizError
+from prefillviz.figures.classroom import class_predictions_figure
+from prefillviz.loading.hosted import hosted_policy
+from prefillviz.ui.presenter import presenter_mode
+from prefillviz.ui.rooms import ROOMS, new_member_id
+
+ROOM_STATE = "class_room"  # session state: (code, member) of this session's room
+
+
+@dataclass(frozen=True)
+class InRoom:
+    code: str
+    member: str
+    teacher: bool
+
+
+def _enter(code: str, member: str | None = None) -> None:
+    member = member or new_member_id()
+    try:
+        room = ROOMS.join(code, member, hosted=hosted_policy().enabled)
+    except PrefillVizError as error:
+        st.session_state["class_room_error"] = str(error)
+        st.query_params.pop("room", None)
+        st.query_params.pop("member", None)
+        return
+    st.session_state[ROOM_STATE] = (room.code, member)
+    st.query_params["room"], st.query_params["member"] = room.code, member  # a reload stays in the room
+
+
+def _start() -> None:
+    member = new_member_id()
+    try:
+        room = ROOMS.create(member, hosted=hosted_policy().enabled)
+    except PrefillVizError as error:
+        st.session_state["class_room_error"] = str(error)
+        return
+    st.session_state[ROOM_STATE] = (room.code, member)
+    st.query_params["room"], st.query_params["member"] = room.code, member
+
+
+def _leave() -> None:
+    st.session_state.pop(ROOM_STATE, None)
+    st.query_params.pop("room", None)
+    st.query_params.pop("member", None)
+
+
+def current_room() -> InRoom | None:
+    """This session's room: from its state, else from its link (a first visit or a reload); None outside one."""
+    held = st.session_state.get(ROOM_STATE)
+    if held is None and "room" in st.query_params and not st.session_state.get("class_room_link_tried"):
+        st.session_state["class_room_link_tried"] = True
+        _enter(st.query_params["room"], st.query_params.get("member"))
+        held = st.session_state.get(ROOM_STATE)
+    if held is None:
+        return None
+    room = ROOMS.get(held[0])
+    if room is None:  # expired while we were away
+        st.session_state["class_room_error"] = f"Class room {held[0]} has ended."
+        _leave()
+        return None
+    return InRoom(room.code, held[1], room.teacher == held[1])
+
+
+def room_controls() -> InRoom | None:
+    """The "Class room" box: start a room, join one by code, or the room's code and join link."""
+    here = current_room()
+    with st.expander("Class room: predict together" + (f" · room {here.code}" if here else ""), expanded=here is not None and here.teacher):
+        if error := st.session_state.pop("class_room_error", None):
+            st.error(error)
+        if here is None:
+            st.caption("A teacher starts a room and shows its code; students join it, follow the teacher's step and lock in "
+                       "their predictions; the teacher sees the class's predictions next to the measured answer.")
+            columns = st.columns([1, 1, 1], vertical_alignment="bottom")
+            columns[0].button("Start a room (teacher)", key="class_room_start", on_click=_start, width="stretch")
+            code = columns[1].text_input("Room code", key="class_room_code", max_chars=8, placeholder="e.g. K7QX2")
+            columns[2].button("Join", key="class_room_join", on_click=lambda: _enter(st.session_state.get("class_room_code", "")),
+                              disabled=not code.strip(), width="stretch")
+            return None
+        room = ROOMS.get(here.code)
+        members = len(room.members) - 1 if room else 0
+        if here.teacher:
+            link = f"{(st.context.url or '').split('?')[0]}?room={here.code}"
+            st.markdown(f"### Room code: `{here.code}`" if not presenter_mode() else f"# Room code: {here.code}")
+            st.caption(f"{members} student(s) joined. Students open the Guided lessons page and type the code, or open this link:")
+            st.code(link, language=None)
+        else:
+            st.caption(f"You are in room {here.code}: this page follows the teacher's step. Lock in your prediction on each step.")
+        st.button("Leave the room", key="class_room_leave", on_click=_leave)
+    return here
+
+
+def follow_teacher(here: InRoom | None, slugs: list[str]) -> bool:
+    """For a student: put the page on the teacher's lesson and step (before their widgets are drawn). True if it follows."""
+    if here is None or here.teacher:
+        return False
+    room = ROOMS.get(here.code)
+    if room is None:
+        return False
+    lesson = min(room.lesson, len(slugs) - 1)
+    st.session_state["lesson_choice"] = lesson
+    st.session_state[f"lesson_step_{slugs[lesson]}"] = room.step
+    return True
+
+
+def publish_position(here: InRoom | None, lesson: int, step: int) -> None:
+    if here is not None and here.teacher:
+        ROOMS.follow(here.code, here.member, lesson, step)
+
+
+def lock_prediction(here: InRoom | None, sid: str, value: float) -> None:
+    if here is not None:
+        ROOMS.predict(here.code, here.member, sid, value)
+
+
+def locked_in_room(here: InRoom | None, sid: str) -> float | None:
+    """This member's prediction the room holds for a step (None outside a room or before locking in)."""
+    return None if here is None else ROOMS.prediction(here.code, here.member, sid)
+
+
+def publish_answer(here: InRoom | None, sid: str, measured: float) -> None:
+    if here is not None and here.teacher:
+        ROOMS.reveal(here.code, here.member, sid, measured)
+
+
+def _nearest_option(question: lessons.Question, measured: float) -> int:
+    options = list(question.options)
+    if question.compare == "difference" or measured <= 0 or min(options) <= 0:
+        return min(range(len(options)), key=lambda i: abs(options[i] - measured))
+    return min(range(len(options)), key=lambda i: abs(math.log(options[i] / measured)))
+
+
+def class_histogram(here: InRoom | None, question: lessons.Question, sid: str) -> None:
+    """The class's predictions of this step: always for the teacher, for students once the answer is revealed."""
+    if here is None:
+        return
+    counts, measured = ROOMS.tally(here.code, sid)
+    if not here.teacher and measured is None:
+        return
+    if question.kind == "number":
+        labels = [lessons.format_value(v, question.unit) for v in question.options]
+        per_option = [counts.get(float(v), 0) for v in question.options]
+        answer = None if measured is None else _nearest_option(question, measured)
+    else:
+        labels = [choice.label for choice in question.choices]
+        per_option = [counts.get(float(i), 0) for i in range(len(labels))]
+        answer = None if measured is None else lessons.choice_for(question, measured)
+    answer_text = None if measured is None else lessons.format_value(measured, question.unit)
+    st.plotly_chart(class_predictions_figure(labels, per_option, answer, answer_text, question.text), key=f"class_histogram_{sid}")
+    if measured is None:
+        st.caption("Only you (the teacher) see this until you reveal the answer: the students' predictions stay their own.")
+
+
+@st.fragment(run_every=3)
+def watch_room(here: InRoom | None, lesson: int, step: int) -> None:
+    """Every 3 s: a student's page follows when the teacher moves on."""
+    if here is None or here.teacher:
+        return
+    room = ROOMS.get(here.code)
+    if room is not None and (room.lesson, room.step) != (lesson, step):
+        st.rerun(scope="app")

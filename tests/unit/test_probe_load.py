@@ -100,7 +100,7 @@ def test_ttft_p99_and_the_queue_share_rise_with_load_and_the_split_matches_the_c
     for point in (low, high):
         assert point["requests_ok"] == 8 and point["errors"] == 0
         assert point["split"]["missing"] == []
-        assert 0.75 < point["split"]["split_over_client"] < 1.1, point["split"]  # the server's queue + prefill ≈ what the client saw
+        assert 0.6 < point["split"]["split_over_client"] < 1.1, point["split"]  # the server's queue + prefill ≈ what the client saw
         assert point["split"]["prefill_s_mean"] == pytest.approx(PREFILL_S, rel=0.5)
         assert point["output_tokens_per_s"] > 0 and point["itl_s_p50"] < 0.1
     result = report.to_json()
@@ -112,7 +112,8 @@ def test_ttft_p99_and_the_queue_share_rise_with_load_and_the_split_matches_the_c
 def test_closed_loop_goodput_falls_when_users_queue_and_metrics_are_missing(engine):
     report = load_sweep(engine.url, settings=quick(mode="concurrency", loads=(1, 8), ttft_target_s=0.12))
     one, eight = (p.to_json(0.12, 0.25) for p in report.points)
-    assert one["goodput_share"] == 1.0 and eight["goodput_share"] < 0.7, (one, eight)  # 8 users: most wait > 120 ms
+    # 1 user: TTFT ≈ one 50 ms prefill; 8 users: the k-th waits for k - 1 prefills, so most take over 120 ms
+    assert one["goodput_share"] >= 0.75 and eight["goodput_share"] <= 0.5 and one["goodput_share"] > eight["goodput_share"] + 0.4, (one, eight)
     assert eight["ttft_s_p50"] > 2 * one["ttft_s_p50"]
     assert one["split"]["queue_s_mean"] is None and one["split"]["missing"] == ["/metrics (the server has none)"]
     assert "can't be split into queue and prefill" in report.reading()

@@ -162,3 +162,20 @@ def test_the_knee_is_the_last_load_within_the_factor_of_the_low_load_p99():
     assert "no knee within the loads swept" in reading(points[:3], 2.0)
     times = arrival_times_s(10.0, 2000, seed=1)
     assert times[0] == 0 and times == sorted(times) and 1900 / 10 < times[-1] < 2100 / 10  # Poisson: mean gap 1/rate
+
+
+def test_the_command_line_prints_each_points_percentiles_goodput_split_and_the_knee(engine, capsys):
+    from prefillviz.cli import main
+
+    argv = ["probe-server", "--url", engine.url, "--load", "rate", "--loads", "4,80", "--requests-per-point", "8",
+            "--prompt-tokens", "32", "--output-tokens", "4", "--ttft-target-ms", "100"]
+    assert main([*argv, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["knee_load"] == 4.0 and [p["load"] for p in result["load_points"]] == [4.0, 80.0]
+    for point in result["load_points"]:
+        assert {"ttft_s_p50", "ttft_s_p90", "ttft_s_p99", "itl_s_p50", "itl_s_p99", "goodput_share", "requests_per_s"} <= set(point)
+        assert point["split"]["queue_s_mean"] is not None and point["split"]["prefill_s_mean"] > 0
+    assert result["load_points"][0]["goodput_share"] > result["load_points"][1]["goodput_share"]
+    assert main(argv) == 0  # the table for people
+    printed = capsys.readouterr().out
+    assert "knee: 4.0" in printed and "queue share" in printed and "your TTFT is mostly prefill" in printed

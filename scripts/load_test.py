@@ -1,13 +1,19 @@
-"""Load test: N concurrent browser sessions run a prefill each against one local server.
+"""Load test: N concurrent browser sessions against one local server, in one of three scenarios.
 
-    .venv/bin/python scripts/load_test.py [--sessions 8] [--url http://127.0.0.1:PORT]
+    .venv/bin/python scripts/load_test.py [--scenario mixed|preset|lesson] [--sessions 8] [--url http://127.0.0.1:PORT]
+
+    mixed   every session types its own prompt (with its own code word) and runs a prefill
+    preset  every session runs the same preset: identical runs, measured once for all
+    lesson  a teacher starts a class room; every session joins it by its link, runs the same
+            lesson step and locks in a prediction; the teacher's histogram must count them all
 
 Without --url it starts `streamlit run app.py` on 127.0.0.1 (a free port) and stops it at the
 end. Each session is its own headless Chromium context (Debian's chromium, driven by
-playwright), types a prompt with its own code word, clicks "Run prefill" and waits for the
-charts. Prints completed / failed runs, p50 / p99 wait (time in the model queue, from the
-page's own "Waited ... s" note) and run time (click to charts), and whether any session's
-page showed another session's code word. Traffic goes only to the loopback address.
+playwright). Prints completed / failed sessions, p50 / p99 wait (time in the model queue, from the
+page's own "Waited ... s" note; 0 for a session that joined another's run), click-to-result p50 /
+p99, the runs the model actually did (sessions whose page says it measured, not joined), and
+whether any session's page showed another session's code word. Traffic goes only to the loopback
+address.
 """
 
 from __future__ import annotations
@@ -82,16 +88,102 @@ async def one_session(browser, url: str, index: int, words: list[str], timeout_s
     return result
 
 
-async def drive(url: str, sessions: int, timeout_s: float) -> list[dict]:
+async def preset_session(browser, url: str, index: int, timeout_s: float) -> dict:
+    """The same preset in every session: its result says whether this session measured or joined."""
+    context = await browser.new_context(viewport={"width": 1300, "height": 900})
+    context.set_default_timeout(timeout_s * 1000)
+    page = await context.new_page()
+    result = {"session": index, "ok": False}
+    try:
+        await page.goto(url, timeout=timeout_s * 1000)
+        await page.get_by_text("Last run:").or_(page.get_by_role("button", name="Run prefill")).first.wait_for(timeout=timeout_s * 1000)
+        start = time.perf_counter()
+        await page.get_by_role("button", name="Run prefill").click()
+        await page.get_by_text("viewer(s)").first.wait_for(timeout=timeout_s * 1000)
+        result["run_s"] = time.perf_counter() - start
+        text = await page.inner_text("body")
+        waited = re.search(r"Waited ([0-9.]+) s for the shared model", text)
+        result["wait_s"] = float(waited.group(1)) if waited else 0.0
+        result["measured"] = "Measured by this session" in text
+        result["ok"] = True
+    except Exception as error:  # reported, counted as failed
+        result["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    finally:
+        await context.close()
+    return result
+
+
+async def start_room(browser, url: str, timeout_s: float):
+    """The teacher's session: the Guided lessons page, a new room; returns (its page, the room code)."""
+    context = await browser.new_context(viewport={"width": 1300, "height": 1000})
+    context.set_default_timeout(timeout_s * 1000)  # a fresh server loads and warms the model first
+    page = await context.new_page()
+    await page.goto(f"{url}/walkthrough", timeout=timeout_s * 1000)
+    await page.get_by_text("Class room: predict together").first.click()
+    await page.get_by_role("button", name="Start a room (teacher)").click()
+    heading = page.get_by_text(re.compile(r"Room code: [A-Z2-9]{5}")).first
+    await heading.wait_for(timeout=timeout_s * 1000)
+    code = re.search(r"Room code: ([A-Z2-9]{5})", await heading.inner_text()).group(1)
+    await page.get_by_role("button", name="Next ▶").first.click()  # step 2: a number to predict (a slider)
+    await page.get_by_text(re.compile(r"Step 2 of")).first.wait_for(timeout=timeout_s * 1000)
+    return context, page, code
+
+
+async def lesson_session(browser, url: str, code: str, index: int, timeout_s: float) -> dict:
+    """A student: joins the room by its link, locks in a prediction, runs the teacher's step."""
+    context = await browser.new_context(viewport={"width": 1300, "height": 1000})
+    context.set_default_timeout(timeout_s * 1000)
+    page = await context.new_page()
+    result = {"session": index, "ok": False}
+    try:
+        await page.goto(f"{url}/walkthrough?room={code}", timeout=timeout_s * 1000)
+        lock = page.get_by_role("button", name=re.compile("Lock in my prediction"))
+        await lock.wait_for(timeout=timeout_s * 1000)
+        await lock.click()
+        await page.get_by_text("Locked in for the class").first.wait_for(timeout=timeout_s * 1000)
+        start = time.perf_counter()
+        await page.get_by_role("button", name="Run this step on the model").click()
+        await page.get_by_text(re.compile(r"Measured once for \d+ viewer")).first.wait_for(timeout=timeout_s * 1000)
+        result["run_s"] = time.perf_counter() - start
+        text = await page.inner_text("body")
+        waited = re.search(r"Waited ([0-9.]+) s for the shared model", text)
+        result["wait_s"] = float(waited.group(1)) if waited else 0.0
+        result["measured"] = "you joined a run" not in text
+        result["ok"] = True
+    except Exception as error:  # reported, counted as failed
+        result["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    finally:
+        await context.close()
+    return result
+
+
+async def drive(url: str, sessions: int, timeout_s: float, scenario: str = "mixed", screenshot: str | None = None) -> tuple[list[dict], dict]:
     from playwright.async_api import async_playwright
 
     words = [f"ZEBRA{index}Q{index * 7 + 3}" for index in range(sessions)]
+    extra: dict = {}
     async with async_playwright() as playwright:
         chromium = shutil.which("chromium") or "/usr/bin/chromium"
         browser = await playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
-        results = await asyncio.gather(*(one_session(browser, url, i, words, timeout_s) for i in range(sessions)))
+        if scenario == "lesson":
+            context, teacher, code = await start_room(browser, url, timeout_s)
+            results = await asyncio.gather(*(lesson_session(browser, url, code, i, timeout_s) for i in range(sessions)))
+            await teacher.reload()
+            chart = teacher.get_by_text(re.compile(r"The class's predictions \((\d+) locked in\)")).first
+            await chart.wait_for(timeout=timeout_s * 1000)
+            extra["teacher_histogram_counts"] = int(re.search(r"\((\d+) locked in\)", await chart.text_content() or "").group(1))
+            if screenshot:
+                await chart.scroll_into_view_if_needed()
+                Path(screenshot).parent.mkdir(parents=True, exist_ok=True)
+                await teacher.screenshot(path=screenshot, full_page=True)
+                extra["screenshot"] = screenshot
+            await context.close()
+        elif scenario == "preset":
+            results = await asyncio.gather(*(preset_session(browser, url, i, timeout_s) for i in range(sessions)))
+        else:
+            results = await asyncio.gather(*(one_session(browser, url, i, words, timeout_s) for i in range(sessions)))
         await browser.close()
-    return list(results)
+    return list(results), extra
 
 
 def main() -> int:
@@ -99,13 +191,15 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--url", default=None, help="a running server on 127.0.0.1 (default: start one)")
     parser.add_argument("--timeout-s", type=float, default=300.0)
+    parser.add_argument("--scenario", choices=["mixed", "preset", "lesson"], default="mixed")
+    parser.add_argument("--screenshot", default=None, help="lesson: save the teacher's page with the class histogram here")
     args = parser.parse_args()
     if args.url and not re.match(r"^http://(127\.\d+\.\d+\.\d+|localhost|\[::1\])(:\d+)?/?$", args.url):
         raise SystemExit("load tests only target this machine's loopback address")
     server, url = (None, args.url) if args.url else start_server()
     try:
         urllib.request.urlopen(url, timeout=10)
-        results = asyncio.run(drive(url, args.sessions, args.timeout_s))
+        results, extra = asyncio.run(drive(url, args.sessions, args.timeout_s, args.scenario, args.screenshot))
     finally:
         if server is not None:
             server.terminate()
@@ -114,6 +208,7 @@ def main() -> int:
     waits, runs = [r["wait_s"] for r in done], [r["run_s"] for r in done]
     leaked = [r for r in results if r.get("others_words_shown")]
     summary = {
+        "scenario": args.scenario,
         "sessions": args.sessions,
         "completed": len(done),
         "failed": len(results) - len(done),
@@ -122,6 +217,8 @@ def main() -> int:
         "run_s_p50": percentile(runs, 50),
         "run_s_p99": percentile(runs, 99),
         "any_session_saw_another_prompt": bool(leaked),
+        "model_runs": sum(1 for r in done if r.get("measured", True)),  # mixed: every session measures its own prompt
+        **extra,
         "errors": [r["error"] for r in results if "error" in r],
     }
     print(json.dumps(summary, indent=2))

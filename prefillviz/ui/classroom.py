@@ -41,6 +41,7 @@ def _enter(code: str, member: str | None = None) -> None:
         return
     st.session_state[ROOM_STATE] = (room.code, member)
     st.query_params["room"], st.query_params["member"] = room.code, member  # a reload stays in the room
+    st.session_state["class_room_restore"] = room.teacher == member  # a teacher who reloaded picks up where the room is
 
 
 def _start() -> None:
@@ -106,8 +107,9 @@ def room_controls() -> InRoom | None:
 
 
 def follow_teacher(here: InRoom | None, slugs: list[str]) -> bool:
-    """For a student: put the page on the teacher's lesson and step (before their widgets are drawn). True if it follows."""
-    if here is None or here.teacher:
+    """For a student: put the page on the teacher's lesson and step (before their widgets are drawn); for a
+    teacher who reloaded, once, where the room was. True if the page follows (a student)."""
+    if here is None or (here.teacher and not st.session_state.pop("class_room_restore", False)):
         return False
     room = ROOMS.get(here.code)
     if room is None:
@@ -115,7 +117,7 @@ def follow_teacher(here: InRoom | None, slugs: list[str]) -> bool:
     lesson = min(room.lesson, len(slugs) - 1)
     st.session_state["lesson_choice"] = lesson
     st.session_state[f"lesson_step_{slugs[lesson]}"] = room.step
-    return True
+    return not here.teacher
 
 
 def publish_position(here: InRoom | None, lesson: int, step: int) -> None:

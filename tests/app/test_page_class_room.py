@@ -65,3 +65,7 @@ def test_a_student_follows_the_teacher_and_the_class_predictions_meet_the_answer
     again = student({"room": code, "member": member})  # the student reloads the page
     assert again.radio(key="lesson_choice").disabled
     assert len(ROOMS.get(code).members) == 2  # the teacher and one student, counted once
+
+    teacher_again = student({"room": code, "member": room.teacher})  # the teacher reloads: still the teacher, on the room's step
+    assert not teacher_again.radio(key="lesson_choice").disabled and teacher_again.header[0].value.startswith("2. ")
+    assert histogram(teacher_again) is not None

@@ -70,7 +70,6 @@ if st.button("Probe the server", type="primary", key="probe_run"):
         save_result("probe", report)
 
 
-
 def show_probe(report) -> None:
     """The one-request experiments' results (kept in the session until the next probe)."""
     server = report.server

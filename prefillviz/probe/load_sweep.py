@@ -106,9 +106,14 @@ class LoadReport:
         }
 
 
-def check_bounds(settings: LoadSettings, num_points: int, budget: ProbeBudget) -> None:
+def requests_at(settings: LoadSettings, load: float) -> int:
+    """A point's requests: ``requests_per_point``, and at least one per user in a closed loop."""
+    return max(settings.requests_per_point, int(load)) if settings.mode == "concurrency" else settings.requests_per_point
+
+
+def check_bounds(settings: LoadSettings, loads: tuple[float, ...], budget: ProbeBudget) -> None:
     """Refuse the whole sweep before it starts when its plan would go over ``budget``."""
-    requests = num_points * settings.requests_per_point + WARMUP_REQUESTS + 1
+    requests = sum(requests_at(settings, load) for load in loads) + WARMUP_REQUESTS + 1
     prompt_tokens = requests * math.ceil(settings.prompt_tokens * (1 + settings.prompt_spread))
     new_tokens = requests * settings.output_tokens
     over = [f"{what} ({planned:,} > {limit:,})" for what, planned, limit in (
@@ -167,7 +172,7 @@ def load_sweep(
     with ServerClient(url, api_key=api_key, budget=budget, **timeouts) as client:
         info = server_info(client, model)
         loads = settings.loads or (RATE_MULTIPLES if settings.mode == "rate" else DEFAULT_CONCURRENCIES)
-        check_bounds(settings, len(loads), client.budget)
+        check_bounds(settings, tuple(loads), client.budget)
         context = info["max_model_len"] or DEFAULT_CONTEXT
         longest = math.ceil(settings.prompt_tokens * (1 + settings.prompt_spread)) + settings.output_tokens
         if longest > context * 0.9 or settings.shared_prefix_tokens + 8 > context * 0.9:
@@ -188,14 +193,14 @@ def load_sweep(
 
         shared_prefix = maker.prompt(settings.shared_prefix_tokens)
         rng = random.Random(settings.seed)
-        counter = ProgressCounter(progress, len(loads) * settings.requests_per_point)
+        counter = ProgressCounter(progress, sum(requests_at(settings, load) for load in loads))
         past_knee = 0
         for index, load in enumerate(loads):
             left_s = settings.max_seconds - (time.monotonic() - started)
             if should_stop():
                 report.stopped_reason = "Stopped by the user."
                 break
-            num_requests = settings.requests_per_point
+            num_requests = requests_at(settings, load)
             if settings.mode == "rate":  # a light load gets fewer requests when all of them would not arrive within its share of the time left
                 share_s = left_s / (len(loads) - index)
                 num_requests = min(num_requests, max(MIN_REQUESTS_PER_POINT, math.floor(load * share_s * 0.7)))

@@ -197,7 +197,7 @@ if load_report is not None:
                                load_figures.split_figure(load_report), "load_split_chart", caption=True)
         data = load_report.to_json()
         rows = [{k: v for k, v in p.items() if k not in ("split", "metrics_delta", "gauge_peaks")} | {f"split_{k}": v for k, v in p["split"].items()}
-                for p in data["load_points"]]
+                | {f"peak {k}": v for k, v in p["gauge_peaks"].items()} for p in data["load_points"]]  # requests waiting, KV cache in use
         st.dataframe(pd.DataFrame(rows), hide_index=True)
         missing = sorted({m for p in data["load_points"] for m in p["split"]["missing"]})
         if missing:

@@ -25,6 +25,8 @@ PREFILL_METRICS = {  # vLLM's sample names -> what they count, in words
     "vllm:prompt_tokens_cached_total": "prompt tokens served from a cache",
     "vllm:time_to_first_token_seconds_count": "first tokens timed by the server",
     "vllm:time_to_first_token_seconds_sum": "their time to first token, summed (s)",
+    "vllm:request_queue_time_seconds_sum": "time requests waited in the engine's queue, summed (s)",
+    "vllm:request_prefill_time_seconds_sum": "time from first scheduled to first token, summed (s)",
     "vllm:num_requests_running": "requests running",
     "vllm:num_requests_waiting": "requests waiting",
     "vllm:kv_cache_usage_perc": "KV cache in use (fraction)",

@@ -100,17 +100,23 @@ async def preset_session(browser, url: str, index: int, timeout_s: float) -> dic
         start = time.perf_counter()
         await page.get_by_role("button", name="Run prefill").click()
         await page.get_by_text("viewer(s)").first.wait_for(timeout=timeout_s * 1000)
-        result["run_s"] = time.perf_counter() - start
-        text = await page.inner_text("body")
-        waited = re.search(r"Waited ([0-9.]+) s for the shared model", text)
-        result["wait_s"] = float(waited.group(1)) if waited else 0.0
-        result["measured"] = "Measured by this session" in text
-        result["ok"] = True
+        await read_result(page, result, start, lambda text: "Measured by this session" in text)
     except Exception as error:  # reported, counted as failed
         result["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
     finally:
         await context.close()
     return result
+
+
+async def read_result(page, result: dict, start: float, measured) -> None:
+    """Fill ``result`` from the page that shows its run: click-to-result time, the queue wait it reports,
+    and whether this session measured (``measured(text)``) or joined another's run."""
+    result["run_s"] = time.perf_counter() - start
+    text = await page.inner_text("body")
+    waited = re.search(r"Waited ([0-9.]+) s for the shared model", text)
+    result["wait_s"] = float(waited.group(1)) if waited else 0.0
+    result["measured"] = measured(text)
+    result["ok"] = True
 
 
 async def start_room(browser, url: str, timeout_s: float):
@@ -144,12 +150,7 @@ async def lesson_session(browser, url: str, code: str, index: int, timeout_s: fl
         start = time.perf_counter()
         await page.get_by_role("button", name="Run this step on the model").click()
         await page.get_by_text(re.compile(r"Measured once for \d+ viewer")).first.wait_for(timeout=timeout_s * 1000)
-        result["run_s"] = time.perf_counter() - start
-        text = await page.inner_text("body")
-        waited = re.search(r"Waited ([0-9.]+) s for the shared model", text)
-        result["wait_s"] = float(waited.group(1)) if waited else 0.0
-        result["measured"] = "you joined a run" not in text
-        result["ok"] = True
+        await read_result(page, result, start, lambda text: "you joined a run" not in text)
     except Exception as error:  # reported, counted as failed
         result["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
     finally:

@@ -227,17 +227,24 @@ def _bundled(device: torch.device, dtype: torch.dtype):
         return None
 
 
+def device_for(self_test: bool) -> tuple[torch.device, torch.dtype] | None:
+    """(device, dtype) of a GPU run (CUDA, bf16) or of its self-test (the CPU, fp32); None, with the
+    message on stderr, where there is no GPU and no self-test was asked for."""
+    if not self_test and not torch.cuda.is_available():
+        print("error: no CUDA GPU here; run with --self-test for the CPU-side check", file=sys.stderr)
+        return None
+    return (torch.device("cpu"), torch.float32) if self_test else (torch.device("cuda"), torch.bfloat16)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--self-test", action="store_true", help="tiny sizes on the CPU: check the script itself")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--profile-dir", default="out/gpu_check_profile")
     args = parser.parse_args(argv)
-    if not args.self_test and not torch.cuda.is_available():
-        print("error: no CUDA GPU here; run with --self-test for the CPU-side check", file=sys.stderr)
+    if (chosen := device_for(args.self_test)) is None:
         return 2
-    device = torch.device("cpu" if args.self_test else "cuda")
-    dtype = torch.float32 if args.self_test else torch.bfloat16
+    device, dtype = chosen
     sizes = SELF_TEST_SIZES if args.self_test else GPU_SIZES
     runs = 2 if args.self_test else args.runs
     torch.manual_seed(0)

@@ -40,7 +40,7 @@ from prefillviz.engine.request import SamplingParams
 from prefillviz.engine.timers import run_timed
 from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.instrument.capture import run_captured
-from prefillviz.measure.gpu_check import _Tokenizer
+from prefillviz.measure.gpu_check import _Tokenizer, device_for
 
 ROOT = Path(__file__).resolve().parents[2]
 BUDGET_S = 540.0  # 9 minutes, all of it
@@ -218,11 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="out/gpu_first_run", help="the folder everything measured goes to")
     parser.add_argument("--budget-s", type=float, default=BUDGET_S)
     args = parser.parse_args(argv)
-    if not args.self_test and not torch.cuda.is_available():
-        print("error: no CUDA GPU here; run with --self-test for the CPU-side check", file=sys.stderr)
+    if (chosen := device_for(args.self_test)) is None:
         return 2
-    device = torch.device("cpu" if args.self_test else "cuda")
-    dtype = torch.float32 if args.self_test else torch.bfloat16
+    device, dtype = chosen
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run = FirstRun(out, args.budget_s)

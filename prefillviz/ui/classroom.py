@@ -8,6 +8,7 @@ carries the code only.
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass
 
@@ -78,6 +79,15 @@ def current_room() -> InRoom | None:
     return InRoom(room.code, held[1], room.teacher == held[1])
 
 
+def join_qr_png(link: str, scale: int = 5) -> bytes:
+    """The join link as a QR code (PNG), for students to scan off the projector."""
+    import segno
+
+    buffer = io.BytesIO()
+    segno.make(link, error="m").save(buffer, kind="png", scale=scale, border=2)
+    return buffer.getvalue()
+
+
 def room_controls() -> InRoom | None:
     """The "Class room" box: start a room, join one by code, or the room's code and join link."""
     here = current_room()
@@ -98,8 +108,10 @@ def room_controls() -> InRoom | None:
         if here.teacher:
             link = f"{(st.context.url or '').split('?')[0]}?room={here.code}"
             st.markdown(f"### Room code: `{here.code}`" if not presenter_mode() else f"# Room code: {here.code}")
-            st.caption(f"{members} student(s) joined. Students open the Guided lessons page and type the code, or open this link:")
+            st.caption(f"{members} student(s) joined. Students open the Guided lessons page and type the code, or open this link "
+                       "(or scan the QR code):")
             st.code(link, language=None)
+            st.image(join_qr_png(link, scale=10 if presenter_mode() else 5), caption=f"Join room {here.code}")
         else:
             st.caption(f"You are in room {here.code}: this page follows the teacher's step. Lock in your prediction on each step.")
         st.button("Leave the room", key="class_room_leave", on_click=_leave)

@@ -7,6 +7,7 @@ import json
 
 from streamlit.testing.v1 import AppTest
 
+from prefillviz.ui.classroom import join_qr_png
 from prefillviz.ui.rooms import ROOMS
 from tests.app.pages import APP, open_page
 
@@ -35,6 +36,8 @@ def test_a_student_follows_the_teacher_and_the_class_predictions_meet_the_answer
     code = teacher.query_params["room"][0] if isinstance(teacher.query_params["room"], list) else teacher.query_params["room"]
     room = ROOMS.get(code)
     assert room is not None and any(f"Room code: `{code}`" in m.value for m in teacher.markdown)
+    assert teacher.get("image")  # the join link's QR code, to scan off the projector
+    assert join_qr_png(f"http://localhost/walkthrough?room={code}").startswith(b"\x89PNG")
 
     pupil = student({"room": code})
     member = pupil.query_params["member"]

@@ -185,7 +185,7 @@ if load_report is not None:
     if load_report.points:
         st.markdown(f"**{load_report.reading()}**")
         figure = figure_section("TTFT and goodput against load",
-                                "TTFT percentiles over each load point's successful requests (p99 of a dozen requests is close to their "
+                                "TTFT percentiles over each load point's successful requests (p99 of a few requests is close to their "
                                 "worst); goodput on the right axis. Past the knee the server can't keep up and requests wait longer "
                                 "the longer the load lasts.", load_figures.ttft_load_figure(load_report), "load_ttft_chart", caption=True)
         split = figure_section("Where the time to first token went",

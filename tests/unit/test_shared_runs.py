@@ -101,3 +101,39 @@ def test_the_queue_estimates_the_wait_from_the_last_runs():
         with queue.turn():
             time.sleep(seconds)
     assert queue.estimate_s(2) == pytest.approx(0.2, abs=0.05)  # 2 runs ahead x the median hold of 0.1 s
+
+
+def test_a_session_that_goes_away_while_waiting_leaves_the_queue():
+    """Streamlit stops a gone session's script thread at its next call into Streamlit: here, the
+    on_wait that redraws its place in line. Its ticket goes, and the run behind it is next."""
+    queue, order = RunQueue(), []
+    release = threading.Event()
+
+    class SessionGone(Exception):
+        pass
+
+    def holder():
+        with queue.turn():
+            order.append("holder runs")
+            release.wait(5)
+
+    def gone(ahead):
+        raise SessionGone
+
+    def leaver():
+        with pytest.raises(SessionGone), queue.turn(on_wait=gone, poll_s=0.01):
+            order.append("the gone session ran")
+
+    def next_in_line():
+        with queue.turn(poll_s=0.01):
+            order.append("next in line runs")
+
+    threads = [threading.Thread(target=job) for job in (holder, leaver, next_in_line)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.1)
+    assert queue.num_waiting == 1  # only the one behind the holder is still waiting
+    release.set()
+    for thread in threads:
+        thread.join(5)
+    assert order == ["holder runs", "next in line runs"]

@@ -138,16 +138,21 @@ def reading(points: list[PointResult], knee_factor: float) -> str:
     what = unit(points[0].mode)
     splits = [p.split() for p in points]
     if all(s["queue_share"] is not None for s in splits):
-        prefill_led = [p for p, s in zip(points, splits) if s["queue_share"] < 0.5]
-        queue_led = [(p, s) for p, s in zip(points, splits) if s["queue_share"] >= 0.5]
-        if not queue_led:
+        first_queue_led = next((i for i, s in enumerate(splits) if s["queue_share"] >= 0.5), None)
+        if first_queue_led is None:
             text = f"Up to {points[-1].load:g} {what} (the heaviest load swept) your TTFT is mostly prefill: the queue is under half of it at every point."
-        elif not prefill_led:
+        elif first_queue_led == 0:
             text = f"Already at {points[0].load:g} {what} (the lightest load swept) half or more of your TTFT is waiting in the queue."
         else:
-            first, split = queue_led[0]
-            text = (f"Up to {prefill_led[-1].load:g} {what} your TTFT is mostly prefill; beyond it, it is the queue "
+            first, split = points[first_queue_led], splits[first_queue_led]
+            text = (f"Up to {points[first_queue_led - 1].load:g} {what} your TTFT is mostly prefill; beyond it, it is the queue "
                     f"({split['queue_share']:.0%} of TTFT at {first.load:g} {what}).")
+        before = [(p, s["before_engine_s_mean"] / s["server_ttft_s_mean"]) for p, s in zip(points, splits)
+                  if s["before_engine_s_mean"] is not None and s["server_ttft_s_mean"]]
+        if before and max(share for _, share in before) >= 0.2:
+            heaviest, share = max(before, key=lambda pair: pair[1])
+            text += (f" At {heaviest.load:g} {what}, {share:.0%} of the server's TTFT passed before its engine saw the request "
+                     "(its API server: tokenizing, handing over, or waiting for a CPU).")
     else:
         missing = sorted({m for s in splits for m in s["missing"]})
         text = f"The server does not export {', '.join(missing)}, so TTFT can't be split into queue and prefill; only the client's view is shown."

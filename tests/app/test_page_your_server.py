@@ -61,3 +61,19 @@ def test_a_server_that_fails_mid_sweep_is_an_error_and_the_points_before_stay(bu
     assert not app.exception
     assert any("The server started failing at load" in e.value and "HTTP 500" in e.value for e in app.error), [e.value for e in app.error]
     assert len(plotly_array(chart_titled(app, "Time to first token under load")["data"][0]["x"])) == 1  # the first point, kept
+
+
+def test_hosted_mode_bounds_the_sweep_before_it_sends_anything(bundled, monkeypatch):
+    engine = OneEngine()
+    monkeypatch.setenv("PREFILLVIZ_HOSTED", "1")
+    monkeypatch.setenv("PREFILLVIZ_PROBE_URLS", engine.url)
+    try:
+        app = open_page("your_server", dtype=None)  # hosted mode fixes the dtype
+        assert app.selectbox(key="probe_url").options == [engine.url]
+        app.slider(key="load_requests").set_value(32)
+        app.button(key="load_run").click().run()
+    finally:
+        engine.close()
+    assert not app.exception
+    assert any("would go over its bounds: requests (196 > 60)" in e.value for e in app.error), [e.value for e in app.error]
+    assert engine.num_posts == 0  # refused whole, before the calibration request

@@ -180,3 +180,21 @@ def test_the_command_line_prints_each_points_percentiles_goodput_split_and_the_k
     assert main(argv) == 0  # the table for people
     printed = capsys.readouterr().out
     assert "knee: 4.0" in printed and "queue share" in printed and "your TTFT is mostly prefill" in printed
+
+
+def test_prompts_follow_the_length_distribution_and_the_shared_prefix_share():
+    import random
+
+    from prefillviz.probe.load_sweep import plan_requests
+    from prefillviz.probe.prompts import PromptMaker
+
+    settings = LoadSettings(prompt_tokens=200, prompt_spread=0.5, shared_prefix_share=0.5, shared_prefix_tokens=64)
+    maker = PromptMaker(1.0, seed=3)
+    shared = maker.prompt(64)
+    plan = plan_requests(settings, maker, shared, random.Random(3), 400)
+    with_prefix = [r for r in plan if r.shared_prefix]
+    assert 0.4 < len(with_prefix) / len(plan) < 0.6
+    assert all(r.prompt.startswith(shared) for r in with_prefix) and not any(r.prompt.startswith(shared) for r in plan if not r.shared_prefix)
+    lengths = [r.target_tokens for r in plan]
+    assert 100 <= min(lengths) < 110 and 290 < max(lengths) <= 300  # uniform in 200 × [0.5, 1.5]
+    assert len({r.prompt for r in plan}) == len(plan)  # each suffix is its own: only the shared prefix is shared

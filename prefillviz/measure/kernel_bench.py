@@ -33,6 +33,7 @@ from prefillviz.engine.progress import FractionProgress
 from prefillviz.kernels import attention as dense
 from prefillviz.kernels import paged_attention as paged
 from prefillviz.kernels.harness import KernelResult
+from prefillviz.measure.kernel_trials import first_line, recompile_limit, trial_launch
 
 BENCH_SIZES = (128, 256, 512, 1024, 2048, 4096, 8192)
 SHAPES = {  # name: (query heads, KV heads, head dim) of a model's attention
@@ -222,39 +223,15 @@ def run_kernel_benchmark(
                         bench.add("paged", n, paged.check_paged_and_time(kernel, inputs, runs=runs))
                         continue
                     try:  # a compiled kernel may still fail at a new shape (a compile error, torch.compile's limits)
-                        with _recompile_limit(2 * len(sizes) + 2):  # FlexAttention compiles once per shape: two workloads per N
+                        with recompile_limit(2 * len(sizes) + 2):  # FlexAttention compiles once per shape: two workloads per N
                             bench.add("paged", n, paged.check_paged_and_time(kernel, inputs, runs=runs))
                     except KernelCheckError:
                         raise
                     except Exception as error:  # noqa: BLE001 -- listed with its reason, the other kernels go on
-                        bench.skipped.append({"kernel": kernel.name, "family": "paged", "workload": workload, "N": n, "reason": _first_line(error)})
+                        bench.skipped.append({"kernel": kernel.name, "family": "paged", "workload": workload, "N": n, "reason": first_line(error)})
                 del inputs
     report(1.0, "done")
     return bench
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0][:200] if text else ''}"
-
-
-def _recompile_limit(limit: int):
-    """torch.compile's per-function recompile limit raised to ``limit`` for the block (never lowered):
-    FlexAttention compiles once per shape, and past the default of 8 it would fall back to eager."""
-    import torch._dynamo.config as dynamo_config
-
-    return dynamo_config.patch(recompile_limit=max(limit, dynamo_config.recompile_limit))
-
-
-def trial_launch(kernel, num_heads: int, num_kv_heads: int, head_dim: int, device: str, dtype: torch.dtype) -> tuple[bool, str]:
-    """(whether ``kernel`` compiles and agrees with v1 at this shape on a small mixed step, why not):
-    a compile failure is a skip with its reason before any size runs, not an exception mid-benchmark."""
-    try:
-        inputs = paged.random_step([(20, 12), (0, 23), (31, 1)], num_heads, num_kv_heads, head_dim, device=device, dtype=dtype, seed=1, workload="mixed")
-        paged.check_paged(kernel, inputs)
-    except Exception as error:  # noqa: BLE001 -- any failure (compile, launch, a wrong result) means "does not run here"
-        return False, f"its trial launch failed on {device}: {_first_line(error)}"
-    return True, ""
 
 
 def engine_choice(bench: KernelBenchmark) -> dict:

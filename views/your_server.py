@@ -137,7 +137,7 @@ st.markdown(
     "One request at a time shows what prefill costs. Under traffic a request may also **wait in the server's queue** before "
     "its prefill starts. The sweep sends streamed requests at increasing load (**Poisson arrivals** at a rate, or a fixed number "
     "of **users** who each send again as soon as they get an answer), and reads the server's own histograms before and after each "
-    "load: vLLM times each request's wait in its queue and its prefill. The **knee** is the highest load whose TTFT p99 stays within "
+    "load: vLLM times each request's TTFT, its wait in its scheduler's queue and its prefill. The **knee** is the highest load whose TTFT p99 stays within "
     "2× its lightest-load level; **goodput** is the share of requests that met both your targets."
 )
 row = st.columns(4)
@@ -189,9 +189,11 @@ if load_report is not None:
                                 "worst); goodput on the right axis. Past the knee the server can't keep up and requests wait longer "
                                 "the longer the load lasts.", load_figures.ttft_load_figure(load_report), "load_ttft_chart", caption=True)
         split = figure_section("Where the time to first token went",
-                               "The server's own means per load point, stacked: time in its API server before the engine (its TTFT less "
-                               "the two below), the wait in the engine's queue, and prefill (first scheduled to first token); the dash is "
-                               "the mean TTFT this client saw (network and HTTP included). vLLM admits a request into the running batch "
+                               "The server's own means per load point, stacked: the wait before its scheduler saw the request (its TTFT "
+                               "less the two below: vLLM's engine takes new requests only between steps, so a request that arrives during "
+                               "a long step waits for it to end, uncounted by its queue histogram; plus the API server's tokenizing), the "
+                               "wait in the scheduler's queue, and prefill (first scheduled to first token); the dash is the mean TTFT "
+                               "this client saw (network and HTTP included). vLLM admits a request into the running batch "
                                "while the batch has room, so at first load shows up as longer prefill (each step is shared with more "
                                "requests) and the queue grows only once the batch is full: sequences, token budget or KV cache.",
                                load_figures.split_figure(load_report), "load_split_chart", caption=True)

@@ -1,5 +1,5 @@
 """Figures of a load sweep on a probed server ("Your server"): TTFT percentiles and goodput
-against load with the knee marked, and TTFT split into the server's queue and prefill times."""
+against load with the knee marked, and TTFT split into the server's waiting and prefill times."""
 
 from __future__ import annotations
 
@@ -45,15 +45,16 @@ def legend_below(fig: go.Figure) -> go.Figure:
 
 
 def split_figure(report: LoadReport) -> go.Figure:
-    """Per load point: the server's mean time before its engine, queue time and prefill time stacked, beside the client's mean TTFT."""
+    """Per load point: the server's mean wait before its scheduler, in its queue, and prefill stacked, beside the client's mean TTFT."""
     points = report.points
     labels = [f"{p.load:g}" for p in points]
     splits = [p.split() for p in points]
     fig = go.Figure()
-    fig.add_bar(x=labels, y=[max(s["before_engine_s_mean"] or 0, 0) * 1e3 for s in splits], name="before the engine (API server)",
-                marker_color=style.PARTIAL, hovertemplate="load %{x}: API server %{y:,.0f} ms<extra></extra>")
-    fig.add_bar(x=labels, y=[(s["queue_s_mean"] or 0) * 1e3 for s in splits], name="waiting in the queue (server)", marker_color=style.NEUTRAL,
-                hovertemplate="load %{x}: queue %{y:,.0f} ms<extra></extra>")
+    fig.add_bar(x=labels, y=[max(s["before_scheduler_s_mean"] or 0, 0) * 1e3 for s in splits],
+                name="waiting before the scheduler (for the engine's running step; the API server)", marker_color=style.PARTIAL,
+                hovertemplate="load %{x}: before the scheduler %{y:,.0f} ms<extra></extra>")
+    fig.add_bar(x=labels, y=[(s["queue_s_mean"] or 0) * 1e3 for s in splits], name="waiting in the scheduler's queue", marker_color=style.NEUTRAL,
+                hovertemplate="load %{x}: scheduler's queue %{y:,.0f} ms<extra></extra>")
     fig.add_bar(x=labels, y=[(s["prefill_s_mean"] or 0) * 1e3 for s in splits], name="prefill (server)", marker_color=style.PREFILL,
                 hovertemplate="load %{x}: prefill %{y:,.0f} ms<extra></extra>")
     fig.add_scatter(x=labels, y=[(s["client_ttft_s_mean"] or 0) * 1e3 for s in splits], mode="markers", name="TTFT the client saw (mean)",
@@ -61,7 +62,7 @@ def split_figure(report: LoadReport) -> go.Figure:
                     hovertemplate="load %{x}: client %{y:,.0f} ms<extra></extra>")
     fig.update_layout(barmode="stack")
     shares = [s["queue_share"] for s in splits]
-    told = (f"queue {shares[0]:.0%} of TTFT at the lightest load, {shares[-1]:.0%} at the heaviest" if shares and None not in shares
+    told = (f"waiting {shares[0]:.0%} of TTFT at the lightest load, {shares[-1]:.0%} at the heaviest" if shares and None not in shares
             else "the server does not export the queue and prefill histograms")
-    title = f"Time to first token split into queue and prefill, by the server's own histograms<br><sup>{told}</sup>"
+    title = f"Time to first token split into waiting and prefill, by the server's own histograms<br><sup>{told}</sup>"
     return legend_below(style.apply_layout(fig, title, load_axis(report), "mean time (ms)", height=520))

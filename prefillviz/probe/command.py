@@ -119,15 +119,15 @@ def _ms(seconds: float | None) -> str:
 
 def print_load_summary(result: dict) -> None:
     print(f"one at a time: {result['one_at_a_time_rate']:.3g} req/s · knee: {result['knee_load']} ({result['knee_rule']})")
-    print("   load  ok/sent  TTFT p50   p90     p99 ms  ITL p50  p99 ms  req/s  prompt tok/s  out tok/s  goodput  queue+prefill ms  queue share  (q+p)/client, server TTFT/client")
+    print("   load  ok/sent  TTFT p50   p90     p99 ms  ITL p50  p99 ms  req/s  prompt tok/s  out tok/s  goodput  wait+prefill ms  wait share  (w+p)/client, (queue+p)/client")
     for p in result["load_points"]:
         split = p["split"]
-        both = None if split["queue_s_mean"] is None else split["queue_s_mean"] + split["prefill_s_mean"]
+        both = None if split["waiting_s_mean"] is None else split["waiting_s_mean"] + split["prefill_s_mean"]
         share = "    —" if split["queue_share"] is None else f"{split['queue_share']:5.0%}"
-        ratio = "  —" if split["split_over_client"] is None else f"{split['split_over_client']:.2f}/{split['server_ttft_over_client']:.2f}"
+        ratio = "  —" if split["split_over_client"] is None else f"{split['split_over_client']:.2f}/{split['scheduler_queue_plus_prefill_over_client']:.2f}"
         print(f"{p['load']:7.3g}  {p['requests_ok']:>3}/{p['requests_sent']:<3} {_ms(p['ttft_s_p50'])} {_ms(p['ttft_s_p90'])} {_ms(p['ttft_s_p99'])}"
               f"  {_ms(p['itl_s_p50'])} {_ms(p['itl_s_p99'])}  {p['requests_per_s'] or 0:5.2f}  {p['prompt_tokens_per_s'] or 0:12.0f}"
-              f"  {p['output_tokens_per_s'] or 0:9.1f}  {p['goodput_share'] or 0:7.0%}  {_ms(both):>16}  {share:>11}  {ratio:>9}")
+              f"  {p['output_tokens_per_s'] or 0:9.1f}  {p['goodput_share'] or 0:7.0%}  {_ms(both):>15}  {share:>10}  {ratio:>9}")
     print(result["reading"])
     if result["stopped_reason"]:
         print(f"stopped: {result['stopped_reason']}")

@@ -6,17 +6,22 @@ percentiles over the requests that succeeded, what was achieved per second, and 
 a failed request misses both).
 
 The **split** comes from the server's own histograms, read before and after the point
-(``MetricsDelta``): vLLM times each request's wait in its queue
-(``vllm:request_queue_time_seconds``: queued until first scheduled) and its prefill
-(``vllm:request_prefill_time_seconds``: first scheduled until first token), and its own
-``vllm:time_to_first_token_seconds`` (arrival at the API server until first token). Their
-means per point are ``sum / count`` of the increase; the server's TTFT less queue and prefill
-is the time before the engine (the API server: parsing, tokenizing, handing over). A server
-without them gets the client's figures and the list of what is missing.
+(``MetricsDelta``): vLLM times each request's prefill (``vllm:request_prefill_time_seconds``:
+first scheduled until first token), its wait in the scheduler's queue
+(``vllm:request_queue_time_seconds``: queued until first scheduled) and its own TTFT
+(``vllm:time_to_first_token_seconds``: arrival at the API server until first token). Their
+means per point are ``sum / count`` of the increase. TTFT is split into **waiting** (the
+server's TTFT less prefill: arrival until first scheduled) and **prefill**. The waiting has two
+parts: the scheduler's queue, and the time before the scheduler saw the request (the server's
+TTFT less queue and prefill). The second is not only the API server's parsing and tokenizing:
+vLLM's engine core takes new requests between steps (``run_busy_loop``: the input queue, then
+one step), so a request that arrives during a long step waits for it to end before it is even
+queued, and vLLM's queue histogram does not count that wait. Under load it is a large part of the
+waiting. A server without these histograms gets the client's figures and the list of what is missing.
 
 vLLM admits a request into the running batch as soon as the batch has room (sequences, token
-budget, KV blocks), so below that its queue stays near zero and sharing steps with the other
-requests shows up as longer prefill; the queue grows once the batch is full.
+budget, KV blocks), so below that its scheduler queue stays near zero and sharing steps with the
+other requests shows up as longer prefill; the queue grows once the batch is full.
 
 The **knee** is the highest load whose TTFT p99 stays within ``knee_factor`` times the
 lowest load's p99; it is "reached" only when a heavier load went past that line.
@@ -76,22 +81,28 @@ class PointResult:
         return self.num_good(ttft_target_s, itl_target_s) / len(records) if records else None
 
     def split(self) -> dict:
-        """TTFT as the server timed it: mean queue + mean prefill, its own TTFT, and what is missing."""
+        """TTFT as the server timed it: waiting (before the scheduler, then in its queue) + prefill, and what is missing."""
         queue, prefill, server_ttft = (histogram_mean(self.server, name) for name in SPLIT_METRICS)
         client = [r.time_to_first_token_s for r in self.ok_records]
         client_mean = sum(client) / len(client) if client else None
         missing = [name for name, value in zip(SPLIT_METRICS, (queue, prefill, server_ttft)) if value is None]
-        both = queue + prefill if queue is not None and prefill is not None else None
-        hits, queries = self.server.get(PREFIX_HITS), self.server.get(PREFIX_QUERIES)
+        complete = not missing and self.metrics_available
+        waiting = server_ttft - prefill if complete else None
         return {
             "queue_s_mean": queue, "prefill_s_mean": prefill, "server_ttft_s_mean": server_ttft, "client_ttft_s_mean": client_mean,
-            "before_engine_s_mean": server_ttft - both if server_ttft is not None and both is not None else None,
-            "queue_share": queue / both if both else None,
-            "split_over_client": both / client_mean if both is not None and client_mean else None,
+            "waiting_s_mean": waiting,  # arrival until first scheduled
+            "before_scheduler_s_mean": waiting - queue if complete else None,  # the API server, and the engine's step then running
+            "queue_share": waiting / server_ttft if complete and server_ttft else None,  # waiting's share of the server's TTFT
+            "split_over_client": (waiting + prefill) / client_mean if complete and client_mean else None,
+            "scheduler_queue_plus_prefill_over_client": (queue + prefill) / client_mean if complete and client_mean else None,
             "server_ttft_over_client": server_ttft / client_mean if server_ttft is not None and client_mean else None,
-            "prefix_cache_hit_share": hits / queries if queries else None,
+            "prefix_cache_hit_share": self._prefix_hit_share(),
             "missing": missing if self.metrics_available else ["/metrics (the server has none)"],
         }
+
+    def _prefix_hit_share(self) -> float | None:
+        hits, queries = self.server.get(PREFIX_HITS), self.server.get(PREFIX_QUERIES)
+        return hits / queries if queries else None
 
     def to_json(self, ttft_target_s: float, itl_target_s: float) -> dict:
         ok = self.ok_records
@@ -147,12 +158,11 @@ def reading(points: list[PointResult], knee_factor: float) -> str:
             first, split = points[first_queue_led], splits[first_queue_led]
             text = (f"Up to {points[first_queue_led - 1].load:g} {what} your TTFT is mostly prefill; beyond it, it is the queue "
                     f"({split['queue_share']:.0%} of TTFT at {first.load:g} {what}).")
-        before = [(p, s["before_engine_s_mean"] / s["server_ttft_s_mean"]) for p, s in zip(points, splits)
-                  if s["before_engine_s_mean"] is not None and s["server_ttft_s_mean"]]
+        before = [(p, s["before_scheduler_s_mean"] / s["server_ttft_s_mean"]) for p, s in zip(points, splits) if s["server_ttft_s_mean"]]
         if before and max(share for _, share in before) >= 0.2:
             heaviest, share = max(before, key=lambda pair: pair[1])
-            text += (f" At {heaviest.load:g} {what}, {share:.0%} of the server's TTFT passed before its engine saw the request "
-                     "(its API server: tokenizing, handing over, or waiting for a CPU).")
+            text += (f" At {heaviest.load:g} {what}, {share:.0%} of the server's TTFT passed before its scheduler saw the request: "
+                     "its engine takes new requests only between steps, so they wait for the step then running (and the API server's work).")
     else:
         missing = sorted({m for s in splits for m in s["missing"]})
         text = f"The server does not export {', '.join(missing)}, so TTFT can't be split into queue and prefill; only the client's view is shown."

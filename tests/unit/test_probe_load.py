@@ -101,7 +101,8 @@ def test_ttft_p99_and_the_queue_share_rise_with_load_and_the_split_matches_the_c
         assert point["requests_ok"] == 8 and point["errors"] == 0
         assert point["split"]["missing"] == []
         split = point["split"]  # this server's TTFT is its queue + prefill exactly; the client's adds HTTP and this process's threads
-        assert split["before_engine_s_mean"] == pytest.approx(0.0, abs=0.005) and 0.3 < split["split_over_client"] < 1.05, split
+        assert split["before_scheduler_s_mean"] == pytest.approx(0.0, abs=0.005) and 0.3 < split["split_over_client"] < 1.05, split
+        assert split["waiting_s_mean"] == pytest.approx(split["queue_s_mean"] + split["before_scheduler_s_mean"])
         assert point["split"]["prefill_s_mean"] == pytest.approx(PREFILL_S, rel=0.5)
         assert point["output_tokens_per_s"] > 0 and point["itl_s_p50"] < 0.1
     result = report.to_json()
@@ -179,7 +180,7 @@ def test_the_command_line_prints_each_points_percentiles_goodput_split_and_the_k
     assert result["load_points"][0]["goodput_share"] > result["load_points"][1]["goodput_share"]
     assert main(argv) == 0  # the table for people
     printed = capsys.readouterr().out
-    assert "knee: 4.0" in printed and "queue share" in printed and "your TTFT is mostly prefill" in printed
+    assert "knee: 4.0" in printed and "wait share" in printed and "your TTFT is mostly prefill" in printed
 
 
 def test_prompts_follow_the_length_distribution_and_the_shared_prefix_share():

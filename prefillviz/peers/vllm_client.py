@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from prefillviz.engine.errors import PrefillVizError
+from prefillviz.engine.errors import ConfigError, PrefillVizError
 from prefillviz.engine.scheduler import ScheduledChunk
 from prefillviz.engine.trace import RequestRecord, StepRecord, Trace
 from prefillviz.loading.model_registry import BUNDLED_MODEL_ID
@@ -104,20 +104,23 @@ class VLLMWorker:
         max_model_len: int = 4096,
         num_blocks: int | None = None,
         start_timeout_s: float = START_TIMEOUT_S,
+        block_size: int = BLOCK_SIZE,
     ) -> None:
         python = vllm_python()
         if python is None:
             raise VLLMUnavailable(unavailable_reason())
         self.model_folder, self.dtype = str(model_folder), dtype
-        self.block_size = BLOCK_SIZE
+        if block_size % BLOCK_SIZE:
+            raise ConfigError(f"vLLM's CPU attention needs a block size that is a multiple of {BLOCK_SIZE}, got {block_size}.")
+        self.block_size = block_size
         self.log = tempfile.NamedTemporaryFile("w+", prefix="prefillviz-vllm-", suffix=".log", delete=False)
         if num_blocks is not None:
-            max_model_len = min(max_model_len, (num_blocks - 1) * BLOCK_SIZE)
+            max_model_len = min(max_model_len, (num_blocks - 1) * block_size)
             max_token_budget = min(max_token_budget, max_model_len)
         self.failed = False  # set when it could not start or stopped answering: its log is then kept
         read_fd, write_fd = os.pipe()
         command = [
-            str(python), str(WORKER), "--model", self.model_folder, "--dtype", dtype, "--block-size", str(BLOCK_SIZE),
+            str(python), str(WORKER), "--model", self.model_folder, "--dtype", dtype, "--block-size", str(block_size),
             "--max-token-budget", str(max_token_budget), "--max-model-len", str(max_model_len), "--reply-fd", str(write_fd),
         ]
         if num_blocks is not None:

@@ -25,6 +25,7 @@ PAGES = [
     st.Page("views/disaggregated.py", title="Disaggregated prefill", icon=":material/call_split:"),
     st.Page("views/prefix_cache.py", title="Prefix cache", icon=":material/recycling:"),
     st.Page("views/your_server.py", title="Your server", icon=":material/dns:"),
+    st.Page("views/reproduce_papers.py", title="Reproduce the papers", icon=":material/science:"),
     st.Page("views/walkthrough.py", title="Guided lessons", icon=":material/school:"),
 ]
 

@@ -8,12 +8,29 @@ import time
 
 from prefillviz.engine.progress import FractionProgress
 from prefillviz.lessons.actions import ActionKind, ActionOutcome, check_parameters
-from prefillviz.lessons.kinds import chunked, disagg, kv_memory, parallel_vs_sequential, prefill, prefix, roofline, ttft_ratio
+from prefillviz.lessons.kinds import (
+    chunked,
+    disagg,
+    kv_memory,
+    papers_chunk_cost,
+    papers_interference,
+    papers_knee,
+    papers_piggyback,
+    papers_prefix_blocks,
+    parallel_vs_sequential,
+    prefill,
+    prefix,
+    roofline,
+    ttft_ratio,
+)
 from prefillviz.lessons.spec import _require
 
 ACTION_KINDS: dict[str, ActionKind] = {
     module.KIND.name: module.KIND
-    for module in (prefill, ttft_ratio, parallel_vs_sequential, roofline, kv_memory, chunked, disagg, prefix)  # one line a kind
+    for module in (
+        prefill, ttft_ratio, parallel_vs_sequential, roofline, kv_memory, chunked, disagg, prefix,  # one line a kind
+        papers_piggyback, papers_chunk_cost, papers_knee, papers_prefix_blocks, papers_interference,  # lesson 6: the papers' results
+    )
 }
 
 

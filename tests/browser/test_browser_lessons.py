@@ -44,3 +44,44 @@ def test_lesson_one_predict_run_and_reveal_in_a_real_browser(app_url):
         assert page.get_by_text("On cpu (").count() >= 1  # the reveal names the run's device
         assert not page.locator('[data-testid="stException"]').count()
         browser.close()
+
+
+def test_the_papers_page_and_lesson_six_in_a_real_browser(app_url):
+    """The Reproduce the papers page runs its first experiment (the decode piggyback, on the real model)
+    and draws it beside Sarathi-Serve's Table 2; lesson 6's first step runs and reveals. Screenshots of
+    both go to out/screenshots/ (git-ignored)."""
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("CI"):
+            pytest.fail("Debian chromium is missing: .ci/run installs it")
+        pytest.skip("Debian chromium is not installed (apt-get install chromium)")
+    from playwright.sync_api import expect, sync_playwright
+
+    screenshots = Path(__file__).resolve().parents[2] / "out" / "screenshots"
+    screenshots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(app_url)
+        page.locator('[data-testid="stSidebarNav"]').get_by_text("Reproduce the papers", exact=True).click(timeout=120_000)
+        expect(page.locator("h1").first).to_contain_text("Reproduce the papers", timeout=60_000)
+        chunk = page.locator('[data-testid="stSlider"]').filter(has_text="Chunk C").get_by_role("slider")
+        chunk.press("Home")  # C = 64, the smallest: a short run
+        expect(page.locator('[data-testid="stSlider"]').filter(has_text="Chunk C")).to_contain_text("64", timeout=30_000)
+        page.get_by_role("button", name="Time the three steps").click()
+        expect(page.get_by_text("Decode token riding along").first).to_be_visible(timeout=180_000)
+        expect(page.get_by_text("Sarathi-Serve, Table 2").first).to_be_visible(timeout=60_000)  # the paper's bars, in the chart's legend
+        assert not page.locator('[data-testid="stException"]').count()
+        page.screenshot(path=str(screenshots / "papers_page.png"), full_page=True)
+
+        page.locator('[data-testid="stSidebarNav"]').get_by_text("Guided lessons", exact=True).click()
+        expect(page.locator("h1").first).to_contain_text("Guided lessons", timeout=60_000)
+        page.get_by_text("6. Reproduce the papers", exact=False).first.click()
+        expect(page.get_by_text("1. Decodes ride along a prefill almost for free").first).to_be_visible(timeout=60_000)
+        page.get_by_role("button", name="Run this step on the model").click()
+        expect(page.get_by_text("Ran in").first).to_be_visible(timeout=180_000)
+        page.get_by_role("button", name="Lock in my prediction: 5×").click()
+        page.get_by_role("button", name="Reveal the measured answer").click()
+        expect(page.get_by_text("The paper measured").first).to_be_visible(timeout=60_000)
+        assert not page.locator('[data-testid="stException"]').count()
+        page.screenshot(path=str(screenshots / "papers_lesson_6.png"), full_page=True)
+        browser.close()

@@ -48,7 +48,7 @@ def _figure(outcome: ActionOutcome) -> go.Figure:
 KIND = ActionKind(
     name="papers_chunk_cost",
     parameters={"prompt_sizes": (list, [512, 1024]), "chunk_sizes": (list, [64, 128, 256, 512]), "runs": (int, 2)},
-    scaled={"prompt_sizes": 32, "chunk_sizes": 4},
+    scaled={"prompt_sizes": 32, "chunk_sizes": 16},
     measured=(
         "smallest_chunk", "largest_chunk", "smallest_chunk_overhead_percent", "largest_chunk_overhead_percent", "overhead_falls",
         "paper_512_overhead_percent", "paper_2048_overhead_percent",

@@ -13,6 +13,7 @@ from prefillviz.experiments.papers_piggyback import run_piggyback
 from prefillviz.experiments.papers_prefix_blocks import prefix_lengths, run_block_hits, run_long_output_saving
 from prefillviz.figures import papers as figures
 from prefillviz.loading import bundled
+from prefillviz.loading.hosted import hosted_policy
 from prefillviz.measure.papers_interference import run_interference
 from prefillviz.measure.peaks_history import machine_peaks
 from prefillviz.peers import papers_vllm
@@ -23,6 +24,7 @@ from prefillviz.ui.shell import page_frame
 from prefillviz.ui.vllm_panel import _worker
 
 loaded = page_frame()
+most_points = hosted_policy().limit("sweep_points", 64)  # hosted mode caps every sweep
 
 st.title("Reproduce the papers")
 st.markdown(
@@ -99,8 +101,8 @@ st.markdown(
 )
 source_caption("chunk_cost")
 row = st.columns(2)
-prompt_sizes = row[0].multiselect("Prompt lengths N", [256, 512, 1024, 2048, 3072, 4096], [512, 1024, 2048], key="papers_chunk_prompts")
-chunk_sizes = row[1].multiselect("Chunk sizes", [64, 128, 256, 512, 1024, 2048], [128, 256, 512, 1024], key="papers_chunk_sizes")
+prompt_sizes = row[0].multiselect("Prompt lengths N", [256, 512, 1024, 2048, 3072, 4096], [512, 1024, 2048], key="papers_chunk_prompts", max_selections=most_points)
+chunk_sizes = row[1].multiselect("Chunk sizes", [64, 128, 256, 512, 1024, 2048], [128, 256, 512, 1024], key="papers_chunk_sizes", max_selections=most_points)
 if run_button("papers_chunk_run", "Prefill whole and in chunks"):
     with run_guarded("The chunk-cost run"), progress_bar("Whole and chunked prefills") as report:
         save_result("papers_chunk_cost", {"result": run_chunk_cost(loaded, prompt_sizes, chunk_sizes, 2, report), "label": run_label(loaded, "none")})
@@ -121,10 +123,12 @@ st.markdown(
     "Time to first token against N, finely at small N. A prefill step reads every weight once whatever N is: while that "
     "read takes longer than the math, TTFT is **flat**; past the **knee** it grows with N. The roofline predicts it: the N "
     "whose FLOPs per byte reach this machine's **ridge point** (its measured matmul peak over its measured bandwidth). "
-    "Sarathi-Serve's Figure 2 shows the A100's: time per prompt token falls until about 512 tokens, then stays flat."
+    "Sarathi-Serve's Figure 2 shows the A100's: time per prompt token falls until about 512 tokens, then stays flat; "
+    "[vllm#7635](https://github.com/vllm-project/vllm/issues/7635) asks why vLLM's TTFT is flat below about 400 tokens "
+    "(Llama-3-8B on V100s): this is why."
 )
 source_caption("knee")
-knee_sizes = st.multiselect("Prompt lengths N", [2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024], list(DEFAULT_SIZES), key="papers_knee_sizes")
+knee_sizes = st.multiselect("Prompt lengths N", [2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024], list(DEFAULT_SIZES)[::-1][:most_points][::-1], key="papers_knee_sizes", max_selections=most_points)
 if run_button("papers_knee_run", "Measure TTFT against N"):
     with run_guarded("The knee sweep"), progress_bar("TTFT against N") as report:
         report(0.0, "reading (or measuring) this machine's peaks")
@@ -155,7 +159,7 @@ st.markdown(
     "And a hit skips prefill only: with long outputs it saves a small share of the request's time."
 )
 row = st.columns(4)
-block_sizes = row[0].multiselect("Block sizes", [8, 16, 32, 64], [16, 32], key="papers_block_sizes")
+block_sizes = row[0].multiselect("Block sizes", [8, 16, 32, 64], [16, 32], key="papers_block_sizes", max_selections=most_points)
 prefix_tokens = row[1].number_input("Long-output run: shared prefix (tokens)", 16, 2048, 256, key="papers_prefix_tokens")
 output_tokens = row[2].number_input("… tokens generated", 1, 256, 32, key="papers_output_tokens")
 if run_button("papers_prefix_run", "Run the prefixes"):
@@ -198,7 +202,7 @@ st.markdown(
     "repository; the dashed line is its simulator's fitted model of a colocated engine (OPT-13B on an A100)."
 )
 source_caption("interference")
-long_sizes = st.multiselect("Long prompt lengths", [32, 64, 128, 256, 512, 1024, 2048], [64, 256, 1024], key="papers_interference_sizes")
+long_sizes = st.multiselect("Long prompt lengths", [32, 64, 128, 256, 512, 1024, 2048], [64, 256, 1024], key="papers_interference_sizes", max_selections=most_points)
 if run_button("papers_interference_run", "Run the three set-ups at each length"):
     with run_guarded("The interference sweep"), progress_bar("One engine, then the two workers, per length") as report:
         workload = build_workload(loaded.tokenizer, **{**WORKLOAD_DEFAULTS.as_dict(), "short_max_new_tokens": 12, "long_max_new_tokens": 2})

@@ -78,6 +78,16 @@ AGREES = [
     (5, 3, {"placement_kind": 0}, "split its cores", "share one GPU"),
     (5, 3, {"placement_kind": 1}, "share one GPU", "split its cores"),
     (5, 3, {"placement_kind": 2}, "a GPU of its own", "split its cores"),
+    (6, 1, {"piggyback_ratio": 1.5}, "the ratio is small", "ride along."),
+    (6, 1, {"piggyback_ratio": 40}, "the decodes ride along", "the ratio is small"),
+    (6, 2, {"overhead_falls": 0}, "were not the slower ones", "two reasons"),
+    (6, 2, {"overhead_falls": 1}, "two reasons", "were not the slower ones"),
+    (6, 3, {"ridge_tokens": 9}, "A CPU's ridge is low", "A high ridge"),
+    (6, 3, {"ridge_tokens": 400}, "A high ridge", "A CPU's ridge is low"),
+    (6, 4, {"one_short_cached": 0}, "the rule vLLM follows too", "should not happen"),
+    (6, 4, {"one_short_cached": 8}, "should not happen", "the rule vLLM follows too"),
+    (6, 5, {"has_crossover": 1, "crossover_tokens": 256}, "from a prompt of 256 tokens", "did not beat"),
+    (6, 5, {"has_crossover": 0}, "did not beat one engine", "Disaggregation's worst gap beat"),
 ]
 
 

@@ -79,7 +79,9 @@ def test_one_step_vs_n_steps_with_times(tiny_comparison):
         assert sum(step.forward_time_s for step in steps) < run.time_to_first_token_s
         assert run.time_to_first_token_s <= steps[-1].start_time_s + steps[-1].wall_time_s - steps[0].start_time_s + 0.05
     assert comparison.parallel.time_to_first_token_s == statistics.median(comparison.parallel.timing_runs_s)  # 3 runs: the middle one
-    assert comparison.ratio > 1  # N steps, each running every layer, against one
+    # the tiny model's prefill takes a few ms, so a busy machine's stall can swap the two: the claim that N steps
+    # cost more than one is checked on the bundled model below, where it holds by several times
+    assert comparison.ratio == comparison.token_by_token.time_to_first_token_s / comparison.parallel.time_to_first_token_s
     assert len(comparison.step_rows()) == n + 1
     assert fractions and fractions == sorted(fractions) and fractions[-1] == pytest.approx(1.0)
     assert [p.phase for p in comparison.roofline_points] == [PARALLEL, TOKEN_BY_TOKEN]
@@ -96,7 +98,7 @@ def test_both_ways_fill_the_same_kv_cache_tiny(tiny_comparison, tiny_llama):
     assert check.passed
 
 
-def test_both_ways_on_the_bundled_model_match_each_other_and_hf(bundled):
+def test_both_ways_on_the_bundled_model_match_each_other_and_hf(bundled, one_torch_thread):
     comparison = run_both_ways(bundled, "The capital of France is a city that", parallel_timing_runs=1)
     check = comparison.equality
     assert comparison.token_by_token.num_steps == comparison.num_tokens == check.num_positions
@@ -105,6 +107,7 @@ def test_both_ways_on_the_bundled_model_match_each_other_and_hf(bundled):
     assert check.passed
     logits = torch.from_numpy(comparison.parallel.record.first_token_logits)
     assert_matches_hf(bundled.model, comparison.token_ids, logits)
+    assert comparison.ratio > 1, comparison.machine_load  # N steps through all 30 layers against one (one thread: a busy machine stalls no OpenMP barrier)
 
 
 def test_different_prompts_fail_the_check(tiny_llama):

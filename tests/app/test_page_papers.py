@@ -25,7 +25,7 @@ def test_the_page_runs_four_experiments_small_and_says_how_to_get_vllm(bundled, 
     assert f"commit `{published.SARATHI_COMMIT[:10]}`" in texts(app.caption)  # every source cited with its commit
     app.select_slider(key="papers_piggyback_chunk").set_value(64)
     app.multiselect(key="papers_chunk_prompts").set_value([256])
-    app.multiselect(key="papers_chunk_sizes").set_value([64, 128])
+    app.multiselect(key="papers_chunk_sizes").set_value([128])
     app.multiselect(key="papers_knee_sizes").set_value([2, 4, 8])
     app.multiselect(key="papers_block_sizes").set_value([8])
     app.number_input(key="papers_prefix_tokens").set_value(16)
@@ -38,7 +38,7 @@ def test_the_page_runs_four_experiments_small_and_says_how_to_get_vllm(bundled, 
     results = app.session_state["results"]
     piggyback = results["papers_piggyback"]["result"]
     assert piggyback.chunk_tokens == 64 and f"({published.piggyback_ratio():,.1f}×)" in texts(app.metric)
-    assert [p.chunk_size for p in results["papers_chunk_cost"]["result"].points] == [0, 64, 128]
+    assert [p.chunk_size for p in results["papers_chunk_cost"]["result"].points] == [0, 128]
     assert results["papers_knee"]["result"].sizes == [2, 4, 8] and results["papers_knee"]["result"].ridge_tokens >= 1
     hits = results["papers_prefix_blocks"]["hits"]
     assert hits.cached(8, 7) == 0 and hits.cached(8, 8) == 8  # one token short of a block: nothing; one block: the block

@@ -1,7 +1,7 @@
 """The "Reproduce the papers" experiments on the bundled model: each checks what it claims.
 
 Timing claims use medians of interleaved runs and effects far larger than a loaded 2-core
-machine's noise (a decode-only step against a step of 128 tokens; 8 chunks against 2); the
+machine's noise (a decode-only step against a step of 64 tokens; 8 chunks against 2); the
 mechanisms (what a prefix hit reuses) are exact, and the tokens they produce are checked against
 the plain HF forward within the dtype's tolerance."""
 
@@ -23,12 +23,12 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_a_decode_riding_along_a_prefill_costs_less_per_token_than_in_a_decode_only_step(bundled):
-    result = run_piggyback(bundled, chunk_tokens=128, runs=3)  # each step's make-up is asserted as it runs
-    # a decode-only step of 4 reads every weight for 4 tokens; the mixed step for 128
+    result = run_piggyback(bundled, chunk_tokens=64, runs=3)  # each step's make-up is asserted as it runs
+    # a decode-only step of 4 reads every weight for 4 tokens; the mixed step for 64
     assert result.mixed_per_token_ms < result.decode_only_per_token_ms
     assert result.ratio > 2
-    assert result.decode_only_ms < result.mixed_ms  # 4 tokens are cheaper than 128 in one step, even so
-    assert [row["prefill_tokens"] for row in result.rows()] == [0, 128, 125] and [row["decode_tokens"] for row in result.rows()] == [4, 0, 3]
+    assert result.decode_only_ms < result.mixed_ms  # 4 tokens are cheaper than 64 in one step, even so
+    assert [row["prefill_tokens"] for row in result.rows()] == [0, 64, 61] and [row["decode_tokens"] for row in result.rows()] == [4, 0, 3]
     assert all(len(times) == 3 for times in result.runs_ms.values())
     figure = figures.piggyback_figure(result, "t")
     paper = {(r["prefill_tokens"] > 0, r["decode_tokens"] > 0): r["per_token_ms"] for r in published.piggyback_rows()}
@@ -52,10 +52,10 @@ def test_the_chunk_overhead_falls_as_the_chunk_grows(bundled):
 
 
 def test_a_prefix_one_token_short_of_a_block_gets_no_hit_and_whole_blocks_hit(bundled):
-    lengths = [15, 16, 17, 31, 32, 40]
+    lengths = [15, 16, 33]
     result = run_block_hits(bundled, [16, 32], lengths)
-    assert [result.cached(16, n) for n in lengths] == [0, 16, 16, 16, 32, 32]
-    assert [result.cached(32, n) for n in lengths] == [0, 0, 0, 0, 32, 32]
+    assert [result.cached(16, n) for n in lengths] == [0, 16, 32]
+    assert [result.cached(32, n) for n in lengths] == [0, 0, 32]
     assert all(p.cached_tokens == p.expected_tokens for p in result.points)
     assert figures.block_hits_figure([result], "t").data[0].y[0] == 0.0
 

@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 
 from prefillviz.disagg.experiment import SETUPS
 from prefillviz.engine.progress import FractionProgress
+from prefillviz.experiments import papers_published as published
 from prefillviz.figures import papers as figures
 from prefillviz.lessons.actions import ActionKind, ActionOutcome
 from prefillviz.lessons.kinds.chunked import WORKLOAD_PARAMETERS, chunked_workload
@@ -36,6 +37,7 @@ def _run(loaded, parameters: dict, report: FractionProgress, scale: float | None
     ]
     facts.append(("Disaggregated beats one engine with chunking off from", f"N = {crossover:,}" if crossover else "none of these lengths"))
     facts.append(("Placement", largest.comparison.disagg.spec.placement.label))
+    facts.append(("Source of the dashed line", published.SOURCES["interference"].citation))
     return make_outcome("papers_interference", loaded, parameters, measured, facts, {"papers_interference": sweep})
 
 

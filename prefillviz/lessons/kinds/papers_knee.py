@@ -6,6 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from prefillviz.engine.progress import FractionProgress
+from prefillviz.experiments import papers_published as published
 from prefillviz.experiments.model_setup import device_and_dtype
 from prefillviz.experiments.papers_knee import run_knee
 from prefillviz.figures import papers as figures
@@ -28,6 +29,7 @@ def _run(loaded, parameters: dict, report: FractionProgress, scale: float | None
         ("Knee of the measured TTFT (fit: flat, then rising)", f"N ≈ {fit.knee_tokens:,.0f} tokens (flat part {fit.flat_ms:,.1f} ms, then {fit.ms_per_token:,.3f} ms per token)"),
         ("Roofline ridge in tokens (measured peaks)", f"N ≈ {result.ridge_tokens:,} ({peaks.matmul_gflops:,.0f} GFLOP/s ÷ {peaks.memory_gb_s:,.1f} GB/s = {peaks.ridge_intensity:,.1f} FLOP/byte)"),
         (f"TTFT at N={result.sizes[0]} and N={result.sizes[-1]:,}", f"{result.ttft_ms[0]:,.1f} ms and {result.ttft_ms[-1]:,.1f} ms"),
+        ("Source of the paper's curve", published.SOURCES["knee"].citation),
     ]
     return make_outcome("papers_knee", loaded, parameters, measured, facts, {"papers_knee": result})
 

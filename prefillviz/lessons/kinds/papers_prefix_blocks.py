@@ -31,6 +31,7 @@ def _run(loaded, parameters: dict, report: FractionProgress, scale: float | None
         (f"Block size {large}: shared prefix of {small} tokens", f"{measured['large_block_cached_at_small_block']:.0f} tokens from the cache"),
         (f"A {saving.prompt_tokens}-token request with {saving.cached_tokens} tokens cached, {saving.output_tokens} new tokens",
          f"TTFT {saving.ttft_off_ms:,.0f} → {saving.ttft_on_ms:,.0f} ms ({saving.ttft_saved_percent:.0f}% saved); whole request {saving.total_off_ms:,.0f} → {saving.total_on_ms:,.0f} ms ({saving.total_saved_percent:.0f}% saved)"),
+        ("vLLM's rule", "only full blocks are hashed and shared (vllm-project/vllm#3942: token-level reuse is not feasible)"),
     ]
     return make_outcome("papers_prefix_blocks", loaded, parameters, measured, facts, {"papers_block_hits": hits, "papers_long_output": saving})
 

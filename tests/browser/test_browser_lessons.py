@@ -71,7 +71,9 @@ def test_the_papers_page_and_lesson_six_in_a_real_browser(app_url):
         expect(page.get_by_text("Decode token riding along").first).to_be_visible(timeout=180_000)
         expect(page.get_by_text("Sarathi-Serve, Table 2").first).to_be_visible(timeout=60_000)  # the paper's bars, in the chart's legend
         assert not page.locator('[data-testid="stException"]').count()
-        page.screenshot(path=str(screenshots / "papers_page.png"), full_page=True)
+        page.screenshot(path=str(screenshots / "papers_page.png"))
+        page.locator(".js-plotly-plot").first.scroll_into_view_if_needed()  # Streamlit scrolls its main area, not the page
+        page.screenshot(path=str(screenshots / "papers_page_figure.png"))
 
         page.locator('[data-testid="stSidebarNav"]').get_by_text("Guided lessons", exact=True).click()
         expect(page.locator("h1").first).to_contain_text("Guided lessons", timeout=60_000)
@@ -83,5 +85,7 @@ def test_the_papers_page_and_lesson_six_in_a_real_browser(app_url):
         page.get_by_role("button", name="Reveal the measured answer").click()
         expect(page.get_by_text("The paper measured").first).to_be_visible(timeout=60_000)
         assert not page.locator('[data-testid="stException"]').count()
-        page.screenshot(path=str(screenshots / "papers_lesson_6.png"), full_page=True)
+        page.screenshot(path=str(screenshots / "papers_lesson_6.png"))
+        page.locator(".js-plotly-plot").first.scroll_into_view_if_needed()
+        page.screenshot(path=str(screenshots / "papers_lesson_6_figure.png"))
         browser.close()

@@ -23,3 +23,19 @@ def test_the_piggyback_steps_and_the_knee_sweep_run_on_vllm(bundled, vllm_worker
     assert result.mixed_per_token_ms < result.decode_only_per_token_ms  # the step make-ups were found in vLLM's schedule
     knee = papers_vllm.vllm_knee(vllm_worker, bundled.tokenizer, bundled.info.vocab_size, [4, 8, 16], runs=1)
     assert knee.sizes == [4, 8, 16] and all(t > 0 for t in knee.ttft_ms) and knee.model_id.startswith("vLLM")
+
+
+def test_the_papers_page_runs_the_knee_sweep_on_vllm_too(bundled, vllm_worker):
+    from tests.app.pages import chart_specs, open_page
+
+    app = open_page("reproduce_papers")
+    app.multiselect(key="papers_knee_sizes").set_value([2, 4, 8])
+    app.run()
+    app.button(key="papers_knee_run").click().run()
+    app.button(key="papers_knee_vllm_run").click().run()  # the app's worker: the one this session's tests share
+    assert not app.exception and not app.error
+    theirs = app.session_state["results"]["papers_knee_vllm"]
+    assert theirs.sizes == [2, 4, 8] and theirs.model_id.startswith("vLLM")
+    assert next(m.value for m in app.metric if m.label == "vLLM's knee").startswith("N ≈")
+    knee = next(spec for spec in chart_specs(app).values() if spec["layout"]["title"]["text"].startswith("Time to first token against N"))
+    assert "vLLM: TTFT (median)" in [trace.get("name") for trace in knee["data"]]

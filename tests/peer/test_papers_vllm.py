@@ -1,6 +1,7 @@
 """The "Reproduce the papers" experiments on real vLLM: its prefix cache is block-granular too (a
 shared prefix one token short of a block gets 0 cached tokens, one block gets the block), at its
-block size 32, as on our engine; and its TTFT sweep and step timings come back for the page."""
+block size 32, as on our engine; its steps of the piggyback experiment are found in its own schedule;
+and the page's "Run on vLLM too" draws its TTFT sweep beside ours."""
 
 import pytest
 
@@ -18,11 +19,10 @@ def test_a_prefix_one_token_short_of_a_block_gets_no_hit_on_vllm_as_on_ours(bund
     assert [p.cached_tokens for p in theirs.points] == [p.cached_tokens for p in ours.points]
 
 
-def test_the_piggyback_steps_and_the_knee_sweep_run_on_vllm(bundled, vllm_worker):
+def test_the_piggyback_steps_are_found_in_vllms_schedule(bundled, vllm_worker):
     result = papers_vllm.vllm_piggyback(vllm_worker, bundled.tokenizer, bundled.info.vocab_size, chunk_tokens=64, runs=1)
-    assert result.mixed_per_token_ms < result.decode_only_per_token_ms  # the step make-ups were found in vLLM's schedule
-    knee = papers_vllm.vllm_knee(vllm_worker, bundled.tokenizer, bundled.info.vocab_size, [4, 8, 16], runs=1)
-    assert knee.sizes == [4, 8, 16] and all(t > 0 for t in knee.ttft_ms) and knee.model_id.startswith("vLLM")
+    assert result.mixed_per_token_ms < result.decode_only_per_token_ms  # each step's make-up was found in vLLM's own schedule
+    assert result.model_id.startswith("vLLM") and all(len(times) == 1 for times in result.runs_ms.values())
 
 
 def test_the_papers_page_runs_the_knee_sweep_on_vllm_too(bundled, vllm_worker):

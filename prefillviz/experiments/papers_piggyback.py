@@ -70,7 +70,7 @@ def mixed_step_s(model, users: list[list[int]], prompt: list[int]) -> float:
     """One step of ``prompt`` (C - k tokens) and k users' decode tokens, budget C, seconds."""
     budget = len(prompt) + len(users)
     engine = _engine(model, budget, budget + SHORT_PROMPT_TOKENS * 8 + 64)
-    _decoding_users(engine, users, 4)
+    _decoding_users(engine, users, 64)  # still decoding whatever chunks their own prompts took (a small C)
     engine.add_request(prompt, SamplingParams(max_new_tokens=1), request_id="prompt")
     step = engine.step()  # decodes first, then the prompt gets the rest of the budget: all of it
     assert step.num_prefill_tokens == len(prompt) and step.num_decode_tokens == len(users)

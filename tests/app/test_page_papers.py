@@ -1,7 +1,8 @@
 """The Reproduce the papers page and lesson 6 on the bundled model (fp32), at small sizes: each
 section runs the real model, draws the paper's numbers beside ours and offers its downloads;
-without .venv-vllm each "Run on vLLM too" says how to get it; lesson 6's first step is predicted,
-run and revealed; the other steps' runs (small scale) show on the page as its own runs do."""
+without .venv-vllm each "Run on vLLM too" says how to get it; every step of lesson 6 (small scale)
+measures what its question asks, and its run shows on the page as the page's own runs do. The
+lesson's predict, run and reveal in the walkthrough is the browser test's (tests/browser)."""
 
 import pytest
 
@@ -54,34 +55,22 @@ def test_the_page_runs_four_experiments_small_and_says_how_to_get_vllm(bundled, 
     assert len(app.get("download_button")) == 10  # a table (CSV) and the figure (HTML) for each of the 5 results
 
 
-def test_lesson_six_step_one_runs_and_reveals_beside_the_paper(bundled):
-    app = open_page("walkthrough")
-    lesson_index = next(i for i, option in enumerate(app.radio(key="lesson_choice").options) if "Reproduce the papers" in option)
-    app.radio(key="lesson_choice").set_value(lesson_index).run()
-    assert app.header[0].value == "1. Decodes ride along a prefill almost for free"
-    app.button(key="lesson_run").click().run()  # C = 256 on the real model
-    assert not app.exception and not app.error
-    app.button(key="lesson_lock").click().run()
-    app.button(key="lesson_reveal").click().run()
-    assert not app.exception and app.metric[0].label == "Measured"
-    assert f"The paper measured {published.piggyback_ratio():.3g}×" in texts(app.markdown)
-    assert app.get("plotly_chart")
-    app.switch_page("views/reproduce_papers.py").run()  # the step's full view shows the same run
-    assert not app.exception and app.session_state["results"]["papers_piggyback"]["result"].chunk_tokens == 256
-
-
-def test_the_other_steps_of_lesson_six_measure_what_they_ask_and_show_on_the_page(bundled):
+def test_every_step_of_lesson_six_measures_what_it_asks_and_shows_on_the_page(bundled):
     from prefillviz import lessons
 
     lesson = next(lesson for lesson in lessons.load_lessons() if lesson.slug == LESSON)
     results = {}
-    for step in lesson.steps[1:]:
+    for step in lesson.steps:
         action = {**step.action, "long_prompt_sizes": [64]} if step.action["kind"] == "papers_interference" else step.action
         outcome = lessons.run_action(bundled, action, scale=0.05)
         assert set(outcome.measured) == set(lessons.ACTION_KINDS[outcome.kind].measured)
-        assert lessons.format_reveal(step.question, outcome.measured[step.question.answer], 0).verdict
+        prediction = 0 if step.question.kind == "choice" else step.question.default
+        assert lessons.format_reveal(step.question, outcome.measured[step.question.answer], prediction).verdict
         assert lessons.step_after_reveal(step, outcome) and lessons.step_figure(step, outcome).data
         results.update(lessons.page_results(outcome, "timing pass · test"))
+        if outcome.kind == "papers_piggyback":
+            assert outcome.measured["paper_ratio"] == published.piggyback_ratio() and outcome.measured["chunk_tokens"] == 16
+            assert f"The paper measured {published.piggyback_ratio():.3g}×" in lessons.step_after_reveal(step, outcome)
         if outcome.kind == "papers_prefix_blocks":
             assert outcome.measured["one_short_cached"] == 0 and outcome.measured["one_block_cached"] == 16
         if outcome.kind == "papers_interference":
@@ -92,4 +81,5 @@ def test_the_other_steps_of_lesson_six_measure_what_they_ask_and_show_on_the_pag
     assert not app.exception
     titles = [spec["layout"]["title"]["text"] for spec in chart_specs(app).values()]
     assert any(t.startswith("Interference") for t in titles) and any(t.startswith("Prefill in chunks") for t in titles)
+    assert any(t.startswith("Time per token of each step") for t in titles) and any(t.startswith("Share of the shared prefix") for t in titles)
     assert "Disaggregated beats chunking off from" in [m.label for m in app.metric]

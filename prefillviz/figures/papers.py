@@ -65,7 +65,9 @@ def chunk_cost_figure(result, title: str) -> go.Figure:
         )
     fig.add_hline(y=1.0, line={"color": style.NEUTRAL, "dash": "dot"}, annotation_text="whole prefill")
     fig.update_xaxes(type="log", tickvals=sorted({p.chunk_size for p in result.points if p.chunk_size} | {512, 1024, 2048}))
-    return style.apply_layout(fig, title, "chunk size (tokens, log)", "prefill time ÷ whole prefill's")
+    style.apply_layout(fig, title, "chunk size (tokens, log)", "prefill time ÷ whole prefill's", height=480)
+    fig.update_layout(legend={"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1.0, "yanchor": "top"})  # 8 lines: beside, not over the title
+    return fig
 
 
 def knee_figure(result, vllm_result=None, title: str = "") -> go.Figure:
@@ -77,12 +79,17 @@ def knee_figure(result, vllm_result=None, title: str = "") -> go.Figure:
         fig.add_scatter(x=run.sizes, y=run.ttft_ms, mode="markers", name=f"{name}: TTFT (median)", marker={"color": color, "size": 10})
         fitted_x = sorted(set(run.sizes) | {run.fit.knee_tokens})
         fig.add_scatter(x=fitted_x, y=list(run.fit.predict(fitted_x)), mode="lines", name=f"{name}: flat, then rising (fit)", line={"color": color, "dash": dash})
-        fig.add_vline(x=run.fit.knee_tokens, line={"color": color, "dash": dash}, annotation_text=f"{name} knee ≈ {run.fit.knee_tokens:,.0f}")
+        _vertical(fig, run.fit.knee_tokens, f"{name}: knee ≈ {run.fit.knee_tokens:,.0f}", color, dash, result, vllm_result)
     if result.ridge_tokens is not None:
-        fig.add_vline(x=result.ridge_tokens, line={"color": style.CACHE_HIT, "width": 3},
-                      annotation_text=f"roofline ridge: N ≈ {result.ridge_tokens:,}", annotation_position="bottom right")
+        _vertical(fig, result.ridge_tokens, f"roofline ridge: N ≈ {result.ridge_tokens:,}", style.CACHE_HIT, "solid", result, vllm_result)
     fig.update_xaxes(type="log")
     return style.apply_layout(fig, title, "prompt tokens N (log)", "time to first token (ms)")
+
+
+def _vertical(fig: go.Figure, x: float, name: str, color: str, dash: str, *runs) -> None:
+    """A vertical line at ``x`` as a named trace (a shape's annotation lands at 10^x on a log axis)."""
+    times = [t for run in runs if run is not None for t in run.ttft_ms]
+    fig.add_scatter(x=[x, x], y=[0, max(times)], mode="lines", name=name, line={"color": color, "dash": dash, "width": 2})
 
 
 def knee_per_token_figure(result, vllm_result=None, title: str = "") -> go.Figure:

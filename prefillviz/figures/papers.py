@@ -20,6 +20,11 @@ PAPER_COLORS = ["#555555", "#8c8c8c", "#b0b0b0", "#3b3b3b"]
 SETUP_COLORS = dict(zip(SETUPS, (style.NEUTRAL, style.PREFILL, style.CACHE_HIT)))
 
 
+def _legend_beside(fig: go.Figure) -> go.Figure:
+    """A long legend to the right of the plot, not over its title."""
+    return fig.update_layout(legend={"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1.0, "yanchor": "top"})
+
+
 def _paper_line(fig: go.Figure, x, y, name: str, color: str, hover: str = "") -> None:
     fig.add_scatter(x=x, y=y, mode="lines+markers", name=name, line={"color": color, "dash": PAPER_DASH},
                     marker={"symbol": "circle-open", "size": 9}, hovertext=hover or None)
@@ -65,9 +70,7 @@ def chunk_cost_figure(result, title: str) -> go.Figure:
         )
     fig.add_hline(y=1.0, line={"color": style.NEUTRAL, "dash": "dot"}, annotation_text="whole prefill")
     fig.update_xaxes(type="log", tickvals=sorted({p.chunk_size for p in result.points if p.chunk_size} | {512, 1024, 2048}))
-    style.apply_layout(fig, title, "chunk size (tokens, log)", "prefill time ÷ whole prefill's", height=480)
-    fig.update_layout(legend={"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1.0, "yanchor": "top"})  # 8 lines: beside, not over the title
-    return fig
+    return _legend_beside(style.apply_layout(fig, title, "chunk size (tokens, log)", "prefill time ÷ whole prefill's", height=480))
 
 
 def knee_figure(result, vllm_result=None, title: str = "") -> go.Figure:
@@ -141,15 +144,14 @@ def interference_figure(sweep, title: str) -> go.Figure:
     length; DistServe's fitted colocated model (a step carrying the prefill over a decode step) dashed."""
     fig = go.Figure()
     sizes = [p.long_prompt_tokens for p in sweep.points]
-    source = published.SOURCES["interference"]
     first = sweep.points[0].comparison.workload
     model = published.distserve_interference(sizes, len(first.short_prompts), len(first.short_prompts[0]) + first.short_max_new_tokens // 2)
-    _paper_line(fig, sizes, [r["ratio"] for r in model], f"DistServe model, colocated ({source.model})", PAPER_COLORS[0])
+    _paper_line(fig, sizes, [r["ratio"] for r in model], "DistServe's model, colocated (OPT-13B, A100)", PAPER_COLORS[0])
     for setup in SETUPS:
         fig.add_scatter(x=sizes, y=[p.interference(setup) for p in sweep.points], mode="lines+markers", name=f"ours: {setup}",
                         line={"color": SETUP_COLORS[setup], "width": 3}, marker={"size": 10})
     fig.add_hline(y=1.0, line={"color": style.NEUTRAL, "dash": "dot"})
-    return style.apply_layout(fig, title, "long prompt (tokens)", "worst gap ÷ median gap (×)")
+    return _legend_beside(style.apply_layout(fig, title, "long prompt (tokens)", "worst gap ÷ median gap (×)"))
 
 
 def worst_gap_figure(sweep, title: str) -> go.Figure:

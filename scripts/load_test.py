@@ -135,24 +135,52 @@ async def start_room(browser, url: str, timeout_s: float):
     return context, page, code
 
 
+async def teacher_reveals(teacher, timeout_s: float, screenshot: str | None) -> dict:
+    """The teacher's page once the class has run the step: the histogram's count, then the teacher locks in,
+    runs the step (joining the class's run), reveals, and the histogram sits beside the measured answer."""
+    pattern = re.compile(r"The class's predictions \((\d+) locked in\)")
+    title = teacher.get_by_text(pattern).first
+    await title.wait_for(timeout=timeout_s * 1000)
+    found = {"teacher_histogram_counts": int(pattern.search(await title.text_content() or "").group(1))}
+    await teacher.get_by_role("button", name=re.compile("Lock in my prediction")).click()
+    await teacher.get_by_role("button", name="Run this step on the model").click()
+    await teacher.get_by_text(re.compile(r"Measured once for \d+ viewer")).first.wait_for(timeout=timeout_s * 1000)
+    await teacher.get_by_role("button", name="Reveal the measured answer").click()
+    await teacher.get_by_text(re.compile(r"measured: ")).first.wait_for(timeout=timeout_s * 1000)  # the answer marked on the histogram
+    if screenshot:
+        chart = teacher.locator('[data-testid="stPlotlyChart"]').filter(has_text=pattern).first
+        await chart.scroll_into_view_if_needed()
+        await teacher.wait_for_timeout(1000)
+        Path(screenshot).parent.mkdir(parents=True, exist_ok=True)
+        await chart.screenshot(path=screenshot)  # the element: Streamlit's page scrolls inside its own container
+        found["screenshot"] = screenshot
+    return found
+
+
 async def lesson_session(browser, url: str, code: str, index: int, timeout_s: float) -> dict:
     """A student: joins the room by its link, locks in a prediction, runs the teacher's step."""
     context = await browser.new_context(viewport={"width": 1300, "height": 1000})
     context.set_default_timeout(timeout_s * 1000)
     page = await context.new_page()
     result = {"session": index, "ok": False}
+    stage = "opening the room's link"
+    begun = time.perf_counter()
     try:
         await page.goto(f"{url}/walkthrough?room={code}", timeout=timeout_s * 1000)
+        stage = "waiting for the lock-in button"
         lock = page.get_by_role("button", name=re.compile("Lock in my prediction"))
         await lock.wait_for(timeout=timeout_s * 1000)
+        result["page_ready_s"] = time.perf_counter() - begun
         await lock.click()
+        stage = "waiting for 'Locked in for the class'"
         await page.get_by_text("Locked in for the class").first.wait_for(timeout=timeout_s * 1000)
         start = time.perf_counter()
+        stage = "waiting for the step's result"
         await page.get_by_role("button", name="Run this step on the model").click()
         await page.get_by_text(re.compile(r"Measured once for \d+ viewer")).first.wait_for(timeout=timeout_s * 1000)
         await read_result(page, result, start, lambda text: "you joined a run" not in text)
     except Exception as error:  # reported, counted as failed
-        result["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        result["error"] = f"{stage} ({time.perf_counter() - begun:.0f} s in): {type(error).__name__}: {str(error).splitlines()[0][:200]}"
     finally:
         await context.close()
     return result
@@ -170,14 +198,7 @@ async def drive(url: str, sessions: int, timeout_s: float, scenario: str = "mixe
             context, teacher, code = await start_room(browser, url, timeout_s)
             results = await asyncio.gather(*(lesson_session(browser, url, code, i, timeout_s) for i in range(sessions)))
             await teacher.reload()
-            chart = teacher.get_by_text(re.compile(r"The class's predictions \((\d+) locked in\)")).first
-            await chart.wait_for(timeout=timeout_s * 1000)
-            extra["teacher_histogram_counts"] = int(re.search(r"\((\d+) locked in\)", await chart.text_content() or "").group(1))
-            if screenshot:
-                await chart.scroll_into_view_if_needed()
-                Path(screenshot).parent.mkdir(parents=True, exist_ok=True)
-                await teacher.screenshot(path=screenshot, full_page=True)
-                extra["screenshot"] = screenshot
+            extra.update(await teacher_reveals(teacher, timeout_s, screenshot))
             await context.close()
         elif scenario == "preset":
             results = await asyncio.gather(*(preset_session(browser, url, i, timeout_s) for i in range(sessions)))
@@ -219,6 +240,8 @@ def main() -> int:
         "run_s_p99": percentile(runs, 99),
         "any_session_saw_another_prompt": bool(leaked),
         "model_runs": sum(1 for r in done if r.get("measured", True)),  # mixed: every session measures its own prompt
+        "page_ready_s_p50": percentile([r["page_ready_s"] for r in results if "page_ready_s" in r], 50),  # lesson: link to a usable page
+        "page_ready_s_p99": percentile([r["page_ready_s"] for r in results if "page_ready_s" in r], 99),
         **extra,
         "errors": [r["error"] for r in results if "error" in r],
     }

@@ -23,6 +23,7 @@ def test_self_test_runs_every_step_and_writes_one_folder(bundled, tmp_path):
     assert [c["check"] for c in summary["checks"]] == STEPS and summary["ok"]
     records = {r["check"]: r for r in map(json.loads, (out / "first_run.jsonl").read_text().splitlines())}
     assert records["equality"]["max_abs_diff"] <= records["equality"]["allowed"] and records["equality"]["same_greedy_token"]
+    assert records["triton_tests"]["exit"] == 0 and " passed" in records["triton_tests"]["summary"]  # the CPU-side subset ran
     edge = records["edge"]
     assert edge["first_token"] and "context of 512 tokens" in edge["context_refused_with"]  # context - 1 runs, context is refused
     assert records["inspect"]["kv_write_layers"] == records["inspect"]["captured_qk_layers"] == 4

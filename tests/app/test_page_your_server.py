@@ -43,8 +43,9 @@ def test_the_load_sweep_draws_ttft_goodput_and_the_split_with_a_reading(bundled)
     assert not app.exception and not app.error, [e.value for e in app.error]
     ttft = chart_titled(app, "Time to first token under load")
     assert [d["name"] for d in ttft["data"]][:3] == ["TTFT p50", "TTFT p90", "TTFT p99"] and len(ttft["data"]) == 4  # + goodput
-    split = chart_titled(app, "Time to first token split into queue and prefill")
-    names = ["before the engine (API server)", "waiting in the queue (server)", "prefill (server)", "TTFT the client saw (mean)"]
+    split = chart_titled(app, "Time to first token split into waiting and prefill")
+    names = ["waiting before the scheduler (for the engine's running step; the API server)", "waiting in the scheduler's queue", "prefill (server)",
+             "TTFT the client saw (mean)"]
     assert [d["name"] for d in split["data"]] == names
     assert len(plotly_array(split["data"][2]["y"])) >= 2 and min(plotly_array(split["data"][2]["y"])) > 0
     assert any("your TTFT is" in m.value or "half or more of your TTFT" in m.value for m in app.markdown)

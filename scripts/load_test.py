@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import re
 import shutil
 import socket
@@ -30,7 +31,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+from streamlit_session import StreamlitSession
+
 ROOT = Path(__file__).resolve().parents[1]
+LOCK_IN = re.compile("Lock in my prediction")
+MEASURED_ONCE = re.compile(r"Measured once for \d+ viewer")
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync"]
 
@@ -112,7 +117,10 @@ async def read_result(page, result: dict, start: float, measured) -> None:
     """Fill ``result`` from the page that shows its run: click-to-result time, the queue wait it reports,
     and whether this session measured (``measured(text)``) or joined another's run."""
     result["run_s"] = time.perf_counter() - start
-    text = await page.inner_text("body")
+    read_text(await page.inner_text("body"), result, measured)
+
+
+def read_text(text: str, result: dict, measured) -> None:
     waited = re.search(r"Waited ([0-9.]+) s for the shared model", text)
     result["wait_s"] = float(waited.group(1)) if waited else 0.0
     result["measured"] = measured(text)
@@ -142,9 +150,9 @@ async def teacher_reveals(teacher, timeout_s: float, screenshot: str | None) -> 
     title = teacher.get_by_text(pattern).first
     await title.wait_for(timeout=timeout_s * 1000)
     found = {"teacher_histogram_counts": int(pattern.search(await title.text_content() or "").group(1))}
-    await teacher.get_by_role("button", name=re.compile("Lock in my prediction")).click()
+    await teacher.get_by_role("button", name=LOCK_IN).click()
     await teacher.get_by_role("button", name="Run this step on the model").click()
-    await teacher.get_by_text(re.compile(r"Measured once for \d+ viewer")).first.wait_for(timeout=timeout_s * 1000)
+    await teacher.get_by_text(MEASURED_ONCE).first.wait_for(timeout=timeout_s * 1000)
     await teacher.get_by_role("button", name="Reveal the measured answer").click()
     await teacher.get_by_text(re.compile(r"measured: ")).first.wait_for(timeout=timeout_s * 1000)  # the answer marked on the histogram
     if screenshot:
@@ -168,7 +176,7 @@ async def lesson_session(browser, url: str, code: str, index: int, timeout_s: fl
     try:
         await page.goto(f"{url}/walkthrough?room={code}", timeout=timeout_s * 1000)
         stage = "waiting for the lock-in button"
-        lock = page.get_by_role("button", name=re.compile("Lock in my prediction"))
+        lock = page.get_by_role("button", name=LOCK_IN)
         await lock.wait_for(timeout=timeout_s * 1000)
         result["page_ready_s"] = time.perf_counter() - begun
         await lock.click()
@@ -177,7 +185,7 @@ async def lesson_session(browser, url: str, code: str, index: int, timeout_s: fl
         start = time.perf_counter()
         stage = "waiting for the step's result"
         await page.get_by_role("button", name="Run this step on the model").click()
-        await page.get_by_text(re.compile(r"Measured once for \d+ viewer")).first.wait_for(timeout=timeout_s * 1000)
+        await page.get_by_text(MEASURED_ONCE).first.wait_for(timeout=timeout_s * 1000)
         await read_result(page, result, start, lambda text: "you joined a run" not in text)
     except Exception as error:  # reported, counted as failed
         result["error"] = f"{stage} ({time.perf_counter() - begun:.0f} s in): {type(error).__name__}: {str(error).splitlines()[0][:200]}"
@@ -186,7 +194,81 @@ async def lesson_session(browser, url: str, code: str, index: int, timeout_s: fl
     return result
 
 
-async def drive(url: str, sessions: int, timeout_s: float, scenario: str = "mixed", screenshot: str | None = None) -> tuple[list[dict], dict]:
+# ---------------------------------------------------------------- the same sessions without a browser
+# Each is a real session of the server, over Streamlit's websocket protocol (scripts/streamlit_session.py):
+# the server does all it does for a browser tab; only the rendering is skipped.
+
+def _failed(result: dict, stage: str, begun: float, error: Exception) -> None:
+    result["error"] = f"{stage} ({time.perf_counter() - begun:.0f} s in): {type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
+
+
+async def protocol_mixed(url: str, index: int, words: list[str], timeout_s: float) -> dict:
+    result, stage, begun = {"session": index, "ok": False}, "opening the page", time.perf_counter()
+    try:
+        async with StreamlitSession(url, timeout_s) as page:
+            stage = "typing the prompt"
+            await page.wait_for(lambda p: p.widget("button", "Run prefill"))
+            await page.set(page.widget("text_area", "Prompt"), string_value=f"Code word {words[index]}. The capital of France is")
+            stage = "waiting for the result"
+            start = time.perf_counter()
+            await page.click("Run prefill")
+            await page.wait_for(lambda p: "Last run:" in p.text() and p.count("plotly_chart") >= 3)
+            result["run_s"] = time.perf_counter() - start
+            text = page.text(widgets=False)  # what the page shows, less the prompt box's own value
+            read_text(text, result, lambda _: True)
+            result["others_words_shown"] = [w for i, w in enumerate(words) if i != index and w in text]
+            result["ok"] = f"Code word {words[index]}" in text
+    except Exception as error:  # reported, counted as failed
+        _failed(result, stage, begun, error)
+    return result
+
+
+async def protocol_preset(url: str, index: int, timeout_s: float) -> dict:
+    result, stage, begun = {"session": index, "ok": False}, "opening the page", time.perf_counter()
+    try:
+        async with StreamlitSession(url, timeout_s) as page:
+            await page.wait_for(lambda p: p.widget("button", "Run prefill"))
+            stage = "waiting for the result"
+            start = time.perf_counter()
+            await page.click("Run prefill")
+            await page.wait_for("viewer(s)")
+            result["run_s"] = time.perf_counter() - start
+            read_text(page.text(), result, lambda text: "Measured by this session" in text)
+    except Exception as error:  # reported, counted as failed
+        _failed(result, stage, begun, error)
+    return result
+
+
+async def protocol_lesson(url: str, code: str, index: int, timeout_s: float) -> dict:
+    """A student: joins the room by its link, moves the slider to a prediction of their own, locks it in,
+    runs the teacher's step."""
+    result, stage, begun = {"session": index, "ok": False}, "opening the room's link", time.perf_counter()
+    try:
+        async with StreamlitSession(f"{url}/walkthrough?room={code}", timeout_s) as page:
+            stage = "waiting for the lock-in button"
+            await page.wait_for(lambda p: p.widget("button", LOCK_IN))
+            result["page_ready_s"] = time.perf_counter() - begun
+            slider = page.widget("slider", key="lesson_predict_")
+            options = list(slider.options)  # a class's spread of guesses: around the middle, one per student
+            guess = random.Random(index).gauss((len(options) - 1) / 2, len(options) / 5)
+            stage = "moving the slider"
+            await page.set(slider, string_array_value={"data": [options[min(len(options) - 1, max(0, round(guess)))]]})
+            stage = "locking in"
+            await page.click(LOCK_IN)
+            await page.wait_for("Locked in for the class")
+            stage = "waiting for the step's result"
+            start = time.perf_counter()
+            await page.click("Run this step on the model")
+            await page.wait_for(MEASURED_ONCE)
+            result["run_s"] = time.perf_counter() - start
+            read_text(page.text(), result, lambda text: "you joined a run" not in text)
+    except Exception as error:  # reported, counted as failed
+        _failed(result, stage, begun, error)
+    return result
+
+
+async def drive(url: str, sessions: int, timeout_s: float, scenario: str = "mixed", screenshot: str | None = None,
+                protocol: bool = True) -> tuple[list[dict], dict]:
     from playwright.async_api import async_playwright
 
     words = [f"ZEBRA{index}Q{index * 7 + 3}" for index in range(sessions)]
@@ -196,14 +278,15 @@ async def drive(url: str, sessions: int, timeout_s: float, scenario: str = "mixe
         browser = await playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
         if scenario == "lesson":
             context, teacher, code = await start_room(browser, url, timeout_s)
-            results = await asyncio.gather(*(lesson_session(browser, url, code, i, timeout_s) for i in range(sessions)))
+            students = (protocol_lesson(url, code, i, timeout_s) if protocol else lesson_session(browser, url, code, i, timeout_s) for i in range(sessions))
+            results = await asyncio.gather(*students)
             await teacher.reload()
             extra.update(await teacher_reveals(teacher, timeout_s, screenshot))
             await context.close()
         elif scenario == "preset":
-            results = await asyncio.gather(*(preset_session(browser, url, i, timeout_s) for i in range(sessions)))
+            results = await asyncio.gather(*(protocol_preset(url, i, timeout_s) if protocol else preset_session(browser, url, i, timeout_s) for i in range(sessions)))
         else:
-            results = await asyncio.gather(*(one_session(browser, url, i, words, timeout_s) for i in range(sessions)))
+            results = await asyncio.gather(*(protocol_mixed(url, i, words, timeout_s) if protocol else one_session(browser, url, i, words, timeout_s) for i in range(sessions)))
         await browser.close()
     return list(results), extra
 
@@ -215,13 +298,17 @@ def main() -> int:
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--scenario", choices=["mixed", "preset", "lesson"], default="mixed")
     parser.add_argument("--screenshot", default=None, help="lesson: save the teacher's page with the class histogram here")
+    parser.add_argument("--client", choices=["protocol", "browser"], default="protocol",
+                        help="protocol (default): each session speaks Streamlit's websocket protocol, no rendering; "
+                             "browser: each session is a headless Chromium (heavy: 30 of them starve a 2-core server). "
+                             "The lesson's teacher is always a real browser")
     args = parser.parse_args()
     if args.url and not re.match(r"^http://(127\.\d+\.\d+\.\d+|localhost|\[::1\])(:\d+)?/?$", args.url):
         raise SystemExit("load tests only target this machine's loopback address")
     server, url = (None, args.url) if args.url else start_server()
     try:
         urllib.request.urlopen(url, timeout=10)
-        results, extra = asyncio.run(drive(url, args.sessions, args.timeout_s, args.scenario, args.screenshot))
+        results, extra = asyncio.run(drive(url, args.sessions, args.timeout_s, args.scenario, args.screenshot, args.client == "protocol"))
     finally:
         if server is not None:
             server.terminate()
@@ -231,6 +318,7 @@ def main() -> int:
     leaked = [r for r in results if r.get("others_words_shown")]
     summary = {
         "scenario": args.scenario,
+        "client": args.client,
         "sessions": args.sessions,
         "completed": len(done),
         "failed": len(results) - len(done),

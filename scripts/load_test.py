@@ -205,7 +205,7 @@ def _failed(result: dict, stage: str, begun: float, error: Exception) -> None:
 async def protocol_mixed(url: str, index: int, words: list[str], timeout_s: float) -> dict:
     result, stage, begun = {"session": index, "ok": False}, "opening the page", time.perf_counter()
     try:
-        async with StreamlitSession(url, timeout_s) as page:
+        async with StreamlitSession(url, timeout_s, f"session {index}") as page:
             stage = "typing the prompt"
             await page.wait_for(lambda p: p.widget("button", "Run prefill"))
             await page.set(page.widget("text_area", "Prompt"), string_value=f"Code word {words[index]}. The capital of France is")
@@ -226,7 +226,7 @@ async def protocol_mixed(url: str, index: int, words: list[str], timeout_s: floa
 async def protocol_preset(url: str, index: int, timeout_s: float) -> dict:
     result, stage, begun = {"session": index, "ok": False}, "opening the page", time.perf_counter()
     try:
-        async with StreamlitSession(url, timeout_s) as page:
+        async with StreamlitSession(url, timeout_s, f"session {index}") as page:
             await page.wait_for(lambda p: p.widget("button", "Run prefill"))
             stage = "waiting for the result"
             start = time.perf_counter()
@@ -244,7 +244,7 @@ async def protocol_lesson(url: str, code: str, index: int, timeout_s: float) -> 
     runs the teacher's step."""
     result, stage, begun = {"session": index, "ok": False}, "opening the room's link", time.perf_counter()
     try:
-        async with StreamlitSession(f"{url}/walkthrough?room={code}", timeout_s) as page:
+        async with StreamlitSession(f"{url}/walkthrough?room={code}", timeout_s, f"student {index}") as page:
             stage = "waiting for the lock-in button"
             await page.wait_for(lambda p: p.widget("button", LOCK_IN))
             result["page_ready_s"] = time.perf_counter() - begun

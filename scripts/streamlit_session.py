@@ -15,7 +15,10 @@ reruns a timed fragment (``st.fragment(run_every=...)``) at the interval the ser
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import sys
+import time
 from urllib.parse import urlsplit
 
 from streamlit.proto.BackMsg_pb2 import BackMsg
@@ -43,8 +46,10 @@ def _strings(message, out: list[str]) -> None:
 class StreamlitSession:
     """A session of the app at ``url`` (``http://host:port/page?query``), as one browser tab would hold it."""
 
-    def __init__(self, url: str, timeout_s: float = 300.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 300.0, name: str = "") -> None:
         parts = urlsplit(url)
+        self.name, self._begun = name, time.perf_counter()
+        self._trace = bool(os.environ.get("STREAMLIT_SESSION_TRACE"))  # every message sent and every run's end, on stderr
         self.stream = f"ws://{parts.netloc}/_stcore/stream"
         self.page_name = parts.path.strip("/")
         self.query_string = parts.query
@@ -55,9 +60,11 @@ class StreamlitSession:
         self._values: dict[str, WidgetState] = {}  # widgets this client has set (the browser sends them with every rerun)
         self._finished = asyncio.Queue()
         self._timers: dict[str, asyncio.Task] = {}
+        self._intervals: dict[str, float] = {}
         self._socket = None
         self._reader: asyncio.Task | None = None
         self.full_runs = 0
+        self.closed = ""  # why the connection closed, once it has
 
     async def __aenter__(self) -> StreamlitSession:
         self._socket = await connect(self.stream, subprotocols=["streamlit"], max_size=None, open_timeout=self.timeout_s,
@@ -76,6 +83,14 @@ class StreamlitSession:
 
     # ------------------------------------------------------------------ what the server sends
     async def _read(self) -> None:
+        try:
+            await self._read_frames()
+        finally:  # the server closed the connection (or this client did): no run will end any more
+            self.closed = f"the connection closed ({self._socket.close_code}, {self._socket.close_reason!r})"
+            self._log(self.closed)
+            self._finished.put_nowait(None)
+
+    async def _read_frames(self) -> None:
         async for frame in self._socket:
             message = ForwardMsg()
             message.ParseFromString(frame)
@@ -92,17 +107,22 @@ class StreamlitSession:
             elif kind == "page_info_changed":
                 self.query_string = message.page_info_changed.query_string
             elif kind == "auto_rerun":
-                fragment = message.auto_rerun.fragment_id
-                if fragment not in self._timers:
-                    self._timers[fragment] = asyncio.create_task(self._every(message.auto_rerun.interval, fragment))
+                fragment, interval = message.auto_rerun.fragment_id, message.auto_rerun.interval
+                if self._intervals.get(fragment) != interval:  # a new timer, or a new interval for it
+                    if fragment in self._timers:
+                        self._timers[fragment].cancel()
+                    self._timers[fragment] = asyncio.create_task(self._every(interval, fragment))
+                    self._intervals[fragment] = interval
             elif kind == "stop_auto_rerun":
                 for timer in self._timers.values():
                     timer.cancel()
                 self._timers.clear()
+                self._intervals.clear()
             elif kind == "script_finished":
                 if message.script_finished == FULL_RUN_DONE:  # the page is whole: drop what this run didn't draw
                     self.elements = {path: e for path, e in self.elements.items() if path in self._seen}
                     self.full_runs += 1
+                self._log(f"run ended: {ForwardMsg.ScriptFinishedStatus.Name(message.script_finished)}")
                 self._finished.put_nowait(message.script_finished)
 
     async def _every(self, interval_s: float, fragment_id: str) -> None:
@@ -122,16 +142,24 @@ class StreamlitSession:
         sent = {w.id: w for w in self._values.values()}
         sent.update({w.id: w for w in extra})
         state.widget_states.widgets.extend(sent.values())
+        self._log(f"sent: {'timed fragment rerun' if auto else 'rerun'} {[w.id.split('-', 2)[-1] for w in extra]}")
         await self._socket.send(back.SerializeToString())
+
+    def _log(self, what: str) -> None:
+        if self._trace:
+            print(f"{time.perf_counter() - self._begun:7.1f} s  {self.name}: {what}", file=sys.stderr, flush=True)
 
     async def rerun(self, extra: list[WidgetState] = ()) -> None:
         """Send a rerun (with the widgets' values) and wait until a full run of the page has finished."""
         while not self._finished.empty():
             self._finished.get_nowait()
+        if self.closed:
+            raise ConnectionError(self.closed)
         await self._send(extra)
         async with asyncio.timeout(self.timeout_s):
-            while await self._finished.get() != FULL_RUN_DONE:
-                pass
+            while (status := await self._finished.get()) != FULL_RUN_DONE:
+                if status is None:
+                    raise ConnectionError(self.closed)
 
     # ------------------------------------------------------------------ the page
     def text(self, widgets: bool = True) -> str:
@@ -184,5 +212,7 @@ class StreamlitSession:
             found = (lambda page, pattern=found: pattern.search(page.text()))
         async with asyncio.timeout(self.timeout_s):
             while not (answer := found(self)):
+                if self.closed:
+                    raise ConnectionError(self.closed)
                 await asyncio.sleep(every_s)
         return answer

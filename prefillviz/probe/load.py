@@ -184,9 +184,10 @@ async def _run_point(
             else:
                 queue = list(plan)
                 tasks.update(asyncio.create_task(closed_loop_user(queue)) for _ in range(int(load)))
-            while not ended_because and any(not t.done() for t in tasks):
+            while not ended_because and (pending := [t for t in tasks if not t.done()]):
                 ended_because += filter(None, [why_end()])
-                await asyncio.wait(tasks, timeout=0.02, return_when=asyncio.FIRST_COMPLETED)
+                # the pending ones only: a done task would wake this at once, a busy loop that takes a core from the server
+                await asyncio.wait(pending, timeout=0.02, return_when=asyncio.FIRST_COMPLETED)
                 report_done()
             report_done()
             ended_because += filter(None, [why_end()]) if not ended_because else []

@@ -11,8 +11,8 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from prefillviz.probe.client import ProbeBudget, ProbeError
-from prefillviz.probe.load import PointRun, RequestRecord, arrival_times_s
+from prefillviz.probe.client import ProbeBudget, ProbeError, ServerClient
+from prefillviz.probe.load import PlannedRequest, PointRun, RequestRecord, arrival_times_s, run_point
 from prefillviz.probe.load_stats import PointResult, find_knee, reading
 from prefillviz.probe.load_sweep import LoadSettings, load_sweep
 from tests.unit.test_probe_faults import models, send, serve
@@ -199,3 +199,17 @@ def test_prompts_follow_the_length_distribution_and_the_shared_prefix_share():
     lengths = [r.target_tokens for r in plan]
     assert 100 <= min(lengths) < 110 and 290 < max(lengths) <= 300  # uniform in 200 × [0.5, 1.5]
     assert len({r.prompt for r in plan}) == len(plan)  # each suffix is its own: only the shared prefix is shared
+
+
+@pytest.mark.parametrize("engine", [{"num_gaps_s": 0.2}], indirect=True)  # streams of 3 s: most of the point is spent waiting on them
+def test_waiting_on_the_streams_leaves_the_cpu_to_the_server(engine):
+    """The probe shares the machine with the server it measures (2 cores here): while its requests stream,
+    it must sleep, not spin. A loop that waited on already-finished tasks once took a whole core."""
+    plan = [PlannedRequest("a b c d", 10, False)] * 8
+    with ServerClient(engine.url) as client:
+        wall, cpu = time.perf_counter(), time.process_time()
+        run = run_point(client, "tiny", "rate", 8.0, plan, 16, max_errors=0, deadline_s=60, request_deadline_s=30, seed=0,
+                        poll_metrics=False, should_stop=lambda: False, on_done=lambda record: None)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu  # this process: the probe, and the server's sleeping threads
+    assert sum(r.ok for r in run.records) == 8
+    assert cpu < 0.1 * wall, f"{cpu:.2f} s of CPU in {wall:.2f} s"  # asleep: about 5% here; spinning: 25%

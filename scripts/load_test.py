@@ -1,6 +1,7 @@
-"""Load test: N concurrent browser sessions against one local server, in one of three scenarios.
+"""Load test: N concurrent sessions against one local server, in one of three scenarios.
 
     .venv/bin/python scripts/load_test.py [--scenario mixed|preset|lesson] [--sessions 8] [--url http://127.0.0.1:PORT]
+                                          [--client protocol|browser] [--screenshot PNG]
 
     mixed   every session types its own prompt (with its own code word) and runs a prefill
     preset  every session runs the same preset: identical runs, measured once for all
@@ -8,12 +9,15 @@
             lesson step and locks in a prediction; the teacher's histogram must count them all
 
 Without --url it starts `streamlit run app.py` on 127.0.0.1 (a free port) and stops it at the
-end. Each session is its own headless Chromium context (Debian's chromium, driven by
-playwright). Prints completed / failed sessions, p50 / p99 wait (time in the model queue, from the
-page's own "Waited ... s" note; 0 for a session that joined another's run), click-to-result p50 /
-p99, the runs the model actually did (sessions whose page says it measured, not joined), and
+end. Each session is a real server session over Streamlit's websocket protocol
+(scripts/streamlit_session.py: no rendering, so 30 of them fit beside the server on 2 cores), or
+with --client browser its own headless Chromium context (Debian's chromium, driven by
+playwright); a lesson's teacher is always a real browser. Prints completed / failed sessions,
+p50 / p99 wait (time in the model queue, from the page's own "Waited ... s" note; 0 for a session
+that joined another's run), click-to-result p50 / p99, the fewest timing passes behind a headline
+TTFT, the runs the model actually did (sessions whose page says it measured, not joined), and
 whether any session's page showed another session's code word. Traffic goes only to the loopback
-address.
+address. STREAMLIT_SESSION_TRACE=1 prints each protocol session's messages and runs on stderr.
 """
 
 from __future__ import annotations

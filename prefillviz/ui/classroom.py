@@ -190,7 +190,8 @@ def watch_interval_s(members: int) -> float:
 
     Measured with scripts/load_test.py (30 students on 2 cores): at 10 s each, the timed reruns (3 a
     second) kept the server busy, the step's result took 42 s from the click (p50), and 2 of 30 lock-ins
-    never redrew their page; at 30 s, 30 of 30 completed and the result took 8 s."""
+    never redrew their page; at one second per member (31 s), 30 of 30 completed and the result took
+    10 s (p50; p99 11 s)."""
     return max(float(WATCH_EVERY_S), members / WATCH_RATE_PER_S)
 
 

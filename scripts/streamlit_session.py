@@ -63,7 +63,6 @@ class StreamlitSession:
         self._intervals: dict[str, float] = {}
         self._socket = None
         self._reader: asyncio.Task | None = None
-        self.full_runs = 0
         self.closed = ""  # why the connection closed, once it has
 
     async def __aenter__(self) -> StreamlitSession:
@@ -121,7 +120,6 @@ class StreamlitSession:
             elif kind == "script_finished":
                 if message.script_finished == FULL_RUN_DONE:  # the page is whole: drop what this run didn't draw
                     self.elements = {path: e for path, e in self.elements.items() if path in self._seen}
-                    self.full_runs += 1
                 self._log(f"run ended: {ForwardMsg.ScriptFinishedStatus.Name(message.script_finished)}")
                 self._finished.put_nowait(message.script_finished)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from prefillviz.analysis.flops import model_costs
 from prefillviz.analysis.roofline import RooflinePoint
+from prefillviz.analysis.rounding import longest_sum
 from prefillviz.engine.errors import ConfigError, RequestError
 from prefillviz.engine.machine_load import LoadReading, MachineLoad
 from prefillviz.engine.progress import FractionProgress, ProgressCounter, StepProgress
@@ -148,8 +149,10 @@ class ParallelComparison:
                 for run in (self.parallel, self.token_by_token)
             },
             "equality": {
-                "tolerance": self.equality.tolerance,
+                "relative_tolerance": self.equality.relative_tolerance,
+                "tolerance": self.equality.describe_tolerance(),
                 "passed": self.equality.passed,
+                "relative_diff": self.equality.relative_diff,
                 "max_key_diff": self.equality.max_key_diff,
                 "max_value_diff": self.equality.max_value_diff,
                 "logits_max_abs_diff": self.equality.logits_max_abs_diff,
@@ -254,7 +257,7 @@ def run_both_ways(
         num_prompt_tokens_before_cut=length_before_cut,
         parallel=parallel,
         token_by_token=token_by_token,
-        equality=compare_inspections(parallel_inspection, sequential_inspection),
+        equality=compare_inspections(parallel_inspection, sequential_inspection, longest_sum(model.config, n)),
         roofline_points=_prompt_roofline_points(model, parallel, token_by_token, n),
         machine_load=load.reading,
     )

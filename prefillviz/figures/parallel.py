@@ -68,22 +68,26 @@ def tokens_over_time_figure(comparison: ParallelComparison) -> go.Figure:
 
 
 def kv_difference_figure(check: EqualityCheck) -> go.Figure:
-    """Max |parallel - token-by-token| of the keys and values each layer wrote (log scale), and the tolerance."""
+    """Max |parallel - token-by-token| of the keys and values each layer wrote, over the layer's max |K| or |V|
+    (log scale), and the tolerance: a few roundings of the dtype, the same on every CPU."""
     layers = list(range(check.num_layers))
     fig = go.Figure()
-    fig.add_scatter(x=layers, y=check.key_max_abs_diff, mode="lines+markers", name="keys: max |ΔK|", line={"color": style.PREFILL})
-    fig.add_scatter(x=layers, y=check.value_max_abs_diff, mode="lines+markers", name="values: max |ΔV|", line={"color": style.ATTENTION})
+    for which, symbol, color in (("keys", "K", style.PREFILL), ("values", "V", style.ATTENTION)):
+        fig.add_scatter(
+            x=layers, y=check.relative_diffs(which), mode="lines+markers", name=f"{which}: max |Δ{symbol}| / max |{symbol}|",
+            line={"color": color}, hovertemplate=f"layer %{{x}}: %{{y:.2e}} of the layer's largest |{symbol}|<extra></extra>",
+        )
     fig.add_scatter(
-        x=[layers[0] - 0.5, layers[-1] + 0.5] if layers else [], y=[check.tolerance] * (2 if layers else 0), mode="lines",
-        name=f"tolerance {check.tolerance:g} ({check.dtype})", line={"color": style.EVICTED, "dash": "dash"},
+        x=[layers[0] - 0.5, layers[-1] + 0.5] if layers else [], y=[check.relative_tolerance] * (2 if layers else 0), mode="lines",
+        name=f"tolerance {check.relative_tolerance:.1e} ({check.dtype}: a few roundings)", line={"color": style.EVICTED, "dash": "dash"},
     )
     fig.update_yaxes(type="log")
     fig.update_xaxes(dtick=1 if check.num_layers <= 12 else 5)
     exact = [i for i in layers if check.key_max_abs_diff[i] == 0 and check.value_max_abs_diff[i] == 0]
-    title = f"KV cache, parallel vs token-by-token: max difference per layer ({check.num_positions} positions)"
+    title = f"KV cache, parallel vs token-by-token: largest difference per layer ({check.num_positions} positions)"
     if exact:
         title += f"<br><sup>layers {', '.join(map(str, exact))}: bit-identical (0 is off a log axis)</sup>"
-    style.apply_layout(fig, title, "layer", "max |Δ| (units of K, V)")
+    style.apply_layout(fig, title, "layer", "max |Δ| / the layer's max |K| or |V|")
     return _legend_below(fig)
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from prefillviz.analysis import rounding
 from prefillviz.engine.devices import dtype_name, machine_name
 from prefillviz.engine.errors import RequestError
 from prefillviz.engine.request import SamplingParams
@@ -52,7 +53,6 @@ SMOLLM2_135M = dict(  # HuggingFaceTB/SmolLM2-135M-Instruct's config.json, the s
 )
 SELF_TEST_CONFIG = {**SMOLLM2_135M, "num_hidden_layers": 4, "max_position_embeddings": 512}
 PROMPT_TOKENS = {"gpu": 512, "self_test": 64}
-EQUALITY_STEPS = 6  # grid steps of the dtype at max |logit|: two whole forwards differ by a few (tests/tolerances.py, MODEL_STEPS)
 
 
 class FirstRun:
@@ -147,12 +147,11 @@ def equality(model, token_ids, device, dtype) -> dict:
     engine_logits = torch.as_tensor(next(iter(trace.requests.values())).first_token_logits).float()
     reference = model(input_ids=torch.tensor([token_ids], device=device), logits_to_keep=1).logits[0, -1].float().cpu()
     difference = float((engine_logits - reference).abs().max())
-    terms = max(model.config.intermediate_size, model.config.hidden_size, len(token_ids))  # the longest fp32 sum on the way
-    fp32_eps = torch.finfo(torch.float32).eps
-    allowed = EQUALITY_STEPS * (torch.finfo(dtype).eps + terms**0.5 * fp32_eps) * float(reference.abs().max())
+    terms = rounding.longest_sum(model.config, len(token_ids))
+    allowed = rounding.relative_bound(dtype, rounding.TWO_FORWARDS_STEPS, terms) * float(reference.abs().max())
     same = int(engine_logits.argmax()) == int(reference.argmax())
     return {"against": "plain Hugging Face forward, last position", "max_abs_diff": difference, "allowed": allowed,
-            "tolerance": f"{EQUALITY_STEPS} steps of {dtype_name(dtype)} plus a {terms}-term fp32 sum's, at max |logit| (tests/tolerances.py)",
+            "tolerance": f"{rounding.describe(dtype, rounding.TWO_FORWARDS_STEPS, terms)}, at max |logit| (analysis/rounding.py)",
             "same_greedy_token": same,
             "ok": difference <= allowed}
 

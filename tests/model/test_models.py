@@ -21,6 +21,7 @@ from prefillviz.loading import bundled, hub
 from prefillviz.loading.model_registry import BUNDLED_MODEL_ID, RECOMMENDED_MODELS
 from prefillviz.loading.models import load_model
 from tests.tiny_models import make_tiny_llama
+from tests.tolerances import OP_STEPS, allowed_difference, assert_within, longest_sum
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = "The capital of France is"
@@ -112,7 +113,11 @@ def test_second_load_comes_from_the_cache_with_identical_logits(bundled_loads):
     with torch.no_grad():
         expected = first.model(**inputs).logits
         actual = cached.model(**inputs).logits
-    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-6)
+    # the cache keeps every weight bit for bit; the two forwards may still add in other orders (a library can
+    # pick its kernel by a buffer's alignment), so the logits are held to one op's roundings at their size
+    first_weights, cached_weights = first.model.state_dict(), cached.model.state_dict()
+    assert first_weights.keys() == cached_weights.keys() and all(torch.equal(first_weights[k], cached_weights[k]) for k in first_weights)
+    assert_within(actual, expected, allowed_difference(torch.float32, expected, OP_STEPS, longest_sum(first.model)), "cached vs first load")
     # the cache was written atomically: only the finished folder is left
     assert [p.name for p in cache_dir.parent.iterdir()] == [cache_dir.name]
     assert (cache_dir / "prefillviz-cache.json").is_file()

@@ -136,6 +136,12 @@ st.markdown(
     "The roofline predicts each op's time as the larger of *FLOPs / peak matmul throughput* and "
     "*bytes moved / memory bandwidth*, with both peaks measured on this machine. Every layer has the same "
     "shape, so the prediction is the same for each; the clock is not."
+    + (
+        " Except the last: the engine's own forward, which ran these timing passes, takes only the row whose logits "
+        "are sampled on past that layer's attention (every token's K/V are written first; nothing reads the other rows "
+        "there), so o, the norm and the MLP run one row, and the last layer is predicted, and runs, shorter."
+        if result.last_layer_rows else ""
+    )
 )
 peaks_row = st.columns([5, 1])
 if peaks_row[1].button(

@@ -40,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from prefillviz.engine.forward_status import own_forward_status
 from prefillviz.engine.model_shape import ModelShape, model_shape
 
 _NORM_FLOPS_PER_ELEMENT = {"rmsnorm": 4, "layernorm": 7}
@@ -88,8 +89,10 @@ class ModelCost:
     """The cost of one whole-model step of ``num_new_tokens`` tokens at ``context_len``.
 
     Every decoder layer has the same shape, so ``layer_ops`` holds one layer's ops and the
-    totals multiply them by ``num_layers``. ``lm_head`` covers ``num_logit_rows`` rows only
-    (the engine passes ``logits_to_keep``, so a prefill computes logits for its last token).
+    totals multiply them by ``num_layers``; ``last_layer_ops``, when set, is the last layer's,
+    which the engine runs past its attention for the kept rows only. ``lm_head`` covers
+    ``num_logit_rows`` rows only (the engine passes ``logits_to_keep``, so a prefill computes
+    logits for its last token).
     """
 
     num_new_tokens: int
@@ -101,9 +104,14 @@ class ModelCost:
     final_norm: OpCost
     lm_head: OpCost
     num_logit_rows: int = 1
+    last_layer_ops: list[OpCost] | None = None
+
+    def _each_layer(self) -> list[list[OpCost]]:
+        last = self.last_layer_ops or self.layer_ops
+        return [self.layer_ops] * (self.num_layers - 1) + [last] if self.num_layers else []
 
     def _layers_sum(self, kind: str, attribute: str = "flops") -> int:
-        return self.num_layers * sum(getattr(op, attribute) for op in self.layer_ops if op.kind == kind)
+        return sum(getattr(op, attribute) for ops in self._each_layer() for op in ops if op.kind == kind)
 
     @property
     def linear_flops(self) -> int:
@@ -129,8 +137,8 @@ class ModelCost:
     def all_ops(self) -> list[tuple[str, OpCost]]:
         """Every op of the step in execution order, named like ``layers.3.q_proj``."""
         ops = [("embedding", self.embedding)]
-        for layer_index in range(self.num_layers):
-            ops += [(f"layers.{layer_index}.{op.name}", op) for op in self.layer_ops]
+        for layer_index, layer_ops in enumerate(self._each_layer()):
+            ops += [(f"layers.{layer_index}.{op.name}", op) for op in layer_ops]
         return ops + [("final_norm", self.final_norm), ("lm_head", self.lm_head)]
 
     def _all_ops_sum(self, attribute: str) -> int:
@@ -188,7 +196,9 @@ def _linear(name: str, n: int, in_features: int, out_features: int, bias: bool, 
     )
 
 
-def layer_op_costs(info_or_config: Any, num_new_tokens: int, context_len: int, dtype_bytes: int | None = None) -> list[OpCost]:
+def layer_op_costs(
+    info_or_config: Any, num_new_tokens: int, context_len: int, dtype_bytes: int | None = None, rows_after_attention: int | None = None
+) -> list[OpCost]:
     """Costs of every op of one decoder layer for one step.
 
     Args:
@@ -197,6 +207,8 @@ def layer_op_costs(info_or_config: Any, num_new_tokens: int, context_len: int, d
         context_len: keys the last new token attends to, including the new ones (C >= N).
         dtype_bytes: bytes per element of weights, activations and K/V; None takes the
             model's (not known for a bare config).
+        rows_after_attention: rows that go on to o_proj, the second norm and the MLP (None:
+            all N; the engine's last layer: only the rows whose logits are kept).
 
     Returns:
         Ops in execution order: q/k/v/o_proj, attn_scores, attn_values, the MLP
@@ -218,17 +230,19 @@ def layer_op_costs(info_or_config: Any, num_new_tokens: int, context_len: int, d
     for name in ("attn_scores", "attn_values"):  # QK^T, then PV: the same work
         causal, all_pairs = attention_flops_per_pair * pairs, attention_flops_per_pair * n * c
         ops.append(OpCost(name, causal, 0, n * q_width * b, kv_traffic, "attention", all_pairs))
-    ops.append(_linear("o_proj", n, q_width, hidden, shape.o_bias, b))
+    m = n if rows_after_attention is None else rows_after_attention
+    ops.append(_linear("o_proj", m, q_width, hidden, shape.o_bias, b))
     inter = shape.intermediate_size
     if shape.family == "gpt2":
-        ops += [_linear("mlp_fc", n, hidden, inter, shape.mlp_bias, b), _linear("mlp_proj", n, inter, hidden, shape.mlp_bias, b)]
+        ops += [_linear("mlp_fc", m, hidden, inter, shape.mlp_bias, b), _linear("mlp_proj", m, inter, hidden, shape.mlp_bias, b)]
     else:
         ops += [
-            _linear("mlp_gate", n, hidden, inter, shape.mlp_bias, b),
-            _linear("mlp_up", n, hidden, inter, shape.mlp_bias, b),
-            _linear("mlp_down", n, inter, hidden, shape.mlp_bias, b),
+            _linear("mlp_gate", m, hidden, inter, shape.mlp_bias, b),
+            _linear("mlp_up", m, hidden, inter, shape.mlp_bias, b),
+            _linear("mlp_down", m, inter, hidden, shape.mlp_bias, b),
         ]
-    ops.append(_norm("norms", shape, n, b, count=2))
+    first, second = _norm("norms", shape, n, b, count=1), _norm("norms", shape, m, b, count=1)
+    ops.append(OpCost("norms", first.flops + second.flops, first.weight_bytes + second.weight_bytes, first.activation_bytes + second.activation_bytes, kind="norm"))
     return ops
 
 
@@ -244,7 +258,8 @@ def _norm(name: str, shape: ModelShape, n: int, b: int, count: int) -> OpCost:
 
 
 def model_costs(
-    info_or_config: Any, num_new_tokens: int, context_len: int, dtype_bytes: int | None = None, num_logit_rows: int = 1
+    info_or_config: Any, num_new_tokens: int, context_len: int, dtype_bytes: int | None = None, num_logit_rows: int = 1,
+    engine: bool = False,
 ) -> ModelCost:
     """Costs of one whole-model step: embedding, every layer, final norm, lm_head.
 
@@ -255,6 +270,9 @@ def model_costs(
         dtype_bytes: bytes per element; None takes the model's.
         num_logit_rows: rows the lm_head computes (1: the engine keeps only the logits it
             samples from).
+        engine: count what the engine's own forward runs: past the last layer's attention,
+            only the ``num_logit_rows`` rows go on (o_proj, MLP, norms). False: every row, as
+            the plain forward (HF's) runs it.
 
     Returns:
         The ``ModelCost``. The embedding is a gather (0 FLOPs, N rows read; GPT-2 adds
@@ -267,6 +285,7 @@ def model_costs(
     tables = 2 if shape.family == "gpt2" else 1  # GPT-2 also gathers and adds a position embedding
     embedding = OpCost("embedding", (tables - 1) * n * hidden, tables * n * hidden * b, n * hidden * b, kind="embedding")
     lm_head = _linear("lm_head", num_logit_rows, hidden, shape.vocab_size, False, b)
+    pruned = engine and num_logit_rows < n
     return ModelCost(
         num_new_tokens=n,
         context_len=context_len,
@@ -274,7 +293,14 @@ def model_costs(
         num_layers=shape.num_layers,
         layer_ops=layer_op_costs(shape, n, context_len, b),
         embedding=embedding,
-        final_norm=_norm("final_norm", shape, n, b, count=1),  # HF norms all N rows before slicing
+        final_norm=_norm("final_norm", shape, num_logit_rows if pruned else n, b, count=1),  # HF norms all N rows before slicing
         lm_head=lm_head,
         num_logit_rows=num_logit_rows,
+        last_layer_ops=layer_op_costs(shape, n, context_len, b, num_logit_rows) if pruned else None,
     )
+
+
+def engine_step_costs(model: Any, num_new_tokens: int, context_len: int) -> ModelCost:
+    """What one engine step of one request runs on ``model`` (an ``nn.Module``): its own forward prunes
+    the last layer's rows past attention to the one whose logits are kept; the stock forward doesn't."""
+    return model_costs(model, num_new_tokens, context_len, engine=own_forward_status(model)[0])

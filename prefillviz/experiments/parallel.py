@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefillviz.analysis.flops import model_costs
+from prefillviz.analysis.flops import engine_step_costs
 from prefillviz.analysis.roofline import RooflinePoint
 from prefillviz.analysis.rounding import longest_sum
 from prefillviz.engine.errors import ConfigError, RequestError
@@ -184,11 +184,11 @@ def prompt_token_ids(tokenizer: Any, prompt: str | list[int], max_tokens: int | 
 def _prompt_roofline_points(model: Any, parallel: WayRun, token_by_token: WayRun, num_tokens: int) -> list[RooflinePoint]:
     """This prompt on the roofline: the parallel step, and all token-by-token steps together
     (their FLOPs, bytes and forward times summed)."""
-    cost = model_costs(model, num_tokens, num_tokens)
+    cost = engine_step_costs(model, num_tokens, num_tokens)
     flops, bytes_moved = 0, 0
     for step in token_by_token.timing.steps:
         chunk = step.chunks[0]  # the one request's token: position chunk.start_position
-        step_cost = model_costs(model, chunk.num_tokens, chunk.start_position + chunk.num_tokens)
+        step_cost = engine_step_costs(model, chunk.num_tokens, chunk.start_position + chunk.num_tokens)
         flops, bytes_moved = flops + step_cost.total_flops, bytes_moved + step_cost.total_bytes
     parallel_label = f"this prompt, parallel (1 step, N={num_tokens})"
     token_by_token_label = f"this prompt, token-by-token ({token_by_token.num_steps} steps together)"

@@ -106,26 +106,37 @@ def timeline_events(chrome_trace: bytes) -> list[dict]:
     return sorted(rows, key=lambda row: row["start_ms"])
 
 
-def predicted_vs_measured(info: ModelShape | LoadedModel, num_tokens: int, layer_times: LayerTimes, peaks: MachinePeaks) -> list[dict]:
+def predicted_vs_measured(
+    info: ModelShape | LoadedModel, num_tokens: int, layer_times: LayerTimes, peaks: MachinePeaks, last_layer_rows: int | None = None
+) -> list[dict]:
     """Roofline prediction of each layer (every layer has the same shape) next to its measured time.
 
     The prediction sums ``predict_layer_times`` per op (max of FLOPs / peak matmul and
     bytes / bandwidth) grouped like the timers: attention = q/k/v/o projections + QK^T +
     PV (the attention module's clock also covers RoPE and the KV write), MLP = its
     matrices, norms = both norms. ``*_ratio`` = measured / predicted: the gap, shown.
+    ``last_layer_rows``: the rows the last layer runs past its attention (the engine's own
+    forward keeps only the row it samples from there; None: every row, as the stock forward).
     """
-    ops = predict_layer_times(info, num_tokens, num_tokens, None, peaks)
     groups = {"attention": ATTENTION_OPS, "mlp": MLP_OPS, "norms": ("norms",)}
-    predicted, bound = {}, {}
-    for group, names in groups.items():
-        members = [op for op in ops if op["op"] in names]
-        predicted[group] = sum(op["predicted_s"] for op in members)
-        compute_s = sum(op["flops"] for op in members) / (peaks.matmul_gflops * 1e9)
-        memory_s = sum(op["bytes"] for op in members) / (peaks.memory_gb_s * 1e9)
-        bound[group] = "compute" if compute_s >= memory_s else "memory"
+
+    def prediction(rows_after_attention: int | None) -> tuple[dict, dict]:
+        ops = predict_layer_times(info, num_tokens, num_tokens, None, peaks, rows_after_attention)
+        predicted, bound = {}, {}
+        for group, names in groups.items():
+            members = [op for op in ops if op["op"] in names]
+            predicted[group] = sum(op["predicted_s"] for op in members)
+            compute_s = sum(op["flops"] for op in members) / (peaks.matmul_gflops * 1e9)
+            memory_s = sum(op["bytes"] for op in members) / (peaks.memory_gb_s * 1e9)
+            bound[group] = "compute" if compute_s >= memory_s else "memory"
+        return predicted, bound
+
+    every, last = prediction(None), prediction(last_layer_rows)
     rows = []
+    num_layers = len(layer_times.attention_s)
     for i, (attention, mlp, norms) in enumerate(zip(layer_times.attention_s, layer_times.mlp_s, layer_times.norms_s)):
         measured = {"attention": attention, "mlp": mlp, "norms": norms}
+        predicted, bound = last if i == num_layers - 1 else every
         row = {"layer": i}
         for group in groups:
             row[f"predicted_{group}_ms"] = predicted[group] * 1e3

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 from transformers import DynamicCache
 
-from prefillviz.analysis.flops import model_costs
+from prefillviz.analysis.flops import engine_step_costs
 from prefillviz.engine.devices import dtype_name
 from prefillviz.engine.dispatch_tables import summary as dispatch_summary
 from prefillviz.engine.machine_load import MachineLoad
@@ -94,7 +94,7 @@ def run_bench(
     times = prefill
     ratios = [p / h for p, h in zip(times["parallel"], times["hf"])]
     parallel_median = statistics.median(times["parallel"])
-    prefill_flops = model_costs(loaded.info, num_tokens, num_tokens).total_flops
+    prefill_flops = engine_step_costs(loaded.model, num_tokens, num_tokens).total_flops
     gemm_gflops = statistics.median(times["gemm_gflops"])
     peaks = machine_peaks(loaded.device, loaded.dtype)
     return in_order({

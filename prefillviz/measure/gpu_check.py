@@ -32,7 +32,7 @@ if SELF_TEST:  # must precede the Triton kernel's import: @triton.jit reads it w
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from prefillviz.analysis.flops import model_costs
+from prefillviz.analysis.flops import engine_step_costs
 from prefillviz.engine.devices import dtype_name, machine_name
 from prefillviz.engine.forward_status import STOCK_FORWARD_ENV
 from prefillviz.engine.request import SamplingParams
@@ -108,7 +108,7 @@ def prefill_figures(name: str, model, tokenizer, sizes, device, peak_gflops: flo
         times = [seconds for seconds, _ in results]
         first_tokens = all(len(record.output_token_ids) == 1 for _, trace in results for record in trace.requests.values())
         median = statistics.median(times)
-        flops = model_costs(model, n, n).total_flops
+        flops = engine_step_costs(model, n, n).total_flops
         achieved = flops / median / 1e9
         mfu = achieved / peak_gflops
         records.append(_emit({

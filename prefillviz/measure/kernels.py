@@ -32,6 +32,7 @@ from prefillviz.analysis.machine_peaks import MachinePeaks
 from prefillviz.engine.devices import dtype_name
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.errors import RequestError
+from prefillviz.engine.forward_status import own_forward_status
 from prefillviz.engine.model_shape import ModelShape
 from prefillviz.engine.progress import FractionProgress
 from prefillviz.engine.request import SamplingParams
@@ -81,6 +82,7 @@ class KernelTimingsResult:
     info: ModelShape  # the model's shape, which the roofline prediction reads
     peaks: MachinePeaks  # the best of this machine's measured peaks when the prediction was made
     predicted: list[dict]  # predicted vs measured, one row per layer, from ``peaks``
+    last_layer_rows: int | None  # rows the timing passes' last layer ran past attention (1: the engine's own forward; None: all)
     kernel_layer: int
     kernel_num_tokens: int  # the first tokens of the prompt the kernels ran on (all, unless the oracle can't fit)
     kernel_results: list[KernelResult]  # kernels on the captured q/k/v of kernel_layer
@@ -146,7 +148,7 @@ def with_peaks_measured_again(result: KernelTimingsResult) -> KernelTimingsResul
     prediction uses the best of it, which the new one only raises if it was faster.
     """
     peaks = machine_peaks(result.device, result.dtype, refresh=True)
-    predicted = predicted_vs_measured(result.info, result.num_tokens, result.layer_times, peaks)
+    predicted = predicted_vs_measured(result.info, result.num_tokens, result.layer_times, peaks, result.last_layer_rows)
     return replace(result, peaks=peaks, predicted=predicted)
 
 
@@ -233,7 +235,8 @@ def run_kernel_timings(
     report(0.35, "machine peaks (cached; measured again when old or taken on a busy machine)")
     loaded_dtype_name = dtype_name(loaded.dtype)
     peaks = machine_peaks(loaded.device, loaded_dtype_name)
-    predicted = predicted_vs_measured(info, num_tokens, layer_times, peaks)
+    last_layer_rows = 1 if own_forward_status(loaded.model)[0] else None  # the timing passes' forward keeps one row there
+    predicted = predicted_vs_measured(info, num_tokens, layer_times, peaks, last_layer_rows)
 
     report(0.4, f"inspection pass: q/k/v of layer {kernel_layer}")
     inspection = prefill_pass(loaded, prompt, "inspect")
@@ -266,6 +269,7 @@ def run_kernel_timings(
         info=info,
         peaks=peaks,
         predicted=predicted,
+        last_layer_rows=last_layer_rows,
         kernel_layer=kernel_layer,
         kernel_num_tokens=kernel_num_tokens,
         kernel_results=kernel_results,

@@ -1,7 +1,7 @@
 """The roofline experiment: real engine steps timed and placed under this machine's roofs.
 
 A prefill point is one parallel prefill step of N tokens, a decode point one decode step
-at context C; their FLOPs and bytes come from ``flops.model_costs``, the roofs from the
+at context C; their FLOPs and bytes come from ``flops.engine_step_costs``, the roofs from the
 measured peaks (``measure.peaks_history``), the placing from ``analysis.roofline``.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prefillviz.analysis.flops import model_costs
+from prefillviz.analysis.flops import engine_step_costs
 from prefillviz.analysis.machine_peaks import MachinePeaks
 from prefillviz.analysis.roofline import RooflinePoint
 from prefillviz.engine.errors import ConfigError
@@ -133,5 +133,5 @@ def measure_roofline_points(
 
 
 def _point(label: str, phase: str, model: Any, num_tokens: int, context_len: int, times_s: list[float]) -> RooflinePoint:
-    cost = model_costs(model, num_tokens, context_len)
+    cost = engine_step_costs(model, num_tokens, context_len)
     return RooflinePoint.measured(label, phase, num_tokens, context_len, cost.total_flops, cost.total_bytes, statistics.median(times_s))

@@ -241,8 +241,10 @@ def layer_op_costs(
             _linear("mlp_up", m, hidden, inter, shape.mlp_bias, b),
             _linear("mlp_down", m, inter, hidden, shape.mlp_bias, b),
         ]
-    first, second = _norm("norms", shape, n, b, count=1), _norm("norms", shape, m, b, count=1)
-    ops.append(OpCost("norms", first.flops + second.flops, first.weight_bytes + second.weight_bytes, first.activation_bytes + second.activation_bytes, kind="norm"))
+    before, after = _norm("norms", shape, n, b, count=1), _norm("norms", shape, m, b, count=1)  # around attention
+    ops.append(OpCost(
+        "norms", before.flops + after.flops, before.weight_bytes + after.weight_bytes, before.activation_bytes + after.activation_bytes, kind="norm"
+    ))
     return ops
 
 

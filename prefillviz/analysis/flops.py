@@ -241,22 +241,15 @@ def layer_op_costs(
             _linear("mlp_up", m, hidden, inter, shape.mlp_bias, b),
             _linear("mlp_down", m, inter, hidden, shape.mlp_bias, b),
         ]
-    before, after = _norm("norms", shape, n, b, count=1), _norm("norms", shape, m, b, count=1)  # around attention
-    ops.append(OpCost(
-        "norms", before.flops + after.flops, before.weight_bytes + after.weight_bytes, before.activation_bytes + after.activation_bytes, kind="norm"
-    ))
+    ops.append(_norm("norms", shape, (n, m), b))  # before and after attention
     return ops
 
 
-def _norm(name: str, shape: ModelShape, n: int, b: int, count: int) -> OpCost:
+def _norm(name: str, shape: ModelShape, rows: tuple[int, ...], b: int) -> OpCost:
+    """Norms of ``rows[i]`` rows each (one norm per entry)."""
     weights_per_norm = shape.hidden_size * (2 if shape.norm == "layernorm" else 1)
-    return OpCost(
-        name=name,
-        flops=count * _NORM_FLOPS_PER_ELEMENT[shape.norm] * n * shape.hidden_size,
-        weight_bytes=count * weights_per_norm * b,
-        activation_bytes=count * 2 * n * shape.hidden_size * b,
-        kind="norm",
-    )
+    elements = sum(rows) * shape.hidden_size
+    return OpCost(name, _NORM_FLOPS_PER_ELEMENT[shape.norm] * elements, len(rows) * weights_per_norm * b, 2 * elements * b, kind="norm")
 
 
 def model_costs(
@@ -270,16 +263,13 @@ def model_costs(
         num_new_tokens: tokens in the step (N).
         context_len: keys the last new token attends to, including the new ones (C >= N).
         dtype_bytes: bytes per element; None takes the model's.
-        num_logit_rows: rows the lm_head computes (1: the engine keeps only the logits it
-            samples from).
-        engine: count what the engine's own forward runs: past the last layer's attention,
-            only the ``num_logit_rows`` rows go on (o_proj, MLP, norms). False: every row, as
-            the plain forward (HF's) runs it.
+        num_logit_rows: rows the lm_head computes (1: the engine keeps only the logits it samples from).
+        engine: what the engine's own forward runs: only those rows go on past the last layer's
+            attention (o_proj, MLP, norms). False: every row, as the plain (HF) forward.
 
     Returns:
-        The ``ModelCost``. The embedding is a gather (0 FLOPs, N rows read; GPT-2 adds
-        its position embedding: N x hidden FLOPs); the lm_head
-        reads its whole (vocab, hidden) matrix even when tied to the embedding.
+        The ``ModelCost``. The embedding is a gather (0 FLOPs, N rows read; GPT-2 adds its position
+        embedding: N x hidden FLOPs); the lm_head reads its whole (vocab, hidden) matrix even when tied.
     """
     shape = model_shape(info_or_config)
     b = _resolve_dtype_bytes(shape, dtype_bytes)
@@ -295,7 +285,7 @@ def model_costs(
         num_layers=shape.num_layers,
         layer_ops=layer_op_costs(shape, n, context_len, b),
         embedding=embedding,
-        final_norm=_norm("final_norm", shape, num_logit_rows if pruned else n, b, count=1),  # HF norms all N rows before slicing
+        final_norm=_norm("final_norm", shape, (num_logit_rows if pruned else n,), b),  # HF norms all N rows before slicing
         lm_head=lm_head,
         num_logit_rows=num_logit_rows,
         last_layer_ops=layer_op_costs(shape, n, context_len, b, num_logit_rows) if pruned else None,
@@ -303,6 +293,5 @@ def model_costs(
 
 
 def engine_step_costs(model: Any, num_new_tokens: int, context_len: int) -> ModelCost:
-    """What one engine step of one request runs on ``model`` (an ``nn.Module``): its own forward prunes
-    the last layer's rows past attention to the one whose logits are kept; the stock forward doesn't."""
+    """One engine step of one request on ``model`` (an ``nn.Module``): the own forward's pruned last layer, or the stock's."""
     return model_costs(model, num_new_tokens, context_len, engine=own_forward_status(model)[0])

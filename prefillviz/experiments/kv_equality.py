@@ -80,10 +80,6 @@ class EqualityCheck:
         return self.relative_tolerance * self.logits_max_abs
 
     @property
-    def logits_relative_diff(self) -> float:
-        return self.logits_max_abs_diff / self.logits_max_abs if self.logits_max_abs > 0 else math.inf
-
-    @property
     def top_tokens_agree(self) -> bool:
         """The same top token where the top two logits are more than twice the allowed difference apart;
         in a closer race (a near tie, which rounding may decide), the token-by-token top is one of the tied."""

@@ -24,6 +24,8 @@ import math
 
 import torch
 
+from prefillviz.analysis import rounding
+
 FP32_EPS = torch.finfo(torch.float32).eps
 
 # One op or kernel against another computation of the same result (an oracle, another kernel):
@@ -74,11 +76,7 @@ def assert_within(actual, reference, allowed: float, what: str = "") -> float:
 # --------------------------------------------------------------------------- whole models
 def longest_sum(model: torch.nn.Module, num_tokens: int = 0) -> int:
     """The most terms one fp32 sum has in a forward pass: a linear's input width, or the keys attended."""
-    config = model.config
-    widths = [getattr(config, name, 0) or 0 for name in ("hidden_size", "intermediate_size", "n_embd", "n_inner")]
-    if getattr(config, "n_embd", None) and not getattr(config, "n_inner", None):
-        widths.append(4 * config.n_embd)  # GPT-2's MLP when n_inner is unset
-    return max(widths + [num_tokens, 1])
+    return rounding.longest_sum(model.config, num_tokens)
 
 
 def logits_allowed_difference(model: torch.nn.Module, reference: torch.Tensor, num_tokens: int = 0, steps: float = MODEL_STEPS) -> float:

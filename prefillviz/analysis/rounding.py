@@ -19,13 +19,15 @@ import math
 
 import torch
 
+from prefillviz.engine.devices import dtype_name
+
 FP32_EPS = torch.finfo(torch.float32).eps
 TWO_FORWARDS_STEPS = 6
 
 
 def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
     """A torch dtype from itself or its name ("bfloat16", "torch.float32")."""
-    return dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype).removeprefix("torch."))
+    return dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype_name(dtype))
 
 
 def relative_bound(dtype: torch.dtype | str, steps: float = TWO_FORWARDS_STEPS, terms: int = 1) -> float:
@@ -36,10 +38,11 @@ def relative_bound(dtype: torch.dtype | str, steps: float = TWO_FORWARDS_STEPS, 
 def longest_sum(config, num_tokens: int = 0) -> int:
     """The most terms one fp32 sum has in a forward pass: a linear's input width, or the keys attended."""
     widths = [getattr(config, name, 0) or 0 for name in ("hidden_size", "intermediate_size", "n_embd", "n_inner")]
+    if getattr(config, "n_embd", None) and not getattr(config, "n_inner", None):
+        widths.append(4 * config.n_embd)  # GPT-2's MLP when n_inner is unset
     return max(widths + [num_tokens, 1])
 
 
 def describe(dtype: torch.dtype | str, steps: float, terms: int) -> str:
     """The bound in words, for captions and JSON."""
-    name = str(as_dtype(dtype)).removeprefix("torch.")
-    return f"{steps:g} rounding steps of {name} (eps {torch.finfo(as_dtype(dtype)).eps:.1e}) plus a {terms:,}-term fp32 sum's"
+    return f"{steps:g} rounding steps of {dtype_name(dtype)} (eps {torch.finfo(as_dtype(dtype)).eps:.1e}) plus a {terms:,}-term fp32 sum's"

@@ -11,7 +11,8 @@ For one model, device, dtype and thread count:
    from the dtype's precision (``linear_tolerance``).
 3. **Timing**, for each bucket of ``dispatch.BUCKETS``: one layer's attention on random q/k/v of
    the model's heads, and layer 0's four linears (q|k|v, o, gate|up, down) on its own weights,
-   each candidate as the engine calls it. A race keeps it short: every candidate runs once;
+   each candidate as the engine calls it (stock: q, k and v each its own ``F.linear``, the outputs
+   concatenated, as ``llama_weights`` runs them). A race keeps it short: every candidate runs once;
    one over ``RACE_FACTOR`` times the best is out for that bucket (timed once), the others
    are timed over ``RUNS`` runs and the medians compared.
 
@@ -83,37 +84,43 @@ def _has_linears(model: torch.nn.Module) -> bool:
 _linears_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def layer_linears(model: torch.nn.Module) -> list[torch.Tensor]:
-    """Layer 0's linear weights (out, in): q|k|v, o, gate|up, down stacked as the engine's forward
-    stacks them for a Llama-shaped model; else the ``nn.Linear`` weights of the first decoder block
-    (none for a model whose layers are no ``nn.Linear``, such as GPT-2's Conv1D)."""
+def layer_linears(model: torch.nn.Module) -> list[list[torch.Tensor]]:
+    """Layer 0's linear weights (out, in), grouped as the engine's forward runs them for a
+    Llama-shaped model: [q, k, v], [o], [gate, up], [down] (``llama_weights``: each group one packed
+    matmul, or the stock ``F.linear`` of each weight and the outputs side by side); else each
+    ``nn.Linear`` of the first decoder block on its own (none for a model whose layers are no
+    ``nn.Linear``, such as GPT-2's Conv1D)."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is not None and all(hasattr(layers[0].self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) and all(
         hasattr(getattr(layers[0], "mlp", None), n) for n in ("gate_proj", "up_proj", "down_proj")
     ):
         attn, mlp = layers[0].self_attn, layers[0].mlp
-        with torch.no_grad():
-            return [
-                torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
-                attn.o_proj.weight.detach(),
-                torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
-                mlp.down_proj.weight.detach(),
-            ]
+        groups = [[attn.q_proj, attn.k_proj, attn.v_proj], [attn.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]]
+        return [[m.weight.detach() for m in group] for group in groups]
     block = next((m[0] for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)), None)
-    return [] if block is None else [m.weight.detach() for m in block.modules() if type(m) is torch.nn.Linear]
+    return [] if block is None else [[m.weight.detach()] for m in block.modules() if type(m) is torch.nn.Linear]
 
 
-def linear_layer(weights: list[torch.Tensor], candidate: str) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
-    """A function running each weight on its input (rows, in) with ``candidate``, packed once now (as the engine packs them)."""
+def stacked(group: list[torch.Tensor]) -> torch.Tensor:
+    """A group's weights as one (sum of outs, in) weight: what its matmul computes."""
+    return group[0] if len(group) == 1 else torch.cat(group)
+
+
+def linear_layer(groups: list[list[torch.Tensor]], candidate: str) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    """A function running each group on its input (rows, in) with ``candidate`` as the engine runs it:
+    stock, one ``F.linear`` per weight and the outputs side by side; else the group stacked and packed once now."""
     if candidate == STOCK:
-        return lambda inputs: [F.linear(x, w) for x, w in zip(inputs, weights)]
-    packs = [pack_weight(w, candidate) for w in weights]
+        def run_group(x: torch.Tensor, group: list[torch.Tensor]) -> torch.Tensor:
+            return F.linear(x, group[0]) if len(group) == 1 else torch.cat([F.linear(x, w) for w in group], dim=-1)
+
+        return lambda inputs: [run_group(x, group) for x, group in zip(inputs, groups)]
+    packs = [pack_weight(stacked(group), candidate) for group in groups]
     return lambda inputs: [packed_linear(x, p) for x, p in zip(inputs, packs)]
 
 
-def linear_inputs(weights: list[torch.Tensor], rows: int, generator: torch.Generator | None = None) -> list[torch.Tensor]:
-    """A random (rows, in) input for each weight, in its dtype and on its device."""
-    return [torch.randn(rows, w.shape[1], generator=generator).to(device=w.device, dtype=w.dtype) for w in weights]
+def linear_inputs(groups: list[list[torch.Tensor]], rows: int, generator: torch.Generator | None = None) -> list[torch.Tensor]:
+    """A random (rows, in) input for each group, in its dtype and on its device."""
+    return [torch.randn(rows, g[0].shape[1], generator=generator).to(device=g[0].device, dtype=g[0].dtype) for g in groups]
 
 
 def linear_tolerance(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -128,16 +135,17 @@ def linear_tolerance(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return 2 * (eps + x.shape[-1] * torch.finfo(torch.float32).eps) * magnitude + torch.finfo(torch.float32).tiny
 
 
-def check_linears(weights: list[torch.Tensor], candidate: str) -> str:
+def check_linears(groups: list[list[torch.Tensor]], candidate: str) -> str:
     """'' when ``candidate`` computes layer 0's linears as fp32 ``F.linear`` does within ``linear_tolerance``, else what differed."""
-    if not weights:
+    if not groups:
         return ""  # nothing to compute differently
     generator = torch.Generator().manual_seed(0)
-    dtype = weights[0].dtype
+    dtype = groups[0][0].dtype
+    weights = [stacked(group) for group in groups]
     try:
-        layer = linear_layer(weights, candidate)
+        layer = linear_layer(groups, candidate)
         for rows in (1, 7, 33):
-            inputs = linear_inputs(weights, rows, generator)
+            inputs = linear_inputs(groups, rows, generator)
             for got, x, weight in zip(layer(inputs), inputs, weights):
                 want = F.linear(x.float(), weight.float())
                 excess = (got.float() - want).abs() - linear_tolerance(x, weight)
@@ -206,13 +214,13 @@ def measure(model: torch.nn.Module, progress: Callable[[float, str], None] | Non
     heads, kv_heads, head_dim = dispatch.attention_heads(model)
     statuses = candidate_statuses(model)
     available = fingerprint(statuses)
-    weights = layer_linears(model)
+    groups = layer_linears(model)
     for name, why in list(statuses[LINEARS].items()):
-        statuses[LINEARS][name] = why or check_linears(weights, name)
+        statuses[LINEARS][name] = why or check_linears(groups, name)
     for name, why in list(statuses[ATTENTION].items()):
         statuses[ATTENTION][name] = why or check_attention(model, name)
     runnable = {family: [n for n, why in s.items() if not why] for family, s in statuses.items()}
-    layers = {name: linear_layer(weights, name) for name in runnable[LINEARS]}
+    layers = {name: linear_layer(groups, name) for name in runnable[LINEARS]}
     timings, dropped, spreads = {}, {}, {}
     measured_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     with MachineLoad() as load:
@@ -221,7 +229,7 @@ def measure(model: torch.nn.Module, progress: Callable[[float, str], None] | Non
                 progress(index / len(BUCKETS), f"timing the candidates on {bucket.what}")
             inputs = random_step(list(bucket.requests), heads, kv_heads, head_dim, device=device, dtype=dtype, seed=2)
             attention_calls = {name: _AttentionCall(name, inputs) for name in runnable[ATTENTION]}
-            xs = linear_inputs(weights, bucket.num_tokens)
+            xs = linear_inputs(groups, bucket.num_tokens)
             linear_calls = {name: (lambda layer=layer: layer(xs)) for name, layer in layers.items()}
             timings[bucket.name], dropped[bucket.name], spreads[bucket.name] = {}, {}, {}
             for family, calls in ((ATTENTION, attention_calls), (LINEARS, linear_calls)):

@@ -172,6 +172,27 @@ def test_measuring_checks_each_candidate_and_excludes_a_wrong_one(tiny_llama, mo
     assert table.source == "measured" and table.other_cpu_percent is not None and table.measure_s > 0
 
 
+@pytest.mark.parametrize("candidate", LINEAR_CANDIDATES)
+def test_the_linears_are_timed_as_the_engine_runs_them(tiny_llama, candidate):
+    """The tuning times each candidate on the calls the engine's forward makes: q|k|v and gate|up one
+    packed matmul each, or, stock, one ``F.linear`` per weight and the outputs side by side (timing
+    stock on stacked weights had it win the 2,048-token bucket on a Xeon where the engine's calls lost)."""
+    from prefillviz.engine.llama_weights import llama_weights
+
+    if dispatch_tuning.candidate_statuses(tiny_llama)[LINEARS][candidate]:
+        pytest.skip(dispatch_tuning.candidate_statuses(tiny_llama)[LINEARS][candidate])
+    groups = dispatch_tuning.layer_linears(tiny_llama)
+    attn, mlp = tiny_llama.model.layers[0].self_attn, tiny_llama.model.layers[0].mlp
+    assert [[w.data_ptr() for w in g] for g in groups] == [
+        [m.weight.data_ptr() for m in ms] for ms in ([attn.q_proj, attn.k_proj, attn.v_proj], [attn.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj])
+    ]
+    engine_layer = llama_weights(tiny_llama, candidate).layers[0]
+    inputs = dispatch_tuning.linear_inputs(groups, 9)
+    timed = dispatch_tuning.linear_layer(groups, candidate)(inputs)
+    engine = [engine_layer[1](inputs[0]), engine_layer[2](inputs[1]), engine_layer[4](inputs[2]), engine_layer[5](inputs[3])]
+    assert all(torch.equal(a, b) for a, b in zip(timed, engine))  # the same calls: the same bits
+
+
 def test_the_table_is_cached_and_measured_again_when_stale(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("PREFILLVIZ_CACHE", str(tmp_path))
     monkeypatch.setattr(dispatch_tables, "_tables", {})

@@ -125,3 +125,44 @@ def test_tiny_greedy_generations_equal_hf_generate(tiny_llama):
     ours = engine_greedy(tiny_llama, prompts, 16, token_budget=20, block_size=4)
     for prompt, generated in zip(prompts, ours):
         assert_same_greedy_generation(tiny_llama, prompt, generated, hf_greedy_generate(tiny_llama, prompt, 16))
+
+
+def test_a_new_engine_reuses_a_dropped_engines_cache_memory_and_its_garbage_reaches_no_output(tiny_llama):
+    """kv_cache's pool: the next engine of the same cache shape takes the dropped one's tensors (no
+    fresh pages to fault in), and since a slot is read only after its own step wrote it, what the
+    old engine left there (here NaN in every slot) changes nothing: the logits still match HF."""
+    import gc
+
+    config = {"token_budget": 512, "num_blocks": 37}  # a shape no other test's engine has
+    first = LLMEngine(tiny_llama, tokenizer=None, config=EngineConfig(**config))
+    first.add_request(random_prompt(40, 128, seed=3))
+    first.run()
+    for t in first.kv_cache.key_cache + first.kv_cache.value_cache:
+        t.fill_(float("nan"))
+        t.left_by_the_first_engine = True  # the same tensor objects come back, not just memory at the same address
+    del first
+    gc.collect()
+    prompt = random_prompt(70, 128, seed=4)
+    logits, _ = first_token_logits(tiny_llama, prompt, **config)
+    assert torch.isfinite(logits).all()
+    assert_matches_hf(tiny_llama, prompt, logits)
+    second = LLMEngine(tiny_llama, tokenizer=None, config=EngineConfig(**config))  # first_token_logits' engine went back too
+    assert all(getattr(t, "left_by_the_first_engine", False) for t in second.kv_cache.key_cache + second.kv_cache.value_cache)
+
+
+def test_a_dropped_cache_still_viewed_is_not_handed_out(tiny_llama):
+    """A view of a dropped engine's cache (a figure holding one layer's keys, say) keeps that memory out
+    of the pool: a new engine must not write under it."""
+    import gc
+
+    config = EngineConfig(token_budget=512, num_blocks=41)
+    first = LLMEngine(tiny_llama, tokenizer=None, config=config)
+    kept_view = first.kv_cache.key_cache[0][:2]
+    kept_view.fill_(3.0)
+    del first
+    gc.collect()
+    second = LLMEngine(tiny_llama, tokenizer=None, config=config)
+    second.add_request(random_prompt(30, 128, seed=5))
+    second.run()
+    assert all(t.untyped_storage().data_ptr() != kept_view.untyped_storage().data_ptr() for t in second.kv_cache.key_cache)
+    assert bool((kept_view == 3.0).all())

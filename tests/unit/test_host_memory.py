@@ -1,0 +1,34 @@
+"""The host allocator's settings (prefillviz/engine/host_memory.py): applied once, said in words, switchable off."""
+
+import subprocess
+import sys
+
+import pytest
+
+from prefillviz.engine import host_memory
+
+SCRIPT = "from prefillviz.engine import host_memory as h; print(h.status() == ''); print(h.keep_freed_memory()); print(h.keep_freed_memory() is h.status())"
+
+
+def run(env_value: str | None) -> list[str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != host_memory.STOCK_ENV}
+    if env_value is not None:
+        env[host_memory.STOCK_ENV] = env_value
+    result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, env=env, check=True)
+    return result.stdout.splitlines()
+
+
+def test_set_once_per_process_and_says_what_it_did():
+    before, said, same = run(None)
+    assert before == "True" and same == "True"
+    if sys.platform.startswith("linux") and "glibc" in " ".join(__import__("platform").libc_ver()):
+        assert said.startswith("glibc ") and "keeps freed memory" in said
+    else:
+        assert said.startswith("the C library's default malloc")
+
+
+@pytest.mark.parametrize("value", ["1", "yes"])
+def test_the_switch_leaves_the_defaults(value):
+    assert run(value)[1] == f"the C library's default malloc ({host_memory.STOCK_ENV} is set)"

@@ -143,13 +143,26 @@ def _per_request(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale
         if q_len > 1 and kv_len == q_len:
             is_causal = True
         elif q_len > 1:  # a chunk after cached context: causal, shifted by what was cached
-            rows = torch.arange(q_len, device=q.device)[:, None] + (kv_len - q_len)
-            mask = torch.arange(kv_len, device=q.device)[None, :] <= rows  # (q, kv) True = attend
+            mask = _offset_mask(step, r, q.dtype, q.device)
         out = F.scaled_dot_product_attention(
             q[None, :, start:end], k[None], v[None], attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
         )
         outputs.append(out[0])
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+
+
+def _offset_mask(step: PagedStep, r: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Request r's chunk after its cached context: (q, kv), 0 where a query attends a key (its
+    position or before), -inf elsewhere, in q's dtype (what SDPA makes of a bool mask). Made once
+    per step and kept on it: every layer of the step has the same."""
+    masks = step.__dict__.setdefault("_offset_masks", {})
+    key = (r, dtype, device)
+    if key not in masks:
+        q_len, kv_len = step.query_len(r), step.context_len(r)
+        rows = torch.arange(q_len, device=device)[:, None] + (kv_len - q_len)
+        attend = torch.arange(kv_len, device=device)[None, :] <= rows
+        masks[key] = torch.zeros(q_len, kv_len, dtype=dtype, device=device).masked_fill_(~attend, float("-inf"))
+    return masks[key]
 
 
 def packed_mask(step: PagedStep, device: torch.device) -> torch.Tensor:

@@ -28,7 +28,7 @@ from prefillviz.engine.devices import machine_name
 from prefillviz.engine.dispatch import ATTENTION, BUCKETS, LINEARS, DispatchTable, StepChoice
 from prefillviz.engine.dispatch_tuning import candidate_statuses, fingerprint
 
-FORMAT = 1  # in the cache file's name and content
+FORMAT = 2  # in the cache file's name and content; 2: stock linears timed as the engine calls them (a table of 1 is measured again)
 MAX_AGE = datetime.timedelta(days=7)
 
 

@@ -8,7 +8,12 @@ CPU's code:
     DNNL_MAX_CPU_ISA        oneDNN's ISA, read by torch's bundled oneDNN and by Debian's (the
                             engine's matmuls) alike: SSE41, AVX, AVX2, ... AVX512_CORE_AMX
     ATEN_CPU_CAPABILITY     torch's vectorized kernels, and which build of the engine's C++ ops
-                            and oneDNN wrapper loads: default, avx2, avx512
+                            and oneDNN wrapper loads: default, avx2, avx512. A level below
+                            AVX-512 stands for a CPU without it, so oneDNN is capped to match
+                            (``ONEDNN_FOR_ATEN``): uncapped on a Xeon with AMX, torch's own bf16
+                            flash attention packs for the AMX tiles oneDNN reports, with AVX-512
+                            code the capped kernels lack ("pack_vnni2 is only supported when
+                            avx512 is supported"), which no real CPU of that level runs
     both at AVX2            an AVX2-only CPU, as near as one run gets
     PREFILLVIZ_*            the project's switches (no C++ ops, no bf16 dot products, no oneDNN,
                             stock linears, the stock forward) and each forced candidate of the
@@ -54,6 +59,7 @@ PROBE_MARK = "isa-caps-probe: "  # the probe's JSON line, among oneDNN's verbose
 ONEDNN_CAPS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI", "AVX512_CORE_BF16",
                "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16")
 ATEN_CAPS = ("default", "avx2", "avx512")  # torch's x86 capabilities, lowest first
+ONEDNN_FOR_ATEN = {"default": "AVX", "avx2": "AVX2_VNNI"}  # the most oneDNN a CPU of that level has (no AVX2; no AVX-512) that both oneDNNs know (2.6 ignores AVX2_VNNI_2)
 BUILT_PER_CAPABILITY = {"default": "DEFAULT", "avx2": "AVX2"}  # prefillviz/engine/ops/cpp_build.py's names for a lower cap's build
 CAP_ENVS = ("DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
 SWITCHES = {  # a switch: what must be on here for it to change anything, and what the engine runs instead
@@ -106,7 +112,8 @@ def isa_runs() -> list[Run]:
     for cap in ONEDNN_CAPS:
         zen4 = cap == "AVX512_CORE_BF16"  # a Xeon with AMX runs a Zen 4's oneDNN code under it
         runs.append(Run({"DNNL_MAX_CPU_ISA": cap}, "onednn", EVERY_FILE, CI_FILES if zen4 else (), "a Zen 4: AVX512-BF16, no AMX" if zen4 else ""))
-    runs += [Run({"ATEN_CPU_CAPABILITY": cap}, "aten", EVERY_FILE) for cap in ATEN_CAPS]
+    runs += [Run({"ATEN_CPU_CAPABILITY": cap, **({"DNNL_MAX_CPU_ISA": ONEDNN_FOR_ATEN[cap]} if cap in ONEDNN_FOR_ATEN else {})}, "aten", EVERY_FILE)
+             for cap in ATEN_CAPS]
     return runs
 
 

@@ -9,6 +9,8 @@ same token ids, dtype and block size (32, vLLM's CPU attention's multiple).
   (2N at N=512) an earlier request of the same workload left in the cache, plus 32 new tokens.
 - ``engine_over_vllm_decode``: mean time between tokens of one request decoding 64 tokens.
 - ``vllm_outputs_equal``: requests of a mixed batch (8 prompts) whose greedy tokens are the same.
+- ``vllm_outputs_within_tolerance``: those, and those that first part at a near tie of the plain HF
+  forward (``parting``): in bf16 two correct engines may round a close race either way.
 
 Without ``.venv-vllm`` every key is None and ``details.vllm.skipped`` says why.
 """
@@ -18,6 +20,9 @@ from __future__ import annotations
 import contextlib
 import statistics
 
+import torch
+
+from prefillviz.analysis import rounding
 from prefillviz.engine.devices import dtype_name
 from prefillviz.engine.timers import median_and_spread
 from prefillviz.loading import bundled
@@ -33,7 +38,7 @@ def skipped(reason: str) -> dict:
 
 
 def vllm_side_by_side(loaded, num_tokens: int, runs: int, quick: bool, worker: VLLMWorker | None = None) -> dict:
-    """The five keys, and ``details`` with every median, spread and the versions.
+    """The six keys, and ``details`` with every median, spread and the versions.
 
     Args:
         worker: a running vLLM worker to use (left running); None starts one and stops it after.
@@ -71,22 +76,54 @@ def vllm_side_by_side(loaded, num_tokens: int, runs: int, quick: bool, worker: V
                             times[name][side].append(value)
             lengths = (16, 32, 48, 64, 80, 96, 112, 128) if quick else (64, 128, 256, 384, 512, 640, 768, 1024)
             batch = [PeerRequest(f"r{i}", bench_token_ids(tokenizer, n + 7 * i)[7 * i :], 8 if quick else 32) for i, n in enumerate(lengths)]
-            comparison = side_by_side.compare(side_by_side.run_ours(loaded.model, tokenizer, batch, 512), worker.run(batch, 512))
+            ours_batch, theirs_batch = side_by_side.run_ours(loaded.model, tokenizer, batch, 512), worker.run(batch, 512)
+            comparison = side_by_side.compare(ours_batch, theirs_batch)
             versions = worker.versions
     except VLLMUnavailable as error:
         return skipped(str(error).splitlines()[0])
     ratio = {name: statistics.median(t["vllm"]) / statistics.median(t["ours"]) for name, t in times.items()}
+    parted = parting(loaded, batch, ours_batch, theirs_batch, comparison.outputs_differ)
     return {
         "engine_over_vllm_prefill_512": ratio[f"prefill_{sizes[0]}"],
         "engine_over_vllm_prefill_2048": ratio[f"prefill_{sizes[1]}"],
         "engine_over_vllm_prefix_hit": ratio["prefix_hit"],
         "engine_over_vllm_decode": ratio["decode"],
         "vllm_outputs_equal": len(comparison.outputs_equal),
+        "vllm_outputs_within_tolerance": len(comparison.outputs_equal) + sum(p["near_tie"] for p in parted),
         "details": {
             "versions": versions,
             "sizes": {"prefill": list(sizes), "prefix_tokens": prefix_tokens, "block_size": 32, "dtype": dtype},
             "seconds": {name: {side: median_and_spread(values) for side, values in t.items()} for name, t in times.items()},
             "mixed_batch": comparison.summary(),
             "outputs_compared": len(comparison.outputs_equal) + len(comparison.outputs_differ),
+            "parting": parted,
         },
     }
+
+
+@torch.inference_mode()
+def parting(loaded, requests: list[PeerRequest], ours, theirs, request_ids: list[str]) -> list[dict]:
+    """Where each differing request's greedy tokens first part, and whether that is a near tie.
+
+    The plain HF forward (the model in its own dtype) of the prompt and the tokens both engines
+    agree on gives the logits there; the two engines' tokens are a near tie when HF's logits of
+    them are within twice ``rounding``'s bound for two forward passes of this dtype (as the KV
+    equality's ``top_tokens_agree``): a race that rounding, not a bug, decides.
+    """
+    prompts = {r.request_id: list(r.token_ids) for r in requests}
+    parted = []
+    for request_id in request_ids:
+        a, b = ours.requests[request_id].output_token_ids, theirs.requests[request_id].output_token_ids
+        position = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if position is None:  # one stopped earlier: not a race between two tokens
+            parted.append({"request": request_id, "position": min(len(a), len(b)), "ours": None, "vllm": None,
+                           "hf_logit_gap": None, "allowed": None, "near_tie": False})
+            continue
+        token_ids = prompts[request_id] + list(a[:position])
+        logits = loaded.model(input_ids=torch.tensor([token_ids], device=loaded.device), logits_to_keep=1).logits[0, -1].float()
+        terms = rounding.longest_sum(loaded.model.config, len(token_ids))
+        allowed = rounding.relative_bound(loaded.dtype, rounding.TWO_FORWARDS_STEPS, terms) * float(logits.abs().max())
+        gap = abs(float(logits[a[position]] - logits[b[position]]))
+        parted.append({"request": request_id, "position": position, "ours": a[position], "vllm": b[position],
+                       "hf_logit_gap": gap, "allowed": allowed, "near_tie": gap <= 2 * allowed})
+    return parted

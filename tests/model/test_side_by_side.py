@@ -41,3 +41,33 @@ def test_other_outputs_and_other_hits_are_found(tiny_llama):
     shorter = copy.deepcopy(ours)
     shorter.steps.pop()
     assert not side_by_side.compare(ours, shorter).schedule_equal  # a missing last step is a difference too
+
+
+def test_parting_tells_a_near_tie_from_a_clear_difference(tiny_llama):
+    """The bench's ``parting``: where two engines' greedy tokens first differ, the plain HF forward's gap
+    between the two tokens, against twice the dtype's bound (bf16 here, where the bound is wide)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from prefillviz.measure.versus_vllm import parting
+
+    model = copy.deepcopy(tiny_llama).to(torch.bfloat16)
+    prompt = list(range(3, 40))
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt + [7]])).logits[0, -1].float()
+    order = logits.argsort(descending=True).tolist()
+    gaps = [abs(float(logits[x] - logits[y])) for x, y in zip(order, order[1:])]
+    close = gaps.index(min(gaps))
+    loaded = SimpleNamespace(model=model, device=torch.device("cpu"), dtype=torch.bfloat16)
+
+    def part(ours_token, vllm_token):
+        ours = SimpleNamespace(requests={"a": SimpleNamespace(output_token_ids=[7, ours_token])})
+        theirs = SimpleNamespace(requests={"a": SimpleNamespace(output_token_ids=[7, vllm_token])})
+        return parting(loaded, [PeerRequest("a", prompt, 2)], ours, theirs, ["a"])[0]
+
+    near, far = part(order[close], order[close + 1]), part(order[0], order[-1])
+    assert near["position"] == far["position"] == 1 and (far["ours"], far["vllm"]) == (order[0], order[-1])
+    assert abs(far["hf_logit_gap"] - float(logits[order[0]] - logits[order[-1]])) < 1e-6
+    assert near["near_tie"] and near["hf_logit_gap"] <= 2 * near["allowed"]
+    assert not far["near_tie"] and far["hf_logit_gap"] > 2 * far["allowed"]

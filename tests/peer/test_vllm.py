@@ -168,6 +168,7 @@ def test_the_bench_side_by_side_fills_its_keys(bundled, vllm):
     """``bench``'s vLLM part on its quick sizes, on this module's worker (tests/model runs the rest of the bench with --no-vllm)."""
     result = vllm_side_by_side(bundled, 24, 1, quick=True, worker=vllm)
     assert result["vllm_outputs_equal"] == result["details"]["outputs_compared"] == 8  # fp32: the same greedy tokens
+    assert result["vllm_outputs_within_tolerance"] == 8 and result["details"]["parting"] == []
     assert all(result[key] > 0 for key in ("engine_over_vllm_prefill_512", "engine_over_vllm_prefill_2048", "engine_over_vllm_prefix_hit", "engine_over_vllm_decode"))
     assert result["details"]["versions"]["vllm"] and vllm.alive  # a worker it was given is left running
 

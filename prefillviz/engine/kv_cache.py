@@ -21,15 +21,17 @@ most ``SPARE_BYTES``.
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 import torch
 
 SPARE_BYTES = 1024 * 1024 * 1024  # the most cache memory kept for the next engine (1 GiB: two default caches)
 _spares: OrderedDict[tuple, list[tuple[list[torch.Tensor], list[torch.Tensor]]]] = OrderedDict()
 _spares_lock = threading.Lock()
+_returned: deque = deque()  # sets a finalizer gave back, pooled at the next take (a finalizer takes no lock: it may run inside one)
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
@@ -61,7 +63,7 @@ class PagedKVCache:
             spare = tuple([torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)] for _ in "kv")
         self.key_cache, self.value_cache = spare
         if key[3].type == "cpu":
-            weakref.finalize(self, _give_back, key, self.key_cache, self.value_cache)
+            weakref.finalize(self, _give_back, key, self.key_cache, self.value_cache).atexit = False
 
     @property
     def num_bytes(self) -> int:
@@ -78,38 +80,47 @@ def _bytes(tensors: list[torch.Tensor]) -> int:
 
 
 def _unshared(tensors: list[torch.Tensor]) -> bool:
-    """Whether nothing but the tensor itself holds each one's memory (no view of a dropped engine's
-    cache is alive); False where this torch can't tell."""
+    """Whether nothing outside the pool holds any of these tensors or their memory: no tensor object
+    kept (a list of a dropped engine's layers, say) and no view of one (one layer's keys in a figure);
+    False where this torch can't tell."""
     use_count = getattr(torch._C, "_storage_Use_Count", None)
     if use_count is None:
         return False
-    return all(use_count(t.untyped_storage()._cdata) <= 2 for t in tensors)  # the tensor and this call's storage object
+    held_by_a_list_only = [torch.empty(0)]
+    baseline = [sys.getrefcount(t) for t in held_by_a_list_only][0]  # this Python's count for a tensor only a list holds, seen from here
+    return all(sys.getrefcount(t) <= baseline and use_count(t.untyped_storage()._cdata) <= 2 for t in tensors)  # 2: the tensor and this call's storage
 
 
 def _give_back(key: tuple, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-    """A dropped engine's cache into the pool, the oldest sets out past ``SPARE_BYTES``."""
-    size = _bytes(keys) + _bytes(values)
-    if size > SPARE_BYTES:
-        return
-    with _spares_lock:
+    """A dropped engine's cache, for the pool: in new lists, so that whoever still holds the engine's own lists
+    holds the tensors too (``_unshared`` sees it)."""
+    if _bytes(keys) + _bytes(values) <= SPARE_BYTES:
+        _returned.append((key, list(keys), list(values)))
+
+
+def _pool_returned() -> None:
+    """The sets given back since the last take into the pool, the oldest out past ``SPARE_BYTES`` (under the lock)."""
+    while _returned:
+        key, keys, values = _returned.popleft()
         _spares.setdefault(key, []).append((keys, values))
         _spares.move_to_end(key)
-        total = sum(_bytes(k) + _bytes(v) for sets in _spares.values() for k, v in sets)
-        while total > SPARE_BYTES:
-            oldest = next(iter(_spares))
-            k, v = _spares[oldest].pop(0)
-            total -= _bytes(k) + _bytes(v)
-            if not _spares[oldest]:
-                del _spares[oldest]
+    total = sum(_bytes(k) + _bytes(v) for sets in _spares.values() for k, v in sets)
+    while total > SPARE_BYTES:
+        oldest = next(iter(_spares))
+        k, v = _spares[oldest].pop(0)
+        total -= _bytes(k) + _bytes(v)
+        if not _spares[oldest]:
+            del _spares[oldest]
 
 
 def _take_spare(key: tuple) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
-    """A kept set of this cache shape whose memory nothing else holds, or None."""
+    """A kept set of this cache shape that nothing else holds, or None."""
     with _spares_lock:
+        _pool_returned()
         sets = _spares.get(key, [])
-        for i, (keys, values) in enumerate(sets):
-            if _unshared(keys + values):
-                del sets[i]
+        for i in range(len(sets)):
+            if _unshared(sets[i][0]) and _unshared(sets[i][1]):
+                keys, values = sets.pop(i)
                 if not sets:
                     del _spares[key]
                 return keys, values

@@ -140,7 +140,7 @@ def test_a_new_engine_reuses_a_dropped_engines_cache_memory_and_its_garbage_reac
     for t in first.kv_cache.key_cache + first.kv_cache.value_cache:
         t.fill_(float("nan"))
         t.left_by_the_first_engine = True  # the same tensor objects come back, not just memory at the same address
-    del first
+    del first, t  # the loop's last tensor too: a tensor still held keeps its set out of the pool
     gc.collect()
     prompt = random_prompt(70, 128, seed=4)
     logits, _ = first_token_logits(tiny_llama, prompt, **config)
@@ -150,19 +150,25 @@ def test_a_new_engine_reuses_a_dropped_engines_cache_memory_and_its_garbage_reac
     assert all(getattr(t, "left_by_the_first_engine", False) for t in second.kv_cache.key_cache + second.kv_cache.value_cache)
 
 
-def test_a_dropped_cache_still_viewed_is_not_handed_out(tiny_llama):
-    """A view of a dropped engine's cache (a figure holding one layer's keys, say) keeps that memory out
-    of the pool: a new engine must not write under it."""
+@pytest.mark.parametrize("held", ["a view", "a layer's tensor", "the list of layers"])
+def test_a_dropped_cache_still_held_is_not_handed_out(tiny_llama, held):
+    """Whatever of a dropped engine's cache is still held (a figure's view of one layer's keys, the tensor
+    itself, the engine's list of layers) keeps that set out of the pool: a new engine must not write under it."""
     import gc
 
     config = EngineConfig(token_budget=512, num_blocks=41)
     first = LLMEngine(tiny_llama, tokenizer=None, config=config)
-    kept_view = first.kv_cache.key_cache[0][:2]
-    kept_view.fill_(3.0)
+    kept = {"a view": lambda c: c.key_cache[0][:2], "a layer's tensor": lambda c: c.key_cache[0], "the list of layers": lambda c: c.key_cache}[held](first.kv_cache)
+    layer = kept[0] if held == "the list of layers" else kept
+    layer.fill_(3.0)
     del first
     gc.collect()
     second = LLMEngine(tiny_llama, tokenizer=None, config=config)
     second.add_request(random_prompt(30, 128, seed=5))
     second.run()
-    assert all(t.untyped_storage().data_ptr() != kept_view.untyped_storage().data_ptr() for t in second.kv_cache.key_cache)
-    assert bool((kept_view == 3.0).all())
+    assert all(t.untyped_storage().data_ptr() != layer.untyped_storage().data_ptr() for t in second.kv_cache.key_cache)
+    assert bool((layer == 3.0).all())
+    del kept, layer, second
+    gc.collect()
+    third = LLMEngine(tiny_llama, tokenizer=None, config=config)  # once let go, that set is handed out again
+    assert len({t.untyped_storage().data_ptr() for t in third.kv_cache.key_cache}) == len(third.kv_cache.key_cache)

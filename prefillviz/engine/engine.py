@@ -25,7 +25,6 @@ from prefillviz.engine.block_pool import BlockPool
 from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.devices import dtype_name
 from prefillviz.engine.errors import OutOfMemory, RequestError, is_out_of_memory
-from prefillviz.engine.host_memory import keep_freed_memory
 from prefillviz.engine.kv_cache import PagedKVCache
 from prefillviz.engine.model_shape import model_shape
 from prefillviz.engine.observer import RunObserver
@@ -56,8 +55,6 @@ class LLMEngine:
         self.info = model_shape(model)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        if self.device.type == "cpu":
-            keep_freed_memory()  # once per process: a step's tensors reuse freed memory, not fresh pages (host_memory)
         self.kv_bytes_per_token = self.info.kv_bytes_per_token  # the model's dtype is the cache's
         num_blocks = self.config.num_blocks or self.config.kv_cache_memory_bytes // (self.kv_bytes_per_token * self.config.block_size)
         if self.config.num_blocks is None and self.info.max_context:  # never more than the running requests can fill

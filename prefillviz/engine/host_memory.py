@@ -34,7 +34,7 @@ _status: str | None = None
 
 
 def keep_freed_memory() -> str:
-    """Set the allocator once per process (the first CPU engine calls it); returns ``status()``."""
+    """Set the allocator once per process (the first CPU engine's KV cache calls it); returns ``status()``."""
     global _status
     with _lock:
         if _status is None:

@@ -28,6 +28,8 @@ from collections import OrderedDict, deque
 
 import torch
 
+from prefillviz.engine.host_memory import keep_freed_memory
+
 SPARE_BYTES = 1024 * 1024 * 1024  # the most cache memory kept for the next engine (1 GiB: two default caches)
 _spares: OrderedDict[tuple, list[tuple[list[torch.Tensor], list[torch.Tensor]]]] = OrderedDict()
 _spares_lock = threading.Lock()
@@ -63,6 +65,7 @@ class PagedKVCache:
             spare = tuple([torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)] for _ in "kv")
         self.key_cache, self.value_cache = spare
         if key[3].type == "cpu":
+            keep_freed_memory()  # once per process: a step's tensors reuse freed memory, not fresh pages (host_memory)
             weakref.finalize(self, _give_back, key, self.key_cache, self.value_cache).atexit = False
 
     @property

@@ -33,11 +33,11 @@ import torch.nn.functional as F
 from prefillviz.engine import dispatch, packed_weights
 from prefillviz.engine.attention import ENGINE_KERNELS, attend, compiled_attention_status
 from prefillviz.engine.devices import machine_name
-from prefillviz.engine.dispatch import ATTENTION, BUCKETS, LINEARS, ONEDNN, STOCK, TORCH_PACKED, V7, DispatchTable
+from prefillviz.engine.dispatch import ATTENTION, BUCKETS, LINEARS, ONEDNN, TORCH_PACKED, V7, DispatchTable
+from prefillviz.engine.llama_weights import linear_of, stacked
 from prefillviz.engine.machine_load import MachineLoad
 from prefillviz.engine.ops.engine_ops import step_meta
 from prefillviz.engine.ops.paged_check import KernelCheckError, check_paged, random_step
-from prefillviz.engine.packed_weights import pack_weight, packed_linear
 from prefillviz.engine.timers import run_seconds, time_call
 
 RACE_FACTOR = 3.0  # a candidate this much slower than the best on its first call is not timed further
@@ -101,21 +101,11 @@ def layer_linears(model: torch.nn.Module) -> list[list[torch.Tensor]]:
     return [] if block is None else [[m.weight.detach()] for m in block.modules() if type(m) is torch.nn.Linear]
 
 
-def stacked(group: list[torch.Tensor]) -> torch.Tensor:
-    """A group's weights as one (sum of outs, in) weight: what its matmul computes."""
-    return group[0] if len(group) == 1 else torch.cat(group)
-
-
 def linear_layer(groups: list[list[torch.Tensor]], candidate: str) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
-    """A function running each group on its input (rows, in) with ``candidate`` as the engine runs it:
-    stock, one ``F.linear`` per weight and the outputs side by side; else the group stacked and packed once now."""
-    if candidate == STOCK:
-        def run_group(x: torch.Tensor, group: list[torch.Tensor]) -> torch.Tensor:
-            return F.linear(x, group[0]) if len(group) == 1 else torch.cat([F.linear(x, w) for w in group], dim=-1)
-
-        return lambda inputs: [run_group(x, group) for x, group in zip(inputs, groups)]
-    packs = [pack_weight(stacked(group), candidate) for group in groups]
-    return lambda inputs: [packed_linear(x, p) for x, p in zip(inputs, packs)]
+    """A function running each group on its input (rows, in) with ``candidate``, through the engine's own
+    ``llama_weights.linear_of`` (stock: one ``F.linear`` per weight, outputs side by side; else stacked and packed once now)."""
+    linears = [linear_of(group, candidate) for group in groups]
+    return lambda inputs: [linear(x) for linear, x in zip(linears, inputs)]
 
 
 def linear_inputs(groups: list[list[torch.Tensor]], rows: int, generator: torch.Generator | None = None) -> list[torch.Tensor]:

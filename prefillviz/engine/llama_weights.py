@@ -41,16 +41,26 @@ class _Linear:
         return torch.cat([F.linear(x, w, b) for w, b in zip(self.weights, self.biases)], dim=-1)
 
 
-def _linear(linears: list[torch.nn.Linear], implementation: str) -> _Linear:
-    weights = [linear.weight.detach() for linear in linears]
-    biases = [None if linear.bias is None else linear.bias.detach() for linear in linears]
+def stacked(weights: list[torch.Tensor]) -> torch.Tensor:
+    """Weights (out, in) as one (sum of outs, in) weight: what a stacked projection's matmul computes."""
+    return torch.cat(weights) if len(weights) > 1 else weights[0]
+
+
+def linear_of(weights: list[torch.Tensor], implementation: str, biases: list[torch.Tensor | None] | None = None) -> _Linear:
+    """One projection (or several stacked) as the engine's forward runs it with ``implementation``
+    (the measured dispatch times it through here too, ``dispatch_tuning.linear_layer``)."""
+    biases = biases or [None] * len(weights)
     if implementation == STOCK:
         return _Linear(weights, biases)
     bias = None
     if any(b is not None for b in biases):
         bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
-    stacked = torch.cat(weights) if len(weights) > 1 else weights[0]
-    return _Linear([], [], pack_weight(stacked, implementation), bias)  # the stacked copy is dropped: only its pack is kept
+    return _Linear([], [], pack_weight(stacked(weights), implementation), bias)  # the stacked copy is dropped: only its pack is kept
+
+
+def _linear(linears: list[torch.nn.Linear], implementation: str) -> _Linear:
+    biases = [None if linear.bias is None else linear.bias.detach() for linear in linears]
+    return linear_of([linear.weight.detach() for linear in linears], implementation, biases)
 
 
 class LlamaWeights:

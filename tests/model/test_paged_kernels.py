@@ -179,6 +179,28 @@ def test_v6_is_v2_except_for_16_bit_decodes_on_a_cpu():
     assert torch.equal(v6[:, prompt_rows], v2[:, prompt_rows]) and not torch.equal(v6[:, :1], v2[:, :1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("requests", [[(1024, 32)], [(40, 9), (17, 1), (0, 23)]], ids=["a prefix-cache hit", "chunk + decode + fresh prompt"])
+def test_consecutive_slots_are_read_in_place_and_give_the_gathered_result(monkeypatch, requests, dtype):
+    """A fresh engine's pool hands out blocks in order, so a request's context is one run of slots:
+    v2, v3 and v6 then read it from the cache in place, bit for bit what the gather gives."""
+    from prefillviz.engine.ops import paged
+
+    in_order = random_step(requests, 9, 3, 64, dtype=dtype, shuffle_blocks=False)
+    shuffled = random_step(requests, 9, 3, 64, dtype=dtype)
+    cached = [r for r, n in enumerate(in_order.step.num_computed) if n]
+    assert all(paged.consecutive_from(in_order.step, r) == int(in_order.step.slots(r)[0]) for r in cached)
+    def consecutive(slots):
+        return bool((slots.diff() == 1).all())
+
+    assert all((paged.consecutive_from(shuffled.step, r) is None) != consecutive(shuffled.step.slots(r)) for r in cached)
+    assert any(paged.consecutive_from(shuffled.step, r) is None for r in cached)  # the shuffled pool broke a run
+    in_place = {kernel.name: kernel(*in_order.arguments()) for kernel in (LOOP, PACKED, LOOP_FP32_DECODES)}
+    monkeypatch.setattr(paged, "consecutive_from", lambda step, r: None)  # every context gathered
+    for kernel in (LOOP, PACKED, LOOP_FP32_DECODES):
+        assert torch.equal(in_place[kernel.name], kernel(*in_order.arguments())), kernel.name
+
+
 def test_a_kernel_that_forgets_the_cache_is_refused_before_it_is_timed():
     def new_tokens_only(q, k_new, v_new, key_cache, value_cache, step, scale):
         return F.scaled_dot_product_attention(q[None], k_new[None], v_new[None], is_causal=True, scale=scale, enable_gqa=True)[0]

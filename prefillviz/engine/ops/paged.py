@@ -77,6 +77,27 @@ def _gather(cache_tensor: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return cache_tensor.view(-1, *cache_tensor.shape[2:]).index_select(0, slots).transpose(0, 1)
 
 
+def _context(cache_tensor: torch.Tensor, step: PagedStep, r: int) -> torch.Tensor:
+    """Request r's keys (or values) as (KVH, ctx, D): read in place where its slots are one run of
+    consecutive slots (its blocks follow each other in the pool, as a fresh engine allocates them),
+    else gathered. The same numbers either way; in place spares a copy of the context per layer."""
+    first = consecutive_from(step, r)
+    if first is None:
+        return _gather(cache_tensor, step.slots(r))
+    return cache_tensor.view(-1, *cache_tensor.shape[2:])[first : first + step.context_len(r)].transpose(0, 1)
+
+
+def consecutive_from(step: PagedStep, r: int) -> int | None:
+    """The first slot of request r's context when its slots are consecutive, else None. Found
+    once per step and kept on it: every layer of the step reads the same slots."""
+    runs = step.__dict__.setdefault("_consecutive_from", {})
+    if r not in runs:
+        slots = step.slots(r)
+        consecutive = len(slots) > 0 and int(slots[-1]) - int(slots[0]) == len(slots) - 1 and bool((slots.diff() == 1).all())
+        runs[r] = int(slots[0]) if consecutive else None
+    return runs[r]
+
+
 # ------------------------------------------------------------------------------ versions
 def paged_naive(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float, row_block: int | None = None) -> torch.Tensor:
     """v1, the oracle: per request, the full (H, q, ctx) scores, masked, softmax, times V.
@@ -134,7 +155,7 @@ def _per_request(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale
         if num_computed == 0:  # nothing cached: the context is exactly the new tokens
             k, v = k_new[:, start:end], v_new[:, start:end]
         else:
-            k, v = _gather(key_cache, step.slots(r)), _gather(value_cache, step.slots(r))  # (KVH, ctx, D)
+            k, v = _context(key_cache, step, r), _context(value_cache, step, r)  # (KVH, ctx, D)
         q_len, kv_len = end - start, k.shape[1]
         if q_len == 1 and fp32_decodes:
             outputs.append(decode_fp32(q[:, start:end], k, v, scale))
@@ -172,8 +193,8 @@ def packed_mask(step: PagedStep, device: torch.device) -> torch.Tensor:
 
 
 def packed_keys(k_new, v_new, key_cache, value_cache, step: PagedStep) -> tuple[torch.Tensor, torch.Tensor]:
-    if step.num_requests == 1 and step.num_computed[0] == 0:
-        return k_new, v_new
+    if step.num_requests == 1:
+        return (k_new, v_new) if step.num_computed[0] == 0 else (_context(key_cache, step, 0), _context(value_cache, step, 0))
     slots = step.packed_slots()
     return _gather(key_cache, slots), _gather(value_cache, slots)  # (KVH, S, D)
 

@@ -73,15 +73,18 @@ def random_step(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     workload: str = "",
+    shuffle_blocks: bool = True,
 ) -> PagedInputs:
     """Random q/k/v for a step of ``requests`` = [(num_computed, num_new), ...].
 
     Each request gets its own blocks, handed out in a shuffled order (as a block pool that
-    has served other requests would), its cached context and new K/V written to the cache.
+    has served other requests would; ``shuffle_blocks=False``: in order, as a fresh engine's
+    pool hands them out), its cached context and new K/V written to the cache.
     """
     generator = torch.Generator().manual_seed(seed)
     blocks_per_request = [math.ceil((cached + new) / block_size) for cached, new in requests]
-    physical = torch.randperm(sum(blocks_per_request), generator=generator)
+    total = sum(blocks_per_request)
+    physical = torch.randperm(total, generator=generator) if shuffle_blocks else torch.arange(total)
     key_cache = torch.zeros(len(physical), block_size, num_kv_heads, head_dim)
     value_cache = torch.zeros_like(key_cache)
     query_start_loc, num_computed, new_slots, context_slots, first_block = [0], [], [], [], 0

@@ -13,7 +13,7 @@ Which one a step runs is measured on the machine (``prefillviz/engine/dispatch.p
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,14 @@ class PagedStep:
     num_computed: list[int]
     slot_mapping: torch.Tensor
     context_slots: list[torch.Tensor | None]
+    _kept: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def kept(self, key: tuple, make: Callable[[], object]):
+        """``make()``, made once per step and kept on it: every layer of the step asks for the same
+        (a chunk's offset mask, where a request's consecutive slots start)."""
+        if key not in self._kept:
+            self._kept[key] = make()
+        return self._kept[key]
 
     @property
     def num_requests(self) -> int:
@@ -88,14 +96,13 @@ def _context(cache_tensor: torch.Tensor, step: PagedStep, r: int) -> torch.Tenso
 
 
 def consecutive_from(step: PagedStep, r: int) -> int | None:
-    """The first slot of request r's context when its slots are consecutive, else None. Found
-    once per step and kept on it: every layer of the step reads the same slots."""
-    runs = step.__dict__.setdefault("_consecutive_from", {})
-    if r not in runs:
+    """The first slot of request r's context when its slots are consecutive, else None (once per step)."""
+    def first() -> int | None:
         slots = step.slots(r)
         consecutive = len(slots) > 0 and int(slots[-1]) - int(slots[0]) == len(slots) - 1 and bool((slots.diff() == 1).all())
-        runs[r] = int(slots[0]) if consecutive else None
-    return runs[r]
+        return int(slots[0]) if consecutive else None
+
+    return step.kept(("consecutive_from", r), first)
 
 
 # ------------------------------------------------------------------------------ versions
@@ -174,16 +181,14 @@ def _per_request(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale
 
 def _offset_mask(step: PagedStep, r: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Request r's chunk after its cached context: (q, kv), 0 where a query attends a key (its
-    position or before), -inf elsewhere, in q's dtype (what SDPA makes of a bool mask). Made once
-    per step and kept on it: every layer of the step has the same."""
-    masks = step.__dict__.setdefault("_offset_masks", {})
-    key = (r, dtype, device)
-    if key not in masks:
+    position or before), -inf elsewhere, in q's dtype (what SDPA makes of a bool mask); once per step."""
+    def mask() -> torch.Tensor:
         q_len, kv_len = step.query_len(r), step.context_len(r)
         rows = torch.arange(q_len, device=device)[:, None] + (kv_len - q_len)
         attend = torch.arange(kv_len, device=device)[None, :] <= rows
-        masks[key] = torch.zeros(q_len, kv_len, dtype=dtype, device=device).masked_fill_(~attend, float("-inf"))
-    return masks[key]
+        return torch.zeros(q_len, kv_len, dtype=dtype, device=device).masked_fill_(~attend, float("-inf"))
+
+    return step.kept(("offset_mask", r, dtype, device), mask)
 
 
 def packed_mask(step: PagedStep, device: torch.device) -> torch.Tensor:

@@ -184,33 +184,35 @@ def test_the_ops_check_refuses_a_wrong_op(compiled_ops):
     assert engine_ops.self_check(OffByALittle()) == "silu_mul, torch.float32"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("width", [576, 64, 40], ids=["the bundled model's", "one bf16 vector's", "a ragged width"])
-def test_bf16_ops_match_plain_torch_on_their_one_pass_and_general_paths(compiled_ops, width):
-    """A width of whole bf16 vectors takes each op's one-pass bf16 path (the bundled model's), any
-    other the general one: both round where plain torch rounds, so they agree within a step apiece."""
+def test_ops_match_plain_torch_on_their_one_pass_and_general_paths(compiled_ops, width, dtype):
+    """A width of whole pairs of float vectors (one bf16 vector) takes each op's one-pass path (the
+    bundled model's), any other the general one: both round where plain torch rounds, so they agree
+    within a step apiece."""
     from prefillviz.engine.ops.torch_ops import rms_norm, rope, silu_mul
 
     generator = torch.Generator().manual_seed(0)
-    x, residual = (torch.randn(33, width, generator=generator).bfloat16() for _ in range(2))
-    weight = torch.randn(width, generator=generator).bfloat16()
+    x, residual = (torch.randn(33, width, generator=generator).to(dtype) for _ in range(2))
+    weight = torch.randn(width, generator=generator).to(dtype)
     summed = residual + x
     normed = compiled_ops.add_rms_norm(x, residual, weight, 1e-5)
     assert torch.equal(residual, summed)  # h += x, rounded once, as torch's add
-    assert_within(normed, rms_norm(summed, weight, 1e-5), allowed_difference(torch.bfloat16, normed, OP_STEPS), "add_rms_norm")
-    gate_up = (3 * torch.randn(33, 2 * width, generator=generator)).bfloat16()
+    assert_within(normed, rms_norm(summed, weight, 1e-5), allowed_difference(dtype, normed, OP_STEPS), "add_rms_norm")
+    gate_up = (3 * torch.randn(33, 2 * width, generator=generator)).to(dtype)
     got = compiled_ops.silu_mul(gate_up)
-    assert_within(got, silu_mul(gate_up), allowed_difference(torch.bfloat16, got, OP_STEPS), "silu_mul")
+    assert_within(got, silu_mul(gate_up), allowed_difference(dtype, got, OP_STEPS), "silu_mul")
     heads, kv_heads, dim = 3, 1, width // 2 * 2
-    qkv = torch.randn(33, (heads + 2 * kv_heads) * dim, generator=generator).bfloat16()
+    qkv = torch.randn(33, (heads + 2 * kv_heads) * dim, generator=generator).to(dtype)
     angles = torch.rand(33, dim // 2, generator=generator) * 6
-    cos, sin = (torch.cat([f(angles), f(angles)], dim=-1).bfloat16() for f in (torch.cos, torch.sin))
-    key_cache, value_cache = (torch.zeros(3, 16, kv_heads, dim, dtype=torch.bfloat16) for _ in range(2))
+    cos, sin = (torch.cat([f(angles), f(angles)], dim=-1).to(dtype) for f in (torch.cos, torch.sin))
+    key_cache, value_cache = (torch.zeros(3, 16, kv_heads, dim, dtype=dtype) for _ in range(2))
     slots = torch.randperm(48, generator=generator)[:33]
     want = rope(qkv.view(33, -1, dim)[:, : heads + kv_heads], cos[:, None], sin[:, None])
     rotated = qkv.clone()
     compiled_ops.rope_write_kv(rotated, cos, sin, slots, key_cache, value_cache, heads)
     got = rotated.view(33, -1, dim)[:, : heads + kv_heads]
-    assert_within(got, want, allowed_difference(torch.bfloat16, want, OP_STEPS), "rope")
+    assert_within(got, want, allowed_difference(dtype, want, OP_STEPS), "rope")
     assert torch.equal(key_cache.view(-1, kv_heads, dim)[slots], got[:, heads:])
     assert torch.equal(value_cache.view(-1, kv_heads, dim)[slots], qkv.view(33, -1, dim)[:, heads + kv_heads :])
 

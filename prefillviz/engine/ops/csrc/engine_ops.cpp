@@ -76,13 +76,21 @@ inline void round_as(float* v, int64_t n, std::vector<T>& tmp) {
   if constexpr (!std::is_same_v<T, float>) round_to(v, n, tmp.data());
 }
 
-// bf16 in pairs of float vectors (a bf16 vector holds 2 kW): load, store, and the round trip that
-// rounds a float to bf16's precision in a register (what from_float then to_float does in memory)
+// A row in pairs of float vectors (a bf16 vector holds 2 kW; a float row is read two vectors at a
+// time so that both dtypes share one loop): load, store, and the round trip that rounds a float to
+// T's precision in a register (what from_float then to_float does in memory; nothing for float)
 using BVec = at::vec::Vectorized<c10::BFloat16>;
 inline std::tuple<Vec, Vec> load_pair(const c10::BFloat16* p) { return at::vec::convert_to_float<c10::BFloat16>(BVec::loadu(p)); }
+inline std::tuple<Vec, Vec> load_pair(const float* p) { return {Vec::loadu(p), Vec::loadu(p + kW)}; }
 inline void store_pair(c10::BFloat16* p, const Vec& a, const Vec& b) { at::vec::convert_from_float<c10::BFloat16>(a, b).store(p); }
+inline void store_pair(float* p, const Vec& a, const Vec& b) {
+  a.store(p);
+  b.store(p + kW);
+}
+template <typename T>
 inline std::tuple<Vec, Vec> round_pair(const Vec& a, const Vec& b) {
-  return at::vec::convert_to_float<c10::BFloat16>(at::vec::convert_from_float<c10::BFloat16>(a, b));
+  if constexpr (std::is_same_v<T, float>) return {a, b};
+  else return at::vec::convert_to_float<c10::BFloat16>(at::vec::convert_from_float<c10::BFloat16>(a, b));
 }
 
 // out = a (op) b over n floats, vectorized
@@ -139,22 +147,24 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor& w, at::Tensor& out, do
   });
 }
 
-// add_rms_norm_impl's arithmetic for a bf16 row of whole bf16 vectors, in two passes instead of ten:
-// h + x rounded (stored, and its square summed in the same order), then scaled, rounded, times w
-void add_rms_norm_bf16(const c10::BFloat16* xp, c10::BFloat16* hp, const c10::BFloat16* wp, c10::BFloat16* op, int64_t rows, int64_t n, float eps) {
+// add_rms_norm_impl's arithmetic for a row of whole pairs of vectors, in two passes instead of ten
+// (bf16) or six (float): h + x rounded (stored, and its square summed in the same order), then
+// scaled, rounded, times w
+template <typename T>
+void add_rms_norm_pairs(const T* xp, T* hp, const T* wp, T* op, int64_t rows, int64_t n, float eps) {
   at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
     std::vector<float> h(n), w(n);
     to_float(wp, w.data(), n);
     for (int64_t r = begin; r < end; ++r) {
-      c10::BFloat16* hr = hp + r * n;
-      const c10::BFloat16* xr = xp + r * n;
+      T* hr = hp + r * n;
+      const T* xr = xp + r * n;
       Vec acc(0.f);
       for (int64_t i = 0; i < n; i += 2 * kW) {
         auto [h0, h1] = load_pair(hr + i);
         auto [x0, x1] = load_pair(xr + i);
         const Vec s0 = h0 + x0, s1 = h1 + x1;
-        store_pair(hr + i, s0, s1);  // h += x, in bf16
-        auto [r0, r1] = round_pair(s0, s1);
+        store_pair(hr + i, s0, s1);  // h += x, in T
+        auto [r0, r1] = round_pair<T>(s0, s1);
         r0.store(h.data() + i);
         r1.store(h.data() + i + kW);
         acc = at::vec::fmadd(r0, r0, acc);
@@ -163,7 +173,7 @@ void add_rms_norm_bf16(const c10::BFloat16* xp, c10::BFloat16* hp, const c10::BF
       const float sum = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc);
       const Vec scale(1.f / std::sqrt(sum / static_cast<float>(n) + eps));
       for (int64_t i = 0; i < n; i += 2 * kW) {
-        auto [y0, y1] = round_pair(Vec::loadu(h.data() + i) * scale, Vec::loadu(h.data() + i + kW) * scale);
+        auto [y0, y1] = round_pair<T>(Vec::loadu(h.data() + i) * scale, Vec::loadu(h.data() + i + kW) * scale);
         store_pair(op + r * n + i, y0 * Vec::loadu(w.data() + i), y1 * Vec::loadu(w.data() + i + kW));
       }
     }
@@ -177,9 +187,7 @@ void add_rms_norm_impl(const at::Tensor& x, at::Tensor& residual, const at::Tens
   T* hp = residual.data_ptr<T>();
   const T* wp = w.data_ptr<T>();
   T* op = out.data_ptr<T>();
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (n % (2 * kW) == 0) return add_rms_norm_bf16(xp, hp, wp, op, rows, n, static_cast<float>(eps));
-  }
+  if (n % (2 * kW) == 0) return add_rms_norm_pairs(xp, hp, wp, op, rows, n, static_cast<float>(eps));
   at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
     RowScratch<T> scratch(wp, n);
     for (int64_t r = begin; r < end; ++r) {
@@ -199,21 +207,19 @@ void silu_mul_impl(const at::Tensor& gate_up, at::Tensor& out) {
   const int64_t width = out.size(-1), rows = out.numel() / width;
   const T* gp = gate_up.data_ptr<T>();
   T* op = out.data_ptr<T>();
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (width % (2 * kW) == 0) {  // the same arithmetic in one pass, a bf16 vector at a time
-      at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) {
-          const T* g = gp + r * 2 * width;
-          for (int64_t i = 0; i < width; i += 2 * kW) {
-            auto [g0, g1] = load_pair(g + i);
-            auto [u0, u1] = load_pair(g + width + i);
-            auto [s0, s1] = round_pair(g0 / (Vec(1.f) + g0.neg().exp_u20()), g1 / (Vec(1.f) + g1.neg().exp_u20()));
-            store_pair(op + r * width + i, s0 * u0, s1 * u1);
-          }
+  if (width % (2 * kW) == 0) {  // the same arithmetic in one pass, a pair of vectors at a time
+    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const T* g = gp + r * 2 * width;
+        for (int64_t i = 0; i < width; i += 2 * kW) {
+          auto [g0, g1] = load_pair(g + i);
+          auto [u0, u1] = load_pair(g + width + i);
+          auto [s0, s1] = round_pair<T>(g0 / (Vec(1.f) + g0.neg().exp_u20()), g1 / (Vec(1.f) + g1.neg().exp_u20()));
+          store_pair(op + r * width + i, s0 * u0, s1 * u1);
         }
-      });
-      return;
-    }
+      }
+    });
+    return;
   }
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> gate(width), up(width);
@@ -250,24 +256,22 @@ void rope_write_kv_impl(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
       const T* s = sp + t * dim;
       for (int64_t head = 0; head < num_heads + kv_heads; ++head) {
         T* v = base + t * row + head * dim;
-        if constexpr (std::is_same_v<T, c10::BFloat16>) {
-          if (half % (2 * kW) == 0) {  // the same arithmetic, a bf16 vector of each half at a time
-            for (int64_t d = 0; d < half; d += 2 * kW) {
-              auto [lo0, lo1] = load_pair(v + d);
-              auto [hi0, hi1] = load_pair(v + half + d);
-              auto [clo0, clo1] = load_pair(c + d);
-              auto [chi0, chi1] = load_pair(c + half + d);
-              auto [slo0, slo1] = load_pair(s + d);
-              auto [shi0, shi1] = load_pair(s + half + d);
-              auto [a0, a1] = round_pair(lo0 * clo0, lo1 * clo1);
-              auto [b0, b1] = round_pair(hi0.neg() * slo0, hi1.neg() * slo1);  // rotate_half: -x[d + half] first
-              auto [e0, e1] = round_pair(hi0 * chi0, hi1 * chi1);
-              auto [f0, f1] = round_pair(lo0 * shi0, lo1 * shi1);
-              store_pair(v + d, a0 + b0, a1 + b1);
-              store_pair(v + half + d, e0 + f0, e1 + f1);
-            }
-            continue;
+        if (half % (2 * kW) == 0) {  // the same arithmetic, a pair of vectors of each half at a time
+          for (int64_t d = 0; d < half; d += 2 * kW) {
+            auto [lo0, lo1] = load_pair(v + d);
+            auto [hi0, hi1] = load_pair(v + half + d);
+            auto [clo0, clo1] = load_pair(c + d);
+            auto [chi0, chi1] = load_pair(c + half + d);
+            auto [slo0, slo1] = load_pair(s + d);
+            auto [shi0, shi1] = load_pair(s + half + d);
+            auto [a0, a1] = round_pair<T>(lo0 * clo0, lo1 * clo1);
+            auto [b0, b1] = round_pair<T>(hi0.neg() * slo0, hi1.neg() * slo1);  // rotate_half: -x[d + half] first
+            auto [e0, e1] = round_pair<T>(hi0 * chi0, hi1 * chi1);
+            auto [f0, f1] = round_pair<T>(lo0 * shi0, lo1 * shi1);
+            store_pair(v + d, a0 + b0, a1 + b1);
+            store_pair(v + half + d, e0 + f0, e1 + f1);
           }
+          continue;
         }
         for (int64_t d = 0; d < dim; ++d) x[d] = static_cast<float>(v[d]);
         for (int64_t d = 0; d < dim; ++d) {

@@ -120,7 +120,11 @@ def paged_flex(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: 
     query_request, query_position, key_request, key_position = step.packed_positions(q.device)
 
     def same_request_causal(batch, head, query, key):
-        return (query_request[query] == key_request[key]) & (key_position[key] <= query_position[query])
+        # the causal test first: with the two terms the other way round, torch 2.13's compiled
+        # FlexAttention on an AVX-512 CPU (the AMX Xeon) let each query see key 0 only (rows of
+        # zeros past it; eager flex_attention was right, and so was this order): the status probe
+        # below compares with the oracle on every machine
+        return (key_position[key] <= query_position[query]) & (query_request[query] == key_request[key])
 
     num_queries, num_keys = q.shape[1], k.shape[1]
     block_mask = create_block_mask(same_request_causal, None, None, num_queries, num_keys, device=q.device, BLOCK_SIZE=FLEX_BLOCK)

@@ -136,12 +136,26 @@ class DispatchTable:
         timed = self.timings.get(bucket, {}).get(family, {})
         if not timed:
             raise RuntimeError(f"no {family} implementation passed its check for {bucket} on this machine: {self.excluded.get(family)}")
-        fastest = min(timed, key=timed.get)
-        if family == LINEARS:  # a second pack is a second copy of the weights: worth it only for a clear gain
-            primary = self.primary_linears
-            if primary in timed and timed[primary] <= SECOND_PACK_GAIN * timed[fastest]:
-                return primary
-        return fastest
+        if family == LINEARS:  # the fastest of the packs kept (a second pack is a second copy of the weights)
+            kept = {name: seconds for name, seconds in timed.items() if name in self.linear_packs}
+            if kept:
+                return min(kept, key=kept.get)
+        return min(timed, key=timed.get)
+
+    @functools.cached_property
+    def linear_packs(self) -> frozenset[str]:
+        """The linears candidates the engine keeps packs of: the primary, and any that is over
+        ``SECOND_PACK_GAIN`` faster than the primary in some bucket. Once a second pack is made,
+        every bucket runs the faster of the two."""
+        primary = self.primary_linears
+        packs = {primary} if primary else set()
+        for bucket in self.timings.values():
+            timed = bucket.get(LINEARS, {})
+            if timed:
+                fastest = min(timed, key=timed.get)
+                if primary not in timed or timed[primary] > SECOND_PACK_GAIN * timed[fastest]:
+                    packs.add(fastest)
+        return frozenset(packs)
 
     @functools.cached_property
     def primary_linears(self) -> str:

@@ -271,33 +271,6 @@ def injected(timings: dict, excluded: dict | None = None, device: str = "cpu", d
                          measured_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
 
 
-# --------------------------------------------------------------------------- per model
-ISA_CAP_ENVS = ("DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")  # caps that change which code a candidate runs
-
-
-def table_key(model: torch.nn.Module, parameter: torch.Tensor | None = None) -> tuple:
-    """(device, dtype, threads, shape, ISA caps): what a table is measured for (``parameter``: any of the model's, if at hand)."""
-    parameter = next(model.parameters()) if parameter is None else parameter
-    caps = ",".join(f"{name}={os.environ[name]}" for name in ISA_CAP_ENVS if os.environ.get(name))
-    return str(parameter.device), str(parameter.dtype).removeprefix("torch."), torch.get_num_threads(), model_signature(model), caps
-
-
-def attention_heads(model: torch.nn.Module) -> tuple[int, int, int]:
-    """(query heads, KV heads, head size) from the model's config."""
-    config = model.config
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    return heads, kv_heads, getattr(config, "head_dim", None) or config.hidden_size // heads
-
-
-def model_signature(model: torch.nn.Module) -> str:
-    """The shapes the dispatch times: heads, KV heads, head size and the linears' widths."""
-    config = model.config
-    heads, kv_heads, head_dim = attention_heads(model)
-    intermediate = getattr(config, "intermediate_size", None) or 4 * config.hidden_size
-    return f"H{heads}-KVH{kv_heads}-D{head_dim}-hidden{config.hidden_size}-mlp{intermediate}"
-
-
 @dataclass(frozen=True)
 class StepChoice:
     """What one step runs: its bucket, the attention candidate and the linears candidate."""

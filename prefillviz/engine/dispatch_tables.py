@@ -32,11 +32,21 @@ FORMAT = 2  # in the cache file's name and content; 2: stock linears timed as th
 MAX_AGE = datetime.timedelta(days=7)
 
 
+ISA_CAP_ENVS = ("DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")  # caps that change which code a candidate runs
+
+
+def table_key(model: torch.nn.Module, parameter: torch.Tensor | None = None) -> tuple:
+    """(device, dtype, threads, shape, ISA caps): what a table is measured for (``parameter``: any of the model's, if at hand)."""
+    parameter = next(model.parameters()) if parameter is None else parameter
+    caps = ",".join(f"{name}={os.environ[name]}" for name in ISA_CAP_ENVS if os.environ.get(name))
+    return str(parameter.device), str(parameter.dtype).removeprefix("torch."), torch.get_num_threads(), dispatch_tuning.model_signature(model), caps
+
+
 # --------------------------------------------------------------------------- the cache
 def cache_path(model: torch.nn.Module) -> Path:
 
     root = Path(os.environ.get("PREFILLVIZ_CACHE", "~/.cache/prefillviz")).expanduser()
-    device, dtype, threads, signature, caps = dispatch.table_key(model)
+    device, dtype, threads, signature, caps = table_key(model)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", machine_name(torch.device(device))).strip("-").lower() or "unknown"
     digest = hashlib.sha1(f"{signature};{caps}".encode()).hexdigest()[:10]
     return root / "dispatch" / f"{slug}_{device.replace(':', '')}_{dtype}_{threads}threads_{digest}_v{FORMAT}.json"
@@ -124,7 +134,7 @@ def table_for(model: torch.nn.Module, refresh: bool = False, progress: Callable[
     if table is not None:
         return table
     parameter = next(model.parameters())
-    key = (*dispatch.table_key(model, parameter), fingerprint(candidate_statuses(model, parameter)))  # a switch or a build measures anew
+    key = (*table_key(model, parameter), fingerprint(candidate_statuses(model, parameter)))  # a switch or a build measures anew
     table = _tables.get(key)
     if table is not None and not refresh:
         return table
@@ -161,7 +171,7 @@ def table_for_heads(num_heads: int, num_kv_heads: int, head_dim: int, device: st
 
 def known_table(model: torch.nn.Module) -> DispatchTable | None:
     """The table the engine uses for this model if one is at hand already (nothing is measured)."""
-    return injected_for(model) or _tables.get((*dispatch.table_key(model), fingerprint(candidate_statuses(model))))
+    return injected_for(model) or _tables.get((*table_key(model), fingerprint(candidate_statuses(model))))
 
 
 def choose(model: torch.nn.Module, step, pack_linear_weights: bool = True) -> StepChoice:

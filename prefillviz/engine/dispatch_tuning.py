@@ -36,6 +36,7 @@ from prefillviz.engine.devices import machine_name
 from prefillviz.engine.dispatch import ATTENTION, BUCKETS, LINEARS, ONEDNN, TORCH_PACKED, V7, DispatchTable
 from prefillviz.engine.llama_weights import linear_of, stacked
 from prefillviz.engine.machine_load import MachineLoad
+from prefillviz.engine.model_shape import model_shape
 from prefillviz.engine.ops.engine_ops import step_meta
 from prefillviz.engine.ops.paged_check import KernelCheckError, check_paged, random_step
 from prefillviz.engine.timers import run_seconds, time_call
@@ -45,12 +46,25 @@ RUNS = 3
 MIN_RUN_TIME_S = 0.005
 
 
+# --------------------------------------------------------------------------- the shapes timed
+def attention_heads(model: torch.nn.Module) -> tuple[int, int, int]:
+    """(query heads, KV heads, head size) from the model's config."""
+    shape = model_shape(model.config)
+    return shape.num_heads, shape.num_kv_heads, shape.head_dim
+
+
+def model_signature(model: torch.nn.Module) -> str:
+    """The shapes the dispatch times: heads, KV heads, head size and the linears' widths (part of a table's key)."""
+    shape = model_shape(model.config)
+    return f"H{shape.num_heads}-KVH{shape.num_kv_heads}-D{shape.head_dim}-hidden{shape.hidden_size}-mlp{shape.intermediate_size}"
+
+
 # --------------------------------------------------------------------------- candidates
 def candidate_statuses(model: torch.nn.Module, parameter: torch.Tensor | None = None) -> dict[str, dict[str, str]]:
     """{family: {candidate: '' when it can run here, else why not}} (``parameter``: any of the model's, if at hand)."""
     parameter = next(model.parameters()) if parameter is None else parameter
     device, dtype = parameter.device, parameter.dtype
-    head_dim = dispatch.attention_heads(model)[2]
+    head_dim = attention_heads(model)[2]
     on_cpu = device.type == "cpu"
     attention = {name: "" for name in dispatch.ATTENTION_CANDIDATES}
     ops, why = compiled_attention_status(device, dtype, head_dim)
@@ -149,7 +163,7 @@ def check_linears(groups: list[list[torch.Tensor]], candidate: str) -> str:
 def check_attention(model: torch.nn.Module, candidate: str) -> str:
     """'' when ``candidate`` matches the v1 oracle (fp32) on a mixed step in the model's dtype and heads, else what differed."""
     parameter = next(model.parameters())
-    heads, kv_heads, head_dim = dispatch.attention_heads(model)
+    heads, kv_heads, head_dim = attention_heads(model)
     inputs = random_step([(0, 37), (40, 9), (23, 1)], heads, kv_heads, head_dim, device=parameter.device, dtype=parameter.dtype, seed=1)
     try:
         check_paged(ENGINE_KERNELS[candidate], inputs)
@@ -201,7 +215,7 @@ def measure(model: torch.nn.Module, progress: Callable[[float, str], None] | Non
     started = time.perf_counter()
     parameter = next(model.parameters())
     device, dtype = parameter.device, parameter.dtype
-    heads, kv_heads, head_dim = dispatch.attention_heads(model)
+    heads, kv_heads, head_dim = attention_heads(model)
     statuses = candidate_statuses(model)
     available = fingerprint(statuses)
     groups = layer_linears(model)
@@ -226,7 +240,7 @@ def measure(model: torch.nn.Module, progress: Callable[[float, str], None] | Non
                 timings[bucket.name][family], dropped[bucket.name][family], spreads[bucket.name][family] = _race(calls, device)
     excluded = {family: {n: why for n, why in s.items() if why} for family, s in statuses.items()}
     return DispatchTable(
-        str(device), str(dtype).removeprefix("torch."), machine_name(device), torch.get_num_threads(), dispatch.model_signature(model),
+        str(device), str(dtype).removeprefix("torch."), machine_name(device), torch.get_num_threads(), model_signature(model),
         timings, excluded, dropped, measured_at, load.reading.other_cpu_percent, time.perf_counter() - started, "measured",
         available, spreads,
     )

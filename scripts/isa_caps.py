@@ -64,7 +64,7 @@ BUILT_PER_CAPABILITY = {"default": "DEFAULT", "avx2": "AVX2"}  # prefillviz/engi
 CAP_ENVS = ("DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
 SWITCHES = {  # a switch: what must be on here for it to change anything, and what the engine runs instead
     "PREFILLVIZ_NO_ENGINE_OPS": ("engine_ops", "plain torch ops instead of the engine's C++ ops"),
-    "PREFILLVIZ_NO_BF16_DOT": ("bf16_dots", "bf16 attention in fp32 tiles instead of AVX512-BF16 dot products"),
+    "PREFILLVIZ_NO_BF16_DOT": ("bf16_dots", "bf16 attention in fp32 tiles and ATen's bf16 rounding instead of AVX512-BF16's dot products and rounding"),
     "PREFILLVIZ_NO_ONEDNN": ("onednn", "torch's packed linear instead of oneDNN's matmul primitive"),
     "PREFILLVIZ_STOCK_LINEARS": ("packing", "stock linears instead of packed ones"),
     "PREFILLVIZ_STOCK_FORWARD": ("", "the stock transformers forward instead of the engine's own"),
@@ -335,7 +335,7 @@ def classify_switches(runs: list[Run], plain: dict) -> dict[str, Verdict]:
     packing = any(not why for s in statuses.values() for name, why in s.get("linears", {}).items() if name != "stock")
     present = {
         "engine_ops": ("" if ops.get("loaded") else ops.get("why", "the engine's C++ ops are not loaded")),
-        "bf16_dots": ("" if ops.get("bf16_dots") else "bf16 attention runs without AVX512-BF16 dot products here already"),
+        "bf16_dots": ("" if ops.get("bf16_dots") else "bf16 runs without AVX512-BF16 here already"),
         "onednn": ("" if onednn.get("loaded") else onednn.get("why", "oneDNN's matmul is not loaded")),
         "packing": ("" if packing else "no linear is packed here already"),
         "": "",

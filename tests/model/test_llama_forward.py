@@ -217,6 +217,40 @@ def test_ops_match_plain_torch_on_their_one_pass_and_general_paths(compiled_ops,
     assert torch.equal(value_cache.view(-1, kv_heads, dim)[slots], qkv.view(33, -1, dim)[:, heads + kv_heads :])
 
 
+def test_avx512_bf16_rounding_gives_atens_bits_but_for_denormals(compiled_ops):
+    """On a CPU with AVX512-BF16 the one-pass ops round floats to bf16 with its instruction
+    (vcvtne2ps2bf16); above the denormals that is ATen's round to nearest even, so the bits are
+    equal. A denormal float is read as zero: the one difference, and the ops' comment says so."""
+    if not compiled_ops.bf16_dot_products():
+        pytest.skip("no AVX512-BF16 here (or PREFILLVIZ_NO_BF16_DOT): ATen's rounding is the only one")
+    generator = torch.Generator().manual_seed(3)
+    width, dim, heads = 576, 64, 3
+    scales = torch.logspace(-8, 8, 33)[:, None]  # rows from 1e-8 to 1e8, whose products (to 1e-16 and 1e16) stay normal floats
+    x, residual, gate_up = ((scales * torch.randn(33, n, generator=generator)).to(torch.bfloat16) for n in (width, width, 2 * width))
+    weight = torch.randn(width, generator=generator).to(torch.bfloat16)
+    qkv = torch.randn(33, (heads + 2) * dim, generator=generator).to(torch.bfloat16)
+    angles = torch.rand(33, dim // 2, generator=generator) * 6
+    cos, sin = (torch.cat([f(angles), f(angles)], dim=-1).to(torch.bfloat16) for f in (torch.cos, torch.sin))
+    outputs = {}
+    try:
+        for native in (True, False):
+            compiled_ops.set_bf16_dot_products(native)
+            summed = residual.clone()
+            rotated = qkv.clone()
+            caches = [torch.zeros(3, 16, 1, dim, dtype=torch.bfloat16) for _ in range(2)]
+            compiled_ops.rope_write_kv(rotated, cos, sin, torch.arange(33), *caches, heads)
+            outputs[native] = [compiled_ops.add_rms_norm(x, summed, weight, 1e-5), summed, compiled_ops.silu_mul(gate_up), rotated]
+            denormal = torch.full((1, 64), 3e-39).to(torch.bfloat16)
+            denormal_sum = torch.zeros_like(denormal)  # 0 + a denormal, rounded to bf16
+            compiled_ops.add_rms_norm(denormal, denormal_sum, torch.ones(64, dtype=torch.bfloat16), 1e-5)
+            outputs[native].append(denormal_sum)
+    finally:
+        compiled_ops.set_bf16_dot_products(True)
+    for name, native, aten in zip(["add_rms_norm", "residual", "silu_mul", "rope"], outputs[True], outputs[False]):
+        assert torch.equal(native.view(torch.int16), aten.view(torch.int16)), name
+    assert torch.equal(outputs[False][-1], denormal) and not outputs[True][-1].any()  # ATen keeps it, the instruction reads zero
+
+
 def test_ops_report_why_they_are_off(monkeypatch):
     engine_ops.engine_ops_status.cache_clear()
     try:

@@ -4,8 +4,10 @@ Five ops, each one call where plain torch runs several (the C++ file says what e
 ``rms_norm``, ``add_rms_norm``, ``silu_mul``, ``rope_write_kv`` and ``paged_attention`` (v7 of
 ``paged_attention.py``'s family: FlashAttention's tiling on a CPU, over the paged cache). For
 a bf16 model on a CPU with AVX512-BF16, attention multiplies bf16 pairs with ``vdpbf16ps``
-(q.k exact, P rounded to bf16 before P V, as torch's bf16 SDPA rounds it, sums in fp32); the
-CPU is asked at run time, and elsewhere the tiles are fp32. An fp32 step with rows enough to fill
+(q.k exact, P rounded to bf16 before P V, as torch's bf16 SDPA rounds it, sums in fp32), and
+the other ops round floats to bf16 with its one instruction (``vcvtne2ps2bf16``) instead of
+ATen's eight: the same bits but for denormals, which it reads as zero. The CPU is asked at run
+time; elsewhere the tiles are fp32 and the rounding is ATen's. An fp32 step with rows enough to fill
 a vector puts the rows across the lanes instead (``csrc/attention_row_lanes.h``;
 ``set_fp32_row_lanes(False)`` turns that off, to compare).
 
@@ -21,8 +23,8 @@ engine runs the same forward with plain torch ops, and ``engine_ops_status`` say
     python -m prefillviz.engine.ops.engine_ops             # whether they load here, and why not
 
 ``PREFILLVIZ_NO_ENGINE_OPS=1`` turns them off (to run the suite as a machine without them would);
-``PREFILLVIZ_NO_BF16_DOT=1`` keeps them but computes bf16 attention in fp32 tiles, as on a CPU
-without AVX512-BF16 (where ``__builtin_cpu_supports("avx512bf16")`` says no, that is the path).
+``PREFILLVIZ_NO_BF16_DOT=1`` keeps them but computes bf16 attention in fp32 tiles and rounds
+with ATen's code, as on a CPU without AVX512-BF16 (where ``__builtin_cpu_supports("avx512bf16")`` says no, that is the path).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def engine_ops_status() -> tuple[object | None, str]:
         return None, f"the engine's C++ ops gave a wrong result on this CPU ({problem}); plain torch ops run instead"
     if os.environ.get(NO_BF16_DOT_ENV, "").strip() not in ("", "0"):
         ops.set_bf16_dot_products(False)
-    dots = ", bf16 attention on AVX512-BF16 dot products" if ops.bf16_dot_products() else ""
+    dots = ", AVX512-BF16 for bf16: attention's dot products and rounding" if ops.bf16_dot_products() else ""
     return ops, f"the engine's C++ ops ({cap}, {ops.vector_width()} floats a vector{dots})"
 
 
@@ -89,34 +91,43 @@ def self_check(ops, dtype: torch.dtype = torch.float32) -> str:
 
     generator = torch.Generator().manual_seed(0)
     has_dot_products = ops.bf16_dot_products()  # this CPU has AVX512-BF16 (and nothing turned them off)
-    for dtype in (torch.float32, torch.bfloat16):
-        # a step of dtype per side (a reference rounds twice where an op rounds once) + two fp32 sums of 64 unit-normal terms (sqrt(64) eps_fp32 x sum |terms| ~ 64)
-        tolerance = 2 * torch.finfo(dtype).eps + 2 * 64**1.5 * torch.finfo(torch.float32).eps
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            # bf16 on AVX512-BF16: its dot products and rounding instruction, and ATen's code without them
+            for on in [False, True] if dtype == torch.bfloat16 and has_dot_products else [has_dot_products]:
+                ops.set_bf16_dot_products(on)
+                if problem := _check_ops(ops, dtype, generator):
+                    return problem + (", AVX512-BF16" if on and dtype == torch.bfloat16 else "")
+    finally:
+        ops.set_bf16_dot_products(has_dot_products)
+    return ""
 
-        def close(got: torch.Tensor, want: torch.Tensor) -> bool:
-            return got.shape == want.shape and bool(torch.allclose(got.float(), want.float(), rtol=tolerance, atol=tolerance))
 
-        x = torch.randn(5, 64, generator=generator).to(dtype)
-        weight = torch.randn(64, generator=generator).to(dtype)
-        if not close(ops.rms_norm(x, weight, 1e-5), rms_norm(x, weight, 1e-5)):
-            return f"rms_norm, {dtype}"
-        residual = torch.randn(5, 64, generator=generator).to(dtype)
-        summed = residual + x
-        if not close(ops.add_rms_norm(x, residual, weight, 1e-5), rms_norm(summed, weight, 1e-5)) or not close(residual, summed):
-            return f"add_rms_norm, {dtype}"
-        gate_up = torch.randn(5, 96, generator=generator).to(dtype)
+def _check_ops(ops, dtype: torch.dtype, generator: torch.Generator) -> str:
+    # a step of dtype per side (a reference rounds twice where an op rounds once) + two fp32 sums of 64 unit-normal terms (sqrt(64) eps_fp32 x sum |terms| ~ 64)
+    tolerance = 2 * torch.finfo(dtype).eps + 2 * 64**1.5 * torch.finfo(torch.float32).eps
+
+    def close(got: torch.Tensor, want: torch.Tensor) -> bool:
+        return got.shape == want.shape and bool(torch.allclose(got.float(), want.float(), rtol=tolerance, atol=tolerance))
+
+    x = torch.randn(5, 64, generator=generator).to(dtype)
+    weight = torch.randn(64, generator=generator).to(dtype)
+    if not close(ops.rms_norm(x, weight, 1e-5), rms_norm(x, weight, 1e-5)):
+        return f"rms_norm, {dtype}"
+    residual = torch.randn(5, 64, generator=generator).to(dtype)
+    summed = residual + x
+    if not close(ops.add_rms_norm(x, residual, weight, 1e-5), rms_norm(summed, weight, 1e-5)) or not close(residual, summed):
+        return f"add_rms_norm, {dtype}"
+    for width in (48, 64):  # the general path and the one-pass path (whole pairs of vectors)
+        gate_up = torch.randn(5, 2 * width, generator=generator).to(dtype)
         if not close(ops.silu_mul(gate_up), silu_mul(gate_up)):
             return f"silu_mul, {dtype}"
-        inputs = random_step([(0, 37), (40, 9), (23, 1)], 6, 2, 64, dtype=dtype, seed=1)
-        q = inputs.q.transpose(0, 1).reshape(inputs.q.shape[1], -1)
-        fp32 = [t.float() if isinstance(t, torch.Tensor) else t for t in inputs.arguments()]
-        want = paged_naive(*fp32).transpose(0, 1).reshape(q.shape)
-        for on in [False, True] if dtype == torch.bfloat16 and has_dot_products else [has_dot_products]:
-            ops.set_bf16_dot_products(on)  # a bf16 step with AVX512-BF16 dot products, and without them
-            got = paged_attention(ops, q, inputs.key_cache, inputs.value_cache, inputs.step, 6, inputs.scale)
-            ops.set_bf16_dot_products(has_dot_products)
-            if not close(got, want):
-                return f"paged_attention, {dtype}{', AVX512-BF16 dot products' if on else ''}"
+    inputs = random_step([(0, 37), (40, 9), (23, 1)], 6, 2, 64, dtype=dtype, seed=1)
+    q = inputs.q.transpose(0, 1).reshape(inputs.q.shape[1], -1)
+    fp32 = [t.float() if isinstance(t, torch.Tensor) else t for t in inputs.arguments()]
+    want = paged_naive(*fp32).transpose(0, 1).reshape(q.shape)
+    if not close(paged_attention(ops, q, inputs.key_cache, inputs.value_cache, inputs.step, 6, inputs.scale), want):
+        return f"paged_attention, {dtype}"
     return ""
 
 

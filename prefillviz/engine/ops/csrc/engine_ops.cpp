@@ -76,21 +76,51 @@ inline void round_as(float* v, int64_t n, std::vector<T>& tmp) {
   if constexpr (!std::is_same_v<T, float>) round_to(v, n, tmp.data());
 }
 
+// How floats become bf16 in the one-pass loops below: ATen's conversion (round to nearest even in
+// integer arithmetic, about eight instructions a vector), or, on a CPU with AVX512-BF16 (asked at
+// run time, as for the attention's dot products), its own instruction vcvtne(2)ps2bf16: the same
+// rounding in one. They differ only on a float below 1.2e-38 (a denormal), which the instruction
+// reads as zero, and in a NaN's payload (a NaN either way). Written as inline asm, which needs no target attribute, so the loops are
+// templates on the rounding and the compiler never sees the instruction in an AVX2 or plain build.
+using BVec = at::vec::Vectorized<c10::BFloat16>;
+struct AtenRound {
+  static void store(c10::BFloat16* p, const Vec& a, const Vec& b) { at::vec::convert_from_float<c10::BFloat16>(a, b).store(p); }
+  static std::tuple<Vec, Vec> round(const Vec& a, const Vec& b) {
+    return at::vec::convert_to_float<c10::BFloat16>(at::vec::convert_from_float<c10::BFloat16>(a, b));
+  }
+};
+#if defined(CPU_CAPABILITY_AVX512)
+struct NativeRound {
+  static void store(c10::BFloat16* p, const Vec& a, const Vec& b) {
+    __m512i both;  // a's 16 bf16 in the low half, b's in the high half
+    asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(both) : "v"(static_cast<__m512>(b)), "v"(static_cast<__m512>(a)));
+    _mm512_storeu_si512(p, both);
+  }
+  static Vec round_one(const Vec& a) {
+    __m256i half;
+    asm("vcvtneps2bf16 %1, %0" : "=v"(half) : "v"(static_cast<__m512>(a)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+  }
+  static std::tuple<Vec, Vec> round(const Vec& a, const Vec& b) { return {round_one(a), round_one(b)}; }
+};
+#endif
+
 // A row in pairs of float vectors (a bf16 vector holds 2 kW; a float row is read two vectors at a
 // time so that both dtypes share one loop): load, store, and the round trip that rounds a float to
 // T's precision in a register (what from_float then to_float does in memory; nothing for float)
-using BVec = at::vec::Vectorized<c10::BFloat16>;
 inline std::tuple<Vec, Vec> load_pair(const c10::BFloat16* p) { return at::vec::convert_to_float<c10::BFloat16>(BVec::loadu(p)); }
 inline std::tuple<Vec, Vec> load_pair(const float* p) { return {Vec::loadu(p), Vec::loadu(p + kW)}; }
-inline void store_pair(c10::BFloat16* p, const Vec& a, const Vec& b) { at::vec::convert_from_float<c10::BFloat16>(a, b).store(p); }
+template <typename R>
+inline void store_pair(c10::BFloat16* p, const Vec& a, const Vec& b) { R::store(p, a, b); }
+template <typename R>
 inline void store_pair(float* p, const Vec& a, const Vec& b) {
   a.store(p);
   b.store(p + kW);
 }
-template <typename T>
+template <typename T, typename R>
 inline std::tuple<Vec, Vec> round_pair(const Vec& a, const Vec& b) {
   if constexpr (std::is_same_v<T, float>) return {a, b};
-  else return at::vec::convert_to_float<c10::BFloat16>(at::vec::convert_from_float<c10::BFloat16>(a, b));
+  else return R::round(a, b);
 }
 
 // out = a (op) b over n floats, vectorized
@@ -150,7 +180,7 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor& w, at::Tensor& out, do
 // add_rms_norm_impl's arithmetic for a row of whole pairs of vectors, in two passes instead of ten
 // (bf16) or six (float): h + x rounded (stored, and its square summed in the same order), then
 // scaled, rounded, times w
-template <typename T>
+template <typename T, typename R>
 void add_rms_norm_pairs(const T* xp, T* hp, const T* wp, T* op, int64_t rows, int64_t n, float eps) {
   at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
     std::vector<float> h(n), w(n);
@@ -163,8 +193,8 @@ void add_rms_norm_pairs(const T* xp, T* hp, const T* wp, T* op, int64_t rows, in
         auto [h0, h1] = load_pair(hr + i);
         auto [x0, x1] = load_pair(xr + i);
         const Vec s0 = h0 + x0, s1 = h1 + x1;
-        store_pair(hr + i, s0, s1);  // h += x, in T
-        auto [r0, r1] = round_pair<T>(s0, s1);
+        store_pair<R>(hr + i, s0, s1);  // h += x, in T
+        auto [r0, r1] = round_pair<T, R>(s0, s1);
         r0.store(h.data() + i);
         r1.store(h.data() + i + kW);
         acc = at::vec::fmadd(r0, r0, acc);
@@ -173,21 +203,21 @@ void add_rms_norm_pairs(const T* xp, T* hp, const T* wp, T* op, int64_t rows, in
       const float sum = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc);
       const Vec scale(1.f / std::sqrt(sum / static_cast<float>(n) + eps));
       for (int64_t i = 0; i < n; i += 2 * kW) {
-        auto [y0, y1] = round_pair<T>(Vec::loadu(h.data() + i) * scale, Vec::loadu(h.data() + i + kW) * scale);
-        store_pair(op + r * n + i, y0 * Vec::loadu(w.data() + i), y1 * Vec::loadu(w.data() + i + kW));
+        auto [y0, y1] = round_pair<T, R>(Vec::loadu(h.data() + i) * scale, Vec::loadu(h.data() + i + kW) * scale);
+        store_pair<R>(op + r * n + i, y0 * Vec::loadu(w.data() + i), y1 * Vec::loadu(w.data() + i + kW));
       }
     }
   });
 }
 
-template <typename T>
+template <typename T, typename R>
 void add_rms_norm_impl(const at::Tensor& x, at::Tensor& residual, const at::Tensor& w, at::Tensor& out, double eps) {
   const int64_t n = x.size(-1), rows = x.numel() / n;
   const T* xp = x.data_ptr<T>();
   T* hp = residual.data_ptr<T>();
   const T* wp = w.data_ptr<T>();
   T* op = out.data_ptr<T>();
-  if (n % (2 * kW) == 0) return add_rms_norm_pairs(xp, hp, wp, op, rows, n, static_cast<float>(eps));
+  if (n % (2 * kW) == 0) return add_rms_norm_pairs<T, R>(xp, hp, wp, op, rows, n, static_cast<float>(eps));
   at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
     RowScratch<T> scratch(wp, n);
     for (int64_t r = begin; r < end; ++r) {
@@ -202,7 +232,7 @@ void add_rms_norm_impl(const at::Tensor& x, at::Tensor& residual, const at::Tens
 }
 
 // silu(gate) rounded to T, times up, rounded to T: as torch computes F.silu(gate) * up
-template <typename T>
+template <typename T, typename R>
 void silu_mul_impl(const at::Tensor& gate_up, at::Tensor& out) {
   const int64_t width = out.size(-1), rows = out.numel() / width;
   const T* gp = gate_up.data_ptr<T>();
@@ -214,8 +244,8 @@ void silu_mul_impl(const at::Tensor& gate_up, at::Tensor& out) {
         for (int64_t i = 0; i < width; i += 2 * kW) {
           auto [g0, g1] = load_pair(g + i);
           auto [u0, u1] = load_pair(g + width + i);
-          auto [s0, s1] = round_pair<T>(g0 / (Vec(1.f) + g0.neg().exp_u20()), g1 / (Vec(1.f) + g1.neg().exp_u20()));
-          store_pair(op + r * width + i, s0 * u0, s1 * u1);
+          auto [s0, s1] = round_pair<T, R>(g0 / (Vec(1.f) + g0.neg().exp_u20()), g1 / (Vec(1.f) + g1.neg().exp_u20()));
+          store_pair<R>(op + r * width + i, s0 * u0, s1 * u1);
         }
       }
     });
@@ -238,7 +268,7 @@ void silu_mul_impl(const at::Tensor& gate_up, at::Tensor& out) {
 
 // qkv (T, (H + 2 KVH) D): RoPE on the first H + KVH heads in place (x cos + rotate_half(x) sin,
 // each product rounded to T as transformers computes it), then K and V into the cache at slots.
-template <typename T>
+template <typename T, typename R>
 void rope_write_kv_impl(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
                         at::Tensor& key_cache, at::Tensor& value_cache, int64_t num_heads) {
   const int64_t tokens = qkv.size(0), row = qkv.stride(0);
@@ -264,12 +294,12 @@ void rope_write_kv_impl(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
             auto [chi0, chi1] = load_pair(c + half + d);
             auto [slo0, slo1] = load_pair(s + d);
             auto [shi0, shi1] = load_pair(s + half + d);
-            auto [a0, a1] = round_pair<T>(lo0 * clo0, lo1 * clo1);
-            auto [b0, b1] = round_pair<T>(hi0.neg() * slo0, hi1.neg() * slo1);  // rotate_half: -x[d + half] first
-            auto [e0, e1] = round_pair<T>(hi0 * chi0, hi1 * chi1);
-            auto [f0, f1] = round_pair<T>(lo0 * shi0, lo1 * shi1);
-            store_pair(v + d, a0 + b0, a1 + b1);
-            store_pair(v + half + d, e0 + f0, e1 + f1);
+            auto [a0, a1] = round_pair<T, R>(lo0 * clo0, lo1 * clo1);
+            auto [b0, b1] = round_pair<T, R>(hi0.neg() * slo0, hi1.neg() * slo1);  // rotate_half: -x[d + half] first
+            auto [e0, e1] = round_pair<T, R>(hi0 * chi0, hi1 * chi1);
+            auto [f0, f1] = round_pair<T, R>(lo0 * shi0, lo1 * shi1);
+            store_pair<R>(v + d, a0 + b0, a1 + b1);
+            store_pair<R>(v + half + d, e0 + f0, e1 + f1);
           }
           continue;
         }
@@ -643,8 +673,20 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor
   });
 }
 
-bool bf16_dot = true;  // set_bf16_dot(false) turns the bf16 dot-product tiles off (the check and the kernels page compare both)
+// AVX512-BF16 on a CPU that has it: the bf16 dot-product tiles, and its rounding instruction in the
+// one-pass ops. set_bf16_dot_products(false) turns both off, as a CPU without it runs (the check,
+// the kernels page and PREFILLVIZ_NO_BF16_DOT)
+bool bf16_dot = true;
 bool bf16_dot_enabled() { return bf16_dot && cpu_has_bf16_dot(); }
+
+// f(AtenRound()) or, on AVX512-BF16, f(NativeRound()): for T = float the two are the same code
+template <typename F>
+void with_rounding(F f) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if (bf16_dot_enabled()) return f(NativeRound());
+#endif
+  f(AtenRound());
+}
 
 template <int DV>
 void dispatch_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const at::Tensor& slots,
@@ -679,7 +721,11 @@ at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Ten
   TORCH_CHECK(x.is_contiguous() && residual.is_contiguous() && weight.is_contiguous(), "add_rms_norm: contiguous tensors");
   TORCH_CHECK(residual.scalar_type() == x.scalar_type() && weight.scalar_type() == x.scalar_type() && residual.sizes() == x.sizes(), "add_rms_norm: one dtype and shape");
   at::Tensor out = at::empty_like(x);
-  if (x.scalar_type() == at::kBFloat16) add_rms_norm_impl<c10::BFloat16>(x, residual, weight, out, eps); else add_rms_norm_impl<float>(x, residual, weight, out, eps);
+  if (x.scalar_type() == at::kBFloat16) {
+    with_rounding([&](auto r) { add_rms_norm_impl<c10::BFloat16, decltype(r)>(x, residual, weight, out, eps); });
+  } else {
+    add_rms_norm_impl<float, AtenRound>(x, residual, weight, out, eps);
+  }
   return out;
 }
 
@@ -689,7 +735,8 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   std::vector<int64_t> shape(gate_up.sizes().begin(), gate_up.sizes().end());
   shape.back() /= 2;
   at::Tensor out = at::empty(shape, gate_up.options());
-  if (gate_up.scalar_type() == at::kBFloat16) silu_mul_impl<c10::BFloat16>(gate_up, out); else silu_mul_impl<float>(gate_up, out);
+  if (gate_up.scalar_type() == at::kBFloat16) with_rounding([&](auto r) { silu_mul_impl<c10::BFloat16, decltype(r)>(gate_up, out); });
+  else silu_mul_impl<float, AtenRound>(gate_up, out);
   return out;
 }
 
@@ -700,8 +747,11 @@ void rope_write_kv(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && key_cache.is_contiguous() && value_cache.is_contiguous(), "rope_write_kv: contiguous tables and caches");
   TORCH_CHECK(cos.scalar_type() == qkv.scalar_type() && key_cache.scalar_type() == qkv.scalar_type(), "rope_write_kv: one dtype");
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == qkv.size(0), "rope_write_kv: one int64 slot per token");
-  if (qkv.scalar_type() == at::kBFloat16) rope_write_kv_impl<c10::BFloat16>(qkv, cos, sin, slots, key_cache, value_cache, num_heads);
-  else rope_write_kv_impl<float>(qkv, cos, sin, slots, key_cache, value_cache, num_heads);
+  if (qkv.scalar_type() == at::kBFloat16) {
+    with_rounding([&](auto r) { rope_write_kv_impl<c10::BFloat16, decltype(r)>(qkv, cos, sin, slots, key_cache, value_cache, num_heads); });
+  } else {
+    rope_write_kv_impl<float, AtenRound>(qkv, cos, sin, slots, key_cache, value_cache, num_heads);
+  }
 }
 
 // out (T, H D); q (T, >= H D) rows of stride q.stride(0); caches (blocks, block_size, KVH, D);

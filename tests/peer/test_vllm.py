@@ -171,6 +171,9 @@ def test_the_bench_side_by_side_fills_its_keys(bundled, vllm):
     assert result["vllm_outputs_within_tolerance"] == 8 and result["details"]["parting"] == []
     assert all(result[key] > 0 for key in ("engine_over_vllm_prefill_512", "engine_over_vllm_prefill_2048", "engine_over_vllm_prefix_hit", "engine_over_vllm_decode"))
     assert result["details"]["versions"]["vllm"] and vllm.alive  # a worker it was given is left running
+    seconds, by_round = result["details"]["seconds"], result["details"]["ratios_by_round"]
+    assert len(by_round["decode"]) == 1 and result["engine_over_vllm_decode"] == by_round["decode"][0]  # one round: its ratio
+    assert by_round["decode"][0] == pytest.approx(seconds["decode"]["vllm"]["median"] / seconds["decode"]["ours"]["median"])
 
 
 def test_a_worker_that_stalls_or_dies_is_reported_and_nothing_is_left_running(bundled, small_cache_vllm):

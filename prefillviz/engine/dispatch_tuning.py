@@ -25,7 +25,6 @@ Keeping the table (in this process and on disk) and reading it is ``dispatch_tab
 from __future__ import annotations
 
 import datetime
-import math
 import os
 import statistics
 import time
@@ -44,7 +43,7 @@ from prefillviz.engine.machine_load import MachineLoad
 from prefillviz.engine.model_shape import model_shape
 from prefillviz.engine.ops.engine_ops import step_meta
 from prefillviz.engine.ops.paged_check import KernelCheckError, check_paged, random_step
-from prefillviz.engine.timers import run_seconds
+from prefillviz.engine.timers import calls_per_run, run_seconds
 
 RACE_FACTOR = 3.0  # a candidate this much slower than the best on its first call is not timed further
 RUNS = 5
@@ -206,7 +205,7 @@ def _race(calls: dict[str, Callable[[], object]], device: torch.device) -> tuple
     best = min(first.values())
     kept = {name: call for name, call in calls.items() if first[name] <= RACE_FACTOR * best}
     timings = {name: first[name] for name in calls if name not in kept}
-    repeats = {name: max(1, min(1000, math.ceil(MIN_RUN_TIME_S / max(first[name], 1e-7)))) for name in kept}  # a run lasts MIN_RUN_TIME_S
+    repeats = {name: calls_per_run(first[name], MIN_RUN_TIME_S) for name in kept}
     per_call = {name: [] for name in kept}
     for _ in range(RUNS):  # in turns: a burst of other work slows one run of each candidate, not all runs of one
         for name, call in kept.items():

@@ -122,6 +122,11 @@ class CallTiming:
     clock: str
 
 
+def calls_per_run(seconds_per_call: float, min_run_time_s: float = MIN_RUN_TIME_S) -> int:
+    """How often a run repeats a call of ``seconds_per_call`` so that it lasts ``min_run_time_s`` (1 to 1,000)."""
+    return max(1, min(1000, math.ceil(min_run_time_s / max(seconds_per_call, 1e-7))))
+
+
 @torch.inference_mode()
 def time_call(
     fn: Callable[[], object], device: torch.device, runs: int = 5, warmup: int = 2, min_run_time_s: float = MIN_RUN_TIME_S
@@ -132,7 +137,7 @@ def time_call(
     the clock's resolution does not dominate.
     """
     warm_s = min(run_seconds(fn, 1, device) for _ in range(max(1, warmup)))
-    calls = max(1, min(1000, math.ceil(min_run_time_s / max(warm_s, 1e-7))))
+    calls = calls_per_run(warm_s, min_run_time_s)
     per_call = [run_seconds(fn, calls, device) / calls for _ in range(max(1, runs))]
     clock = "cuda events" if device.type == "cuda" else "perf_counter"
     return CallTiming(statistics.median(per_call), min(per_call), max(per_call), len(per_call), calls, clock)

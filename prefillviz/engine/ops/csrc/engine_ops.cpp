@@ -80,8 +80,9 @@ inline void round_as(float* v, int64_t n, std::vector<T>& tmp) {
 // integer arithmetic, about eight instructions a vector), or, on a CPU with AVX512-BF16 (asked at
 // run time, as for the attention's dot products), its own instruction vcvtne(2)ps2bf16: the same
 // rounding in one. They differ only on a float below 1.2e-38 (a denormal), which the instruction
-// reads as zero, and in a NaN's payload (a NaN either way). Written as inline asm, which needs no target attribute, so the loops are
-// templates on the rounding and the compiler never sees the instruction in an AVX2 or plain build.
+// reads as zero, and in a NaN's payload (a NaN either way). Written as inline asm, which needs no
+// target attribute, so the loops are templates on the rounding and the compiler never sees the
+// instruction in an AVX2 or plain build.
 using BVec = at::vec::Vectorized<c10::BFloat16>;
 struct AtenRound {
   static void store(c10::BFloat16* p, const Vec& a, const Vec& b) { at::vec::convert_from_float<c10::BFloat16>(a, b).store(p); }

@@ -31,6 +31,15 @@ def pytest_collection_modifyitems(items):
             item.add_marker("bundled")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def dispatch_tables_in_a_temporary_folder(tmp_path_factory):
+    """The dispatch tables the suite measures (on tiny models, under its own load) stay in a folder of
+    the run's, shared by its tests and the app processes they start, never the user's cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PREFILLVIZ_DISPATCH_CACHE", str(tmp_path_factory.mktemp("dispatch")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def not_hosted_unless_asked(monkeypatch):
     """Every test starts off hosted mode, even where the suite runs on a Space (``SPACE_ID``) or with

@@ -1,7 +1,8 @@
 """The measured dispatch tables, kept: in this process, on disk per machine, and read for captions.
 
 ``table_for`` gives a model's table: one a test injected, one kept in this process, one cached
-on disk as the machine peaks are (``$PREFILLVIZ_CACHE/dispatch/``, with the timings, the date and
+on disk as the machine peaks are (``$PREFILLVIZ_CACHE/dispatch/``, or ``$PREFILLVIZ_DISPATCH_CACHE``
+where set, as the test suite does; with the timings, the date and
 the machine's load), or one measured now (``dispatch_tuning.measure``). A cached table is measured
 again when it is older than ``MAX_AGE``, was measured on a busy machine or noisily, or the
 candidates that can run here changed (a build, a switch); ``refresh=True`` ("measure again")
@@ -43,13 +44,20 @@ def table_key(model: torch.nn.Module, parameter: torch.Tensor | None = None) -> 
 
 
 # --------------------------------------------------------------------------- the cache
-def cache_path(model: torch.nn.Module) -> Path:
+def cache_folder() -> Path:
+    """Where tables are kept on disk: ``$PREFILLVIZ_DISPATCH_CACHE`` if set (the tests' own folder, so
+    tables measured on their tiny models and under their load never reach the user's), else
+    ``$PREFILLVIZ_CACHE/dispatch`` (default ``~/.cache/prefillviz/dispatch``)."""
+    if os.environ.get("PREFILLVIZ_DISPATCH_CACHE"):
+        return Path(os.environ["PREFILLVIZ_DISPATCH_CACHE"]).expanduser()
+    return Path(os.environ.get("PREFILLVIZ_CACHE", "~/.cache/prefillviz")).expanduser() / "dispatch"
 
-    root = Path(os.environ.get("PREFILLVIZ_CACHE", "~/.cache/prefillviz")).expanduser()
+
+def cache_path(model: torch.nn.Module) -> Path:
     device, dtype, threads, signature, caps = table_key(model)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", machine_name(torch.device(device))).strip("-").lower() or "unknown"
     digest = hashlib.sha1(f"{signature};{caps}".encode()).hexdigest()[:10]
-    return root / "dispatch" / f"{slug}_{device.replace(':', '')}_{dtype}_{threads}threads_{digest}_v{FORMAT}.json"
+    return cache_folder() / f"{slug}_{device.replace(':', '')}_{dtype}_{threads}threads_{digest}_v{FORMAT}.json"
 
 
 def read_cached(path: Path) -> DispatchTable | None:
@@ -161,7 +169,7 @@ def table_for_heads(num_heads: int, num_kv_heads: int, head_dim: int, device: st
     prefix = f"H{num_heads}-KVH{num_kv_heads}-D{head_dim}-"
     threads = torch.get_num_threads()
     found = [t for t in _tables.values() if t.shape.startswith(prefix) and (t.device, t.dtype, t.num_threads) == (device, dtype, threads)]
-    folder = Path(os.environ.get("PREFILLVIZ_CACHE", "~/.cache/prefillviz")).expanduser() / "dispatch"
+    folder = cache_folder()
     for path in sorted(folder.glob(f"*_{device.replace(':', '')}_{dtype}_{threads}threads_*_v{FORMAT}.json")) if folder.is_dir() else []:
         table = read_cached(path)
         if table is not None and table.shape.startswith(prefix):

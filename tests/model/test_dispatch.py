@@ -210,7 +210,7 @@ def test_the_linears_are_timed_as_the_engine_runs_them(tiny_llama, candidate):
 
 
 def test_the_table_is_cached_and_measured_again_when_stale(tiny_llama, tmp_path, monkeypatch):
-    monkeypatch.setenv("PREFILLVIZ_CACHE", str(tmp_path))
+    monkeypatch.setenv("PREFILLVIZ_DISPATCH_CACHE", str(tmp_path))
     monkeypatch.setattr(dispatch_tables, "_tables", {})
     measured = dispatch_tables.table_for(tiny_llama)
     path = dispatch_tables.cache_path(tiny_llama)
@@ -234,8 +234,20 @@ def test_the_table_is_cached_and_measured_again_when_stale(tiny_llama, tmp_path,
     assert data["table"]["choices"] == measured.choices() and data["format"] == dispatch_tables.FORMAT
 
 
-def test_a_switch_that_removes_a_candidate_gives_a_table_without_it(tiny_llama, tmp_path, monkeypatch):
+def test_tables_go_to_the_dispatch_folder_and_the_suites_is_not_the_users(tiny_llama, tmp_path, monkeypatch):
+    import os
+    from pathlib import Path
+
+    suite_folder = Path(os.environ["PREFILLVIZ_DISPATCH_CACHE"])  # conftest's, for the whole run
+    assert not suite_folder.is_relative_to(Path("~/.cache/prefillviz").expanduser())
+    assert dispatch_tables.cache_path(tiny_llama).parent == suite_folder
+    monkeypatch.delenv("PREFILLVIZ_DISPATCH_CACHE")
     monkeypatch.setenv("PREFILLVIZ_CACHE", str(tmp_path))
+    assert dispatch_tables.cache_path(tiny_llama).parent == tmp_path / "dispatch"  # the app's default layout
+
+
+def test_a_switch_that_removes_a_candidate_gives_a_table_without_it(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFILLVIZ_DISPATCH_CACHE", str(tmp_path))
     monkeypatch.setattr(dispatch_tables, "_tables", {})  # not a table an earlier test kept for the same runnable candidates
     monkeypatch.setenv("PREFILLVIZ_STOCK_LINEARS", "1")
     table = dispatch_tables.table_for(tiny_llama)
@@ -259,7 +271,7 @@ def test_tune_prints_the_choice_and_the_timings_behind_it(bundled, capsys):
 def test_the_kernels_command_marks_the_engines_choice(monkeypatch, tmp_path):
     from prefillviz.measure.kernel_bench import benchmark_json, run_kernel_benchmark
 
-    monkeypatch.setenv("PREFILLVIZ_CACHE", str(tmp_path))  # no table on disk: only the one kept below
+    monkeypatch.setenv("PREFILLVIZ_DISPATCH_CACHE", str(tmp_path))  # no table on disk: only the one kept below
     monkeypatch.setattr(dispatch_tables, "_tables", {})  # nor one an earlier test kept for the tiny model's heads
     timings = {b: {ATTENTION: {"v2 loop": 1.0, "v3 packed": 2.0}, LINEARS: {STOCK: 1.0}} for b in BUCKET_NAMES}
     timings["mixed"][ATTENTION] = {"v2 loop": 2.0, "v3 packed": 1.0}

@@ -680,13 +680,15 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor
 bool bf16_dot = true;
 bool bf16_dot_enabled() { return bf16_dot && cpu_has_bf16_dot(); }
 
-// f(AtenRound()) or, on AVX512-BF16, f(NativeRound()): for T = float the two are the same code
+// f(T(), Round()) for a one-pass op on a tensor of this dtype: float (where the two roundings are the
+// same code), bf16 with ATen's rounding, or bf16 with the instruction's on AVX512-BF16
 template <typename F>
-void with_rounding(F f) {
+void by_dtype_and_rounding(at::ScalarType dtype, F f) {
+  if (dtype != at::kBFloat16) return f(float(), AtenRound());
 #if defined(CPU_CAPABILITY_AVX512)
-  if (bf16_dot_enabled()) return f(NativeRound());
+  if (bf16_dot_enabled()) return f(c10::BFloat16(), NativeRound());
 #endif
-  f(AtenRound());
+  f(c10::BFloat16(), AtenRound());
 }
 
 template <int DV>
@@ -722,11 +724,7 @@ at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Ten
   TORCH_CHECK(x.is_contiguous() && residual.is_contiguous() && weight.is_contiguous(), "add_rms_norm: contiguous tensors");
   TORCH_CHECK(residual.scalar_type() == x.scalar_type() && weight.scalar_type() == x.scalar_type() && residual.sizes() == x.sizes(), "add_rms_norm: one dtype and shape");
   at::Tensor out = at::empty_like(x);
-  if (x.scalar_type() == at::kBFloat16) {
-    with_rounding([&](auto r) { add_rms_norm_impl<c10::BFloat16, decltype(r)>(x, residual, weight, out, eps); });
-  } else {
-    add_rms_norm_impl<float, AtenRound>(x, residual, weight, out, eps);
-  }
+  by_dtype_and_rounding(x.scalar_type(), [&](auto t, auto r) { add_rms_norm_impl<decltype(t), decltype(r)>(x, residual, weight, out, eps); });
   return out;
 }
 
@@ -736,8 +734,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   std::vector<int64_t> shape(gate_up.sizes().begin(), gate_up.sizes().end());
   shape.back() /= 2;
   at::Tensor out = at::empty(shape, gate_up.options());
-  if (gate_up.scalar_type() == at::kBFloat16) with_rounding([&](auto r) { silu_mul_impl<c10::BFloat16, decltype(r)>(gate_up, out); });
-  else silu_mul_impl<float, AtenRound>(gate_up, out);
+  by_dtype_and_rounding(gate_up.scalar_type(), [&](auto t, auto r) { silu_mul_impl<decltype(t), decltype(r)>(gate_up, out); });
   return out;
 }
 
@@ -748,11 +745,9 @@ void rope_write_kv(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && key_cache.is_contiguous() && value_cache.is_contiguous(), "rope_write_kv: contiguous tables and caches");
   TORCH_CHECK(cos.scalar_type() == qkv.scalar_type() && key_cache.scalar_type() == qkv.scalar_type(), "rope_write_kv: one dtype");
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == qkv.size(0), "rope_write_kv: one int64 slot per token");
-  if (qkv.scalar_type() == at::kBFloat16) {
-    with_rounding([&](auto r) { rope_write_kv_impl<c10::BFloat16, decltype(r)>(qkv, cos, sin, slots, key_cache, value_cache, num_heads); });
-  } else {
-    rope_write_kv_impl<float, AtenRound>(qkv, cos, sin, slots, key_cache, value_cache, num_heads);
-  }
+  by_dtype_and_rounding(qkv.scalar_type(), [&](auto t, auto r) {
+    rope_write_kv_impl<decltype(t), decltype(r)>(qkv, cos, sin, slots, key_cache, value_cache, num_heads);
+  });
 }
 
 // out (T, H D); q (T, >= H D) rows of stride q.stride(0); caches (blocks, block_size, KVH, D);

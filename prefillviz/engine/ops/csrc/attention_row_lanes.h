@@ -123,15 +123,19 @@ void attention_task_lanes(const Task& task, const float* q, int64_t q_row, float
     for (int64_t c = 0; c < nvec; ++c) {
       const Vec old_max = j0 == 0 ? Vec(kNegInf) : Vec::loadu(mx + c * kW);
       const Vec position = Vec::loadu(pos + c * kW);
-      Vec new_max = old_max;
+      // two running maxima, so that each key's max waits on the key two before it, not on the last;
+      // clamp_min is the plain vector max (a NaN score gives a NaN output either way)
+      Vec max_even = old_max, max_odd = old_max;
       for (int64_t j = 0; j < n; ++j) {
         Vec s = Vec::loadu(st + j * rp + c * kW);
         if (masked) {
           s = Vec::blendv(Vec(kNegInf), s, Vec(static_cast<float>(j0 + j)) <= position);
           s.store(st + j * rp + c * kW);
         }
-        new_max = at::vec::maximum(new_max, s);
+        if (j % 2 == 0) max_even = at::vec::clamp_min(max_even, s);
+        else max_odd = at::vec::clamp_min(max_odd, s);
       }
+      const Vec new_max = at::vec::clamp_min(max_even, max_odd);
       // every real row sees key 0, so after the first tile its max is finite; padding rows score 0
       const Vec a = j0 == 0 ? Vec(0.f) : (old_max - new_max).exp_u20();
       Vec total = Vec::loadu(sum + c * kW) * a;

@@ -264,3 +264,22 @@ def test_ops_report_why_they_are_off(monkeypatch):
         assert ops is None and "not built" in why and "make install" in why
     finally:
         engine_ops.engine_ops_status.cache_clear()
+
+
+def test_the_stacked_weights_are_made_again_when_a_weight_changes():
+    from prefillviz.engine.dispatch import STOCK
+    from prefillviz.engine.llama_weights import llama_weights
+
+    model = make_tiny_llama()
+    first = llama_weights(model, STOCK)
+    assert llama_weights(model, STOCK) is first  # asked at every step: kept while nothing changed
+    layer = model.model.layers[1]
+    with torch.no_grad():
+        layer.mlp.up_proj.weight.mul_(0.5)  # an in-place write
+    second = llama_weights(model, STOCK)
+    assert second is not first
+    layer.self_attn.o_proj.weight = torch.nn.Parameter(layer.self_attn.o_proj.weight.detach() * 2)  # another parameter in its place
+    third = llama_weights(model, STOCK)
+    assert third is not second
+    layer.mlp.down_proj = torch.nn.Linear(128, 64, bias=False)  # another module in its place
+    assert llama_weights(model, STOCK) is not third

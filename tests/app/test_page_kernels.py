@@ -126,7 +126,7 @@ def test_measure_peaks_again_adds_a_measurement_and_the_prediction_uses_the_new_
 def test_the_page_shows_the_measured_choice_and_measures_it_again(measured, monkeypatch, tmp_path):
     from prefillviz.engine import dispatch_tuning
 
-    monkeypatch.setenv("PREFILLVIZ_DISPATCH_CACHE", str(tmp_path))  # the table measured below (under the tests' load) is not the user's
+    monkeypatch.setenv("PREFILLVIZ_DISPATCH_CACHE", str(tmp_path))  # an empty folder: the table below is measured here, not read
 
     app = measured
     text = " ".join(block.value for block in app.markdown)

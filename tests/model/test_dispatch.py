@@ -9,6 +9,8 @@ import copy
 import dataclasses
 import datetime
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -235,9 +237,6 @@ def test_the_table_is_cached_and_measured_again_when_stale(tiny_llama, tmp_path,
 
 
 def test_tables_go_to_the_dispatch_folder_and_the_suites_is_not_the_users(tiny_llama, tmp_path, monkeypatch):
-    import os
-    from pathlib import Path
-
     suite_folder = Path(os.environ["PREFILLVIZ_DISPATCH_CACHE"])  # conftest's, for the whole run
     assert not suite_folder.is_relative_to(Path("~/.cache/prefillviz").expanduser())
     assert dispatch_tables.cache_path(tiny_llama).parent == suite_folder

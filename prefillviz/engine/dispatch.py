@@ -47,7 +47,7 @@ LINEAR_CANDIDATES = (ONEDNN, TORCH_PACKED, STOCK)
 CANDIDATES = {ATTENTION: ATTENTION_CANDIDATES, LINEARS: LINEAR_CANDIDATES}
 KINDS = {V7: "C++", "v6 loop, fp32 decodes": "SDPA", "v2 loop": "SDPA", "v3 packed": "SDPA"}  # a caption compares across kinds
 BUSY_PERCENT = 10.0  # other processes' share of the cores above which a measurement is taken again (stricter than a page's 25%)
-NOISY_SPREAD = 3.0  # a chosen candidate's slowest run over its fastest above this: measured again (1.3-2.5 is ordinary jitter on a 2-core VM)
+NOISY_SPREAD = 3.0  # a candidate's slowest run over its fastest above this, where it may have decided the choice: measured again (1.3-2.5 is ordinary jitter on a 2-core VM)
 SECOND_PACK_GAIN = 1.10  # a bucket runs another pack than the primary only when it is this much faster there
 PLAIN_NAMES = {  # what a caption calls each candidate
     V7: "the engine's C++ kernel (v7)",
@@ -109,7 +109,8 @@ class DispatchTable:
         dropped: {bucket: {family: [candidates timed once only, over 3x the best]}}.
         measured_at: ISO 8601 time; other_cpu_percent: other processes' share of the cores meanwhile.
         spreads: {bucket: {family: {candidate: its slowest run over its fastest}}}: a chosen one over
-            ``NOISY_SPREAD`` makes the table ``noisy`` (measured again next time, and said so).
+            ``NOISY_SPREAD`` makes the table ``noisy`` (measured again next time, and said so), and so does
+            another's that may have been faster but for its slow runs.
         source: "measured", "cache" (read from disk), or "injected" (a test's timings).
     """
 
@@ -193,12 +194,17 @@ class DispatchTable:
 
     @property
     def noisy(self) -> bool:
-        """A chosen candidate's runs varied by more than ``NOISY_SPREAD``: another program competed for the cores
-        (on two cores, one more busy thread can slow every threaded kernel many times, more than the load shows)."""
-        return any(
-            self.spreads.get(bucket, {}).get(family, {}).get(self.choice(bucket, family), 1.0) > NOISY_SPREAD
-            for bucket in self.timings for family in FAMILIES
-        )
+        """A candidate's runs varied by more than ``NOISY_SPREAD`` where that may have decided the choice: the
+        chosen one's, or another's whose fastest run (at least its median over its spread) may have beaten
+        the chosen one's median. Another program competed for the cores (on two cores, one more busy
+        thread can slow every threaded kernel many times, more than the load shows)."""
+        for bucket, families in self.timings.items():
+            for family in FAMILIES:
+                timed, chosen = families.get(family, {}), self.choice(bucket, family)
+                for name, spread in self.spreads.get(bucket, {}).get(family, {}).items():
+                    if spread > NOISY_SPREAD and (name == chosen or (chosen in timed and timed[name] / spread < timed[chosen])):
+                        return True
+        return False
 
     def sentence(self, family: str) -> str:
         """One line for a caption: what the family runs, and the measured times that chose it."""

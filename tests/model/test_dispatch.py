@@ -236,6 +236,19 @@ def test_the_table_is_cached_and_measured_again_when_stale(tiny_llama, tmp_path,
     assert data["table"]["choices"] == measured.choices() and data["format"] == dispatch_tables.FORMAT
 
 
+def test_a_losers_noisy_runs_make_the_table_noisy_only_where_they_may_have_decided():
+    def table(v3_ms, v3_spread, v2_spread=1.2):
+        timings = {b: {ATTENTION: {"v2 loop": 1.0, "v3 packed": v3_ms}, LINEARS: {STOCK: 1.0}} for b in BUCKET_NAMES}
+        spreads = {b: {ATTENTION: {"v2 loop": v2_spread, "v3 packed": v3_spread}, LINEARS: {STOCK: 1.1}} for b in BUCKET_NAMES}
+        return dispatch.DispatchTable("cpu", "float32", "here", 2, "H4-KVH2-D16-hidden64-mlp128", timings, spreads=spreads)
+
+    assert table(2.0, 1.5).choice("decode", ATTENTION) == "v2 loop" and not table(2.0, 1.5).noisy
+    assert not table(2.0, 2.5).noisy  # ordinary jitter on a 2-core VM
+    assert table(2.0, 4.0).noisy  # v3's fastest run may have been 0.5 ms, under v2's 1.0: measured again
+    assert not table(5.0, 4.0).noisy  # its fastest run was at least 1.25 ms: it lost either way
+    assert table(2.0, 1.5, v2_spread=3.5).noisy  # the chosen one's own runs
+
+
 def test_tables_go_to_the_dispatch_folder_and_the_suites_is_not_the_users(tiny_llama, tmp_path, monkeypatch):
     suite_folder = Path(os.environ["PREFILLVIZ_DISPATCH_CACHE"])  # conftest's, for the whole run
     assert not suite_folder.is_relative_to(Path("~/.cache/prefillviz").expanduser())

@@ -10,7 +10,9 @@ traceback mid-run. How fast a dtype that runs is, next to float32, is ``dtype_sp
 from __future__ import annotations
 
 import functools
+import os
 import platform
+import re
 from pathlib import Path
 
 import torch
@@ -199,3 +201,14 @@ def machine_name(device: str | torch.device = "cpu") -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown cpu"
+
+
+def machine_slug(device: str | torch.device = "cpu") -> str:
+    """``machine_name`` as a file name's part: lower case, runs of other characters as one ``-``."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", machine_name(device)).strip("-").lower() or "unknown"
+
+
+def cache_root() -> Path:
+    """Where prefillviz keeps what it makes once per machine (the bundled model's copy, the peaks, the
+    dispatch tables): ``$PREFILLVIZ_CACHE``, default ``~/.cache/prefillviz``."""
+    return Path(os.environ.get("PREFILLVIZ_CACHE", "~/.cache/prefillviz")).expanduser()

@@ -16,7 +16,6 @@ import datetime
 import hashlib
 import json
 import os
-import re
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 
 from prefillviz.engine import dispatch, dispatch_tuning
-from prefillviz.engine.devices import machine_name
+from prefillviz.engine.devices import cache_root, machine_slug
 from prefillviz.engine.dispatch import ATTENTION, BUCKETS, LINEARS, DispatchTable, StepChoice
 from prefillviz.engine.dispatch_tuning import candidate_statuses, fingerprint
 
@@ -50,14 +49,13 @@ def cache_folder() -> Path:
     ``$PREFILLVIZ_CACHE/dispatch`` (default ``~/.cache/prefillviz/dispatch``)."""
     if os.environ.get("PREFILLVIZ_DISPATCH_CACHE"):
         return Path(os.environ["PREFILLVIZ_DISPATCH_CACHE"]).expanduser()
-    return Path(os.environ.get("PREFILLVIZ_CACHE", "~/.cache/prefillviz")).expanduser() / "dispatch"
+    return cache_root() / "dispatch"
 
 
 def cache_path(model: torch.nn.Module) -> Path:
     device, dtype, threads, signature, caps = table_key(model)
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", machine_name(torch.device(device))).strip("-").lower() or "unknown"
     digest = hashlib.sha1(f"{signature};{caps}".encode()).hexdigest()[:10]
-    return cache_folder() / f"{slug}_{device.replace(':', '')}_{dtype}_{threads}threads_{digest}_v{FORMAT}.json"
+    return cache_folder() / f"{machine_slug(device)}_{device.replace(':', '')}_{dtype}_{threads}threads_{digest}_v{FORMAT}.json"
 
 
 def read_cached(path: Path) -> DispatchTable | None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from prefillviz.engine.devices import cache_root
 from prefillviz.engine.errors import ModelLoadError
 from prefillviz.engine.progress import MessageProgress
 
@@ -43,8 +44,7 @@ def bundled_cache_dir() -> Path:
         ``$PREFILLVIZ_CACHE/models/SmolLM2-135M-Instruct-Q4_1`` (default cache
         ``~/.cache/prefillviz``); it may not exist yet.
     """
-    root = Path(os.environ.get("PREFILLVIZ_CACHE", "~/.cache/prefillviz")).expanduser()
-    return root / "models" / _BUNDLED_CACHE_NAME
+    return cache_root() / "models" / _BUNDLED_CACHE_NAME
 
 
 def bundled_package_installed() -> bool:

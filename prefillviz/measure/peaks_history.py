@@ -24,7 +24,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -32,7 +31,7 @@ from pathlib import Path
 import torch
 
 from prefillviz.analysis.machine_peaks import MachinePeaks, parse_time
-from prefillviz.engine.devices import dtype_name, machine_name, resolve_dtype
+from prefillviz.engine.devices import cache_root, dtype_name, machine_slug, resolve_dtype
 from prefillviz.measure.peaks import measure_peaks
 
 PEAKS_FORMAT = 3  # in the cache file name and content; 2: packed-weight matmuls count on a CPU; 3: a history of measurements
@@ -45,9 +44,9 @@ HISTORY_FIELDS = ("num_measurements", "matmul_gflops_min", "memory_gb_s_min", "o
 
 def peaks_cache_path(device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32") -> Path:
     """Where the peaks of this machine + device + dtype + thread count are cached."""
-    root = Path(os.environ.get("PREFILLVIZ_CACHE", "~/.cache/prefillviz")).expanduser()
+    root = cache_root()
     device = torch.device(device)
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", machine_name(device)).strip("-").lower() or "unknown"
+    slug = machine_slug(device)
     device_name = str(device).replace(":", "")
     name = dtype_name(resolve_dtype(dtype, device))
     return root / "peaks" / f"{slug}_{device_name}_{name}_{torch.get_num_threads()}threads_v{PEAKS_FORMAT}.json"

@@ -121,8 +121,10 @@ def switch_runs(plain: dict) -> list[Run]:
     """The project's switches, and each candidate of the measured dispatch forced (the candidates as the plain probe found them)."""
     runs = [Run({name: "1"}, "switch", ENGINE_PATHS) for name in SWITCHES]
     for family, candidates in plain.get("candidates", {}).items():
-        for candidate in candidates:
-            short = candidate.split(",")[0].split(" ")[0] if family == "attention" else candidate  # v7, v6, ...: what dispatch accepts
+        firsts = [candidate.split(",")[0].split(" ")[0] for candidate in candidates]
+        for candidate, first in zip(candidates, firsts, strict=True):
+            # v7, v6, ...: what dispatch accepts, where no other candidate starts so (v7 compiled and v7 tiles go by their names)
+            short = first if family == "attention" and firsts.count(first) == 1 else candidate
             runs.append(Run({FORCE_ENVS[family]: short}, "force", FORCED_FILES, what=candidate))
     return runs
 

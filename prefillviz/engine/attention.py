@@ -31,15 +31,15 @@ import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from prefillviz.engine.dispatch import V7, StepChoice
+from prefillviz.engine.dispatch import COMPILED_CANDIDATES, V7, StepChoice
 from prefillviz.engine.kv_cache import PagedKVCache
 from prefillviz.engine.ops import engine_ops
-from prefillviz.engine.ops.engine_ops import COMPILED, engine_ops_status, step_meta
+from prefillviz.engine.ops.engine_ops import COMPILED, COMPILED_TILES, engine_ops_status, step_meta
 from prefillviz.engine.ops.paged import LOOP, LOOP_FP32_DECODES, NAIVE, PACKED, PagedKernel, PagedStep
 from prefillviz.engine.shared_settings import shared_setting
 
 ATTENTION_NAME = "prefillviz_paged"
-ENGINE_KERNELS: dict[str, PagedKernel] = {kernel.name: kernel for kernel in (COMPILED, LOOP_FP32_DECODES, LOOP, PACKED, NAIVE)}
+ENGINE_KERNELS: dict[str, PagedKernel] = {kernel.name: kernel for kernel in (COMPILED, COMPILED_TILES, LOOP_FP32_DECODES, LOOP, PACKED, NAIVE)}
 """The attention versions the engine can run (the dispatch's candidates, and v1, their oracle), by name."""
 
 
@@ -66,7 +66,7 @@ class AttentionMetadata:
 
     @cached_property
     def compiled_meta(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``engine_ops.step_meta`` of the step, for v7: made once, read by every layer."""
+        """``engine_ops.step_meta`` of the step, for v7 and v7 tiles: made once, read by every layer."""
         return step_meta(self.paged_step)
 
 
@@ -92,9 +92,10 @@ def attend(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cac
     as they are; the SDPA versions take the views as they are.
     """
     num_tokens, num_heads, head_dim = q.shape
-    if name == V7:
+    if name in COMPILED_CANDIDATES:
         queries = rows if rows is not None else q.reshape(num_tokens, num_heads * head_dim)
-        return engine_ops.paged_attention(engine_ops.engine_ops(), queries, key_cache, value_cache, step, num_heads, scale, meta)
+        return engine_ops.paged_attention(engine_ops.engine_ops(), queries, key_cache, value_cache, step, num_heads, scale, meta,
+                                          row_lanes=name == V7)
     kernel = ENGINE_KERNELS[name]
     out = kernel(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), key_cache, value_cache, step, scale)  # (H, T, D)
     return out.transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
@@ -116,7 +117,7 @@ def step_attention(meta: AttentionMetadata, layer_idx: int, module: torch.nn.Mod
         observer(layer_idx, module, q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], meta)
     choice = meta.choice.attention
     return attend(choice, q, k, v, cache.key_cache[layer_idx], cache.value_cache[layer_idx], meta.paged_step, scale,
-                  meta.compiled_meta if choice == V7 else None, rows)
+                  meta.compiled_meta if choice in COMPILED_CANDIDATES else None, rows)
 
 
 def paged_attention_forward(

@@ -2,7 +2,7 @@
 
 For one model, device, dtype and thread count:
 
-1. **Which candidates run here.** v7 needs the engine's C++ ops for this CPU and head size;
+1. **Which candidates run here.** v7 and v7 tiles need the engine's C++ ops for this CPU and head size;
    oneDNN's matmul needs Debian's oneDNN and a JIT kernel for the dtype; torch's packed linear
    needs a CPU whose oneDNN packs the dtype. Each says why not (``candidate_statuses``).
 2. **Each passes its oracle on this machine** or is out: attention against v1, the naive fp32
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from prefillviz.engine import dispatch, packed_weights
 from prefillviz.engine.attention import ENGINE_KERNELS, attend, compiled_attention_status
 from prefillviz.engine.devices import machine_name
-from prefillviz.engine.dispatch import ATTENTION, BUCKETS, LINEARS, ONEDNN, TORCH_PACKED, V7, DispatchTable
+from prefillviz.engine.dispatch import ATTENTION, BUCKETS, COMPILED_CANDIDATES, LINEARS, ONEDNN, TORCH_PACKED, DispatchTable
 from prefillviz.engine.llama_weights import linear_of, stacked
 from prefillviz.engine.machine_load import MachineLoad
 from prefillviz.engine.model_shape import model_shape
@@ -72,7 +72,8 @@ def candidate_statuses(model: torch.nn.Module, parameter: torch.Tensor | None = 
     on_cpu = device.type == "cpu"
     attention = {name: "" for name in dispatch.ATTENTION_CANDIDATES}
     ops, why = compiled_attention_status(device, dtype, head_dim)
-    attention[V7] = "" if ops is not None else why
+    for name in COMPILED_CANDIDATES:
+        attention[name] = "" if ops is not None else why
     if not on_cpu:
         attention["v6 loop, fp32 decodes"] = "the same as v2 off a CPU"
     linears = {name: "" for name in dispatch.LINEAR_CANDIDATES}
@@ -187,7 +188,7 @@ class _AttentionCall:
         heads, kv_heads = q.shape[1], k.shape[1]
         rows = torch.cat([q, k, v], dim=1).contiguous()  # (T, H + 2 KVH, D), as the projections leave them
         self.q, self.k, self.v = rows[:, :heads], rows[:, heads : heads + kv_heads], rows[:, heads + kv_heads :]
-        self.meta = step_meta(inputs.step) if candidate == V7 else None
+        self.meta = step_meta(inputs.step) if candidate in COMPILED_CANDIDATES else None
 
     def __call__(self) -> torch.Tensor:
         i = self.inputs

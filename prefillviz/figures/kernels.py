@@ -144,19 +144,22 @@ def kernel_memory_figure(rows: list[dict], subtitle: str = "") -> go.Figure:
 
 
 def _sweep_lines(rows: list[dict], key: str, dash: str | None = None, suffix: str = "") -> list[go.Scatter]:
-    lines = []
+    lines, versions = [], set()
     for name in dict.fromkeys(row["kernel"] for row in rows):
         members = sorted((row for row in rows if row["kernel"] == name and row[key] is not None), key=lambda row: row["N"])
         if not members:
             continue
         version = members[0]["version"]
+        # a second kernel of one version (v7 and v7 tiles): its colour, dotted
+        line_dash = dash or ("dot" if version in versions else None)
+        versions.add(version)
         lines.append(
             go.Scatter(
                 x=[row["N"] for row in members],
                 y=[row[key] for row in members],
                 name=f"{name}{suffix}",
                 mode="lines+markers",
-                line={"color": KERNEL_COLOURS.get(version, style.NEUTRAL), "width": 3, "dash": dash},
+                line={"color": KERNEL_COLOURS.get(version, style.NEUTRAL), "width": 3, "dash": line_dash},
             )
         )
     return lines

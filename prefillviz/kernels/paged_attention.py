@@ -48,17 +48,22 @@ Versions (each says what it changes from the one before):
                 rows; it walks the request's keys in tiles of 32 (AVX-512; 16 with AVX2) read
                 through the slots and converted to fp32, with an online softmax, so no (q, ctx)
                 score matrix, no gather and no mask exist; tiles after a row's position are
-                skipped. fp32 throughout, the output in q's dtype. An fp32 step whose rows
+                skipped. fp32 throughout, the output in q's dtype. A request whose rows
                 fill a vector turns the tile around (``csrc/attention_row_lanes.h``): the rows
                 lie across the lanes, each FMA broadcasts one element of a K or V row read
-                straight from the cache (no tiles to convert), and the softmax's max and sum
-                over keys are plain vector ops. The engine's forward calls it directly on the
-                stacked q|k|v rows (``engine/llama_forward.py``).
+                from the cache (in fp32 as it lies; a bf16 tile's rows made fp32 once per
+                task), and the softmax's max and sum over keys are plain vector ops. The
+                engine's forward calls it directly on the stacked q|k|v rows
+                (``engine/llama_forward.py``).
+    v7 tiles    v7 with every request in key tiles, the layout v7 had before the rows went
+                across the lanes: fp32 tiles, or for a bf16 model on a CPU with AVX512-BF16
+                bf16 pairs and its dot product (vdpbf16ps: q.k exact, P rounded to bf16).
+                Which layout is faster depends on the CPU, so both are candidates.
 
 Which one the engine uses is measured on the machine it runs on, never assumed
-(``prefillviz/engine/dispatch.py``): v7, v6, v2 and v3 are each checked against v1 there, then
+(``prefillviz/engine/dispatch.py``): v7, v7 tiles, v6, v2 and v3 are each checked against v1 there, then
 timed on the model's heads for a few step shapes, and each step runs the fastest for its
-shape. On a Zen 4 with AVX512-BF16 that was v7; on a Xeon with AMX, torch's SDPA (its flash
+shape. On a Zen 4 with AVX512-BF16 that was v7 (then in key tiles only); on a Xeon with AMX, torch's SDPA (its flash
 attention runs oneDNN's brgemm on the AMX tiles) beat v7 by 4x at 2,048 tokens.
 
 ``check_paged_and_time`` checks a version against v1 (fp32) and raises ``KernelCheckError``
@@ -74,7 +79,7 @@ from functools import cache
 import torch
 
 # ------------------------------------------------------------------------------ the step
-from prefillviz.engine.ops.engine_ops import COMPILED, compiled_status, paged_compiled
+from prefillviz.engine.ops.engine_ops import COMPILED, COMPILED_TILES, compiled_status, paged_compiled, paged_compiled_tiles
 from prefillviz.engine.ops.paged import (
     LOOP,
     LOOP_FP32_DECODES,
@@ -94,9 +99,9 @@ from prefillviz.engine.ops.paged_check import PagedInputs, check_paged, random_s
 from prefillviz.kernels.harness import KernelResult, time_checked
 
 __all__ = [  # the engine's versions, with the teaching ones, as the Kernel timings page lists them
-    "COMPILED", "FLEX", "LOOP", "LOOP_FP32_DECODES", "NAIVE", "PACKED", "PAGED_KERNELS", "TRITON", "PagedInputs", "PagedKernel",
+    "COMPILED", "COMPILED_TILES", "FLEX", "LOOP", "LOOP_FP32_DECODES", "NAIVE", "PACKED", "PAGED_KERNELS", "TRITON", "PagedInputs", "PagedKernel",
     "PagedStep", "check_paged", "check_paged_and_time", "compiled_status", "decode_fp32", "flex_status", "get_paged_kernel",
-    "packed_keys", "packed_mask", "paged_compiled", "paged_flex", "paged_loop", "paged_loop_fp32_decodes", "paged_naive", "paged_packed",
+    "packed_keys", "packed_mask", "paged_compiled", "paged_compiled_tiles", "paged_flex", "paged_loop", "paged_loop_fp32_decodes", "paged_naive", "paged_packed",
     "paged_triton", "random_step", "triton_status",
 ]
 
@@ -200,7 +205,7 @@ TRITON = PagedKernel(
     triton_status,
 )
 
-PAGED_KERNELS: tuple[PagedKernel, ...] = (NAIVE, LOOP, PACKED, FLEX, TRITON, LOOP_FP32_DECODES, COMPILED)
+PAGED_KERNELS: tuple[PagedKernel, ...] = (NAIVE, LOOP, PACKED, FLEX, TRITON, LOOP_FP32_DECODES, COMPILED, COMPILED_TILES)
 
 
 def get_paged_kernel(name: str) -> PagedKernel:

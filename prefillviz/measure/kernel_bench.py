@@ -11,7 +11,8 @@ and dtype; each kernel is checked against its family's naive oracle before it is
                       cached, packed with 4 decodes whose requests hold N tokens each
            v1 naive, v2 loop, v3 packed, v4 flex (if compiled FlexAttention runs
            here), v5 triton (on CUDA only), v6 loop with fp32 decodes (the stock forward's),
-           v7 compiled (the engine's forward on a CPU, where its C++ ops are built)
+           v7 compiled and v7 tiles (the engine's own kernel on a CPU in its two layouts, where its
+           C++ ops are built)
 
 A kernel that cannot run (v1's whole (H, N, N) score matrix over the memory cap, no
 FlexAttention, no GPU for Triton, no C++ ops built) is listed in ``skipped`` with the reason, never dropped
@@ -187,7 +188,7 @@ def run_kernel_benchmark(
     generator = torch.Generator().manual_seed(seed)
     scale = head_dim**-0.5
     paged_kernels = [paged.LOOP, paged.PACKED, paged.LOOP_FP32_DECODES]
-    for kernel in (paged.FLEX, paged.TRITON, paged.COMPILED):
+    for kernel in (paged.FLEX, paged.TRITON, paged.COMPILED, paged.COMPILED_TILES):
         runnable, reason = kernel.status(device)
         if kernel is paged.FLEX and not include_flex:
             runnable, reason = False, "left out (each new shape compiles for several seconds)"

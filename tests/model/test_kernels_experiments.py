@@ -122,7 +122,7 @@ def test_kernels_ran_on_the_prompts_captured_layer_and_on_the_sweep(result, bund
     sweep = [row for row in benchmark if row["family"] == "dense"]
     assert sorted({row["N"] for row in sweep}) == list(SWEEP) and len(sweep) == 3 * len(SWEEP)
     paged = [row for row in benchmark if row["family"] == "paged"]
-    compiled = ["v7 compiled"] if COMPILED.status("cpu")[0] else []  # the engine's C++ kernel, where make built it
+    compiled = ["v7 compiled", "v7 tiles"] if COMPILED.status("cpu")[0] else []  # the engine's C++ kernel in its two layouts, where make built it
     assert {row["kernel"] for row in paged} == {"v1 naive", "v2 loop", "v3 packed", "v6 loop, fp32 decodes", *compiled}  # no flex, no GPU
     assert len(paged) == (4 + len(compiled)) * 2 * len(SWEEP) and all(row["max_abs_diff_vs_v1"] <= row["allowed_diff"] for row in paged)
     mixed = next(row for row in paged if row["workload"] == "mixed" and row["N"] == 96)
@@ -167,7 +167,7 @@ def test_the_timed_oracle_has_a_memory_limit_and_long_sweeps_skip_it_with_the_re
     assert skipped == [("v1 naive", "dense", 48), ("v1 naive", "paged", 48), ("v1 naive", "paged", 48)]
     assert "GiB" in bench.skipped[-1]["reason"]
     at_48 = [row for row in bench.rows() if row["N"] == 48]
-    compiled = ["v7 compiled"] if COMPILED.status("cpu")[0] else []
+    compiled = ["v7 compiled", "v7 tiles"] if COMPILED.status("cpu")[0] else []
     assert {row["kernel"] for row in at_48} == {"v2 sdpa", "v3 blocked", "v2 loop", "v3 packed", "v6 loop, fp32 decodes", *compiled}  # checked
     with pytest.raises(RequestError, match="at least 1"):
         experiments.run_kernel_timings(bundled, PROMPT, sweep_sizes=(0,))

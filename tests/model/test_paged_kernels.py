@@ -11,6 +11,7 @@ from prefillviz.engine.dispatch import ATTENTION_CANDIDATES
 from prefillviz.engine.ops.paged_check import KernelCheckError
 from prefillviz.kernels.paged_attention import (
     COMPILED,
+    COMPILED_TILES,
     FLEX,
     LOOP,
     LOOP_FP32_DECODES,
@@ -84,14 +85,10 @@ def test_torch_kernels_match_the_oracle(kernel, requests, heads):
 @pytest.mark.parametrize("heads", [*HEADS, pytest.param((8, 1, 32), id="MQA")])
 @pytest.mark.parametrize("requests", [*STEPS, pytest.param([(0, 100), (70, 45), (130, 1)], id="several query blocks and key tiles")])
 @pytest.mark.parametrize("block_size", [16, 5])
-@pytest.mark.parametrize("row_lanes", [True, False], ids=["rows across lanes", "fp32 tiles"])
-def test_compiled_kernel_matches_the_oracle(compiled_ops, requests, heads, block_size, row_lanes):
+@pytest.mark.parametrize("kernel", [COMPILED, COMPILED_TILES], ids=["rows across lanes", "key tiles"])
+def test_compiled_kernel_matches_the_oracle(compiled_ops, requests, heads, block_size, kernel):
     inputs = random_step(requests, *heads, block_size=block_size, seed=1)
-    try:
-        compiled_ops.set_fp32_row_lanes(row_lanes)  # fp32 steps whose rows fill a vector, in attention_row_lanes.h's kernel
-        difference, allowed = check_paged(COMPILED, inputs)
-    finally:
-        compiled_ops.set_fp32_row_lanes(True)
+    difference, allowed = check_paged(kernel, inputs)
     assert difference <= allowed_for(inputs) <= allowed
 
 
@@ -109,19 +106,24 @@ def test_compiled_kernel_with_32_token_tasks(compiled_ops, threads):
     assert difference <= allowed_for(inputs) <= allowed
 
 
-def test_compiled_kernel_in_bf16_and_its_status(compiled_ops):
+@pytest.mark.parametrize("kernel", [COMPILED, COMPILED_TILES], ids=["rows across lanes", "key tiles"])
+def test_compiled_kernel_in_bf16_and_its_status(compiled_ops, kernel):
     inputs = random_step([(20, 1), (0, 40), (30, 10)], 9, 3, 64, dtype=torch.bfloat16)
     has_dot_products = compiled_ops.bf16_dot_products()
     outputs = []
     try:
         for on in [False, True] if has_dot_products else [False]:  # fp32 tiles; AVX512-BF16 dot products where the CPU has them
             compiled_ops.set_bf16_dot_products(on)
-            difference, allowed = check_paged(COMPILED, inputs)
+            difference, allowed = check_paged(kernel, inputs)
             assert 0 < difference <= min(allowed, allowed_for(inputs))  # P and the output rounded to bf16: a step each
-            outputs.append(COMPILED(*inputs.arguments()))
+            outputs.append(kernel(*inputs.arguments()))
     finally:
         compiled_ops.set_bf16_dot_products(has_dot_products)
-    assert len(outputs) == 1 or not torch.equal(*outputs)  # the dot products are another arithmetic (P in bf16)
+    # the dot products are another arithmetic (P in bf16), in key tiles: the decode's in either kernel
+    assert len(outputs) == 1 or not torch.equal(*outputs)
+    lanes, tiles = COMPILED(*inputs.arguments()), COMPILED_TILES(*inputs.arguments())
+    assert not torch.equal(lanes[:, 1:], tiles[:, 1:])  # the prompt's and the chunk's rows: across the lanes in v7 only
+    assert torch.equal(lanes[:, :1], tiles[:, :1])  # the decode's three rows fill no vector: key tiles in both
     assert COMPILED.status("cpu") == (True, COMPILED.status("cpu")[1]) and "C++ ops" in COMPILED.status("cpu")[1]
     assert not COMPILED.status("cuda")[0]
 
@@ -220,7 +222,7 @@ def test_check_and_time_reports_the_step():
 
 
 def test_registry_and_the_engines_kernel():
-    assert [k.version for k in PAGED_KERNELS] == [1, 2, 3, 4, 5, 6, 7]
+    assert [k.version for k in PAGED_KERNELS] == [1, 2, 3, 4, 5, 6, 7, 7]  # v7 in its two layouts
     assert get_paged_kernel("v3 packed") is PACKED
     with pytest.raises(KeyError, match="v1 naive"):
         get_paged_kernel("v9")

@@ -140,18 +140,21 @@ def test_a_probe_that_crashed_under_a_cap_is_a_failure():
 
 def test_switches_and_forced_candidates_that_change_nothing_here_are_not_run():
     plain = {"engine_ops": {"loaded": True, "bf16_dots": False}, "onednn_linear": {"loaded": False, "why": "oneDNN is not installed"},
-             "candidates": {"attention": ["v7 compiled", "v2 loop"], "linears": ["oneDNN matmul", "stock"]},
-             "statuses": {"float32": {"attention": {"v7 compiled": "", "v2 loop": ""}, "linears": {"oneDNN matmul": "not built", "stock": ""}},
-                          "bfloat16": {"attention": {"v7 compiled": "", "v2 loop": ""}, "linears": {"oneDNN matmul": "not built", "stock": ""}}}}
+             "candidates": {"attention": ["v7 compiled", "v7 tiles", "v2 loop"], "linears": ["oneDNN matmul", "stock"]},
+             "statuses": {"float32": {"attention": {"v7 compiled": "", "v7 tiles": "", "v2 loop": ""},
+                                      "linears": {"oneDNN matmul": "not built", "stock": ""}},
+                          "bfloat16": {"attention": {"v7 compiled": "", "v7 tiles": "", "v2 loop": ""},
+                                       "linears": {"oneDNN matmul": "not built", "stock": ""}}}}
     runs = isa_caps.switch_runs(plain)
     verdicts = isa_caps.classify_switches(runs, plain)
-    assert [r.label for r in runs if r.kind == "force"] == [
-        "PREFILLVIZ_ATTENTION=v7", "PREFILLVIZ_ATTENTION=v2", "PREFILLVIZ_LINEARS='oneDNN matmul'", "PREFILLVIZ_LINEARS=stock"]
+    assert [r.label for r in runs if r.kind == "force"] == [  # two candidates that start alike go by their whole names
+        "PREFILLVIZ_ATTENTION='v7 compiled'", "PREFILLVIZ_ATTENTION='v7 tiles'", "PREFILLVIZ_ATTENTION=v2", "PREFILLVIZ_LINEARS='oneDNN matmul'",
+        "PREFILLVIZ_LINEARS=stock"]
     assert verdicts["PREFILLVIZ_NO_ENGINE_OPS=1"].runs
     assert verdicts["PREFILLVIZ_NO_BF16_DOT=1"].status == "off"
     assert verdicts["PREFILLVIZ_NO_ONEDNN=1"].why == "the same code as the plain suite here: oneDNN is not installed"
     assert verdicts["PREFILLVIZ_STOCK_LINEARS=1"].status == "off"  # nothing is packed here already
-    assert verdicts["PREFILLVIZ_STOCK_FORWARD=1"].runs and verdicts["PREFILLVIZ_ATTENTION=v7"].runs
+    assert verdicts["PREFILLVIZ_STOCK_FORWARD=1"].runs and verdicts["PREFILLVIZ_ATTENTION='v7 compiled'"].runs and verdicts["PREFILLVIZ_ATTENTION='v7 tiles'"].runs
     assert verdicts["PREFILLVIZ_LINEARS='oneDNN matmul'"].why == "can't run here (float32: not built; bfloat16: not built)"
 
 

@@ -2,14 +2,15 @@
 
 Five ops, each one call where plain torch runs several (the C++ file says what each computes):
 ``rms_norm``, ``add_rms_norm``, ``silu_mul``, ``rope_write_kv`` and ``paged_attention`` (v7 of
-``paged_attention.py``'s family: FlashAttention's tiling on a CPU, over the paged cache). For
-a bf16 model on a CPU with AVX512-BF16, attention multiplies bf16 pairs with ``vdpbf16ps``
-(q.k exact, P rounded to bf16 before P V, as torch's bf16 SDPA rounds it, sums in fp32), and
-the other ops round floats to bf16 with its one instruction (``vcvtne2ps2bf16``) instead of
-ATen's eight: the same bits but for denormals, which it reads as zero. The CPU is asked at run
-time; elsewhere the tiles are fp32 and the rounding is ATen's. An fp32 step with rows enough to fill
-a vector puts the rows across the lanes instead (``csrc/attention_row_lanes.h``;
-``set_fp32_row_lanes(False)`` turns that off, to compare).
+``paged_attention.py``'s family: FlashAttention's tiling on a CPU, over the paged cache). Its
+attention has two layouts, two candidates of the measured dispatch: v7 puts the rows of a
+request that has enough to fill a vector across the lanes (``csrc/attention_row_lanes.h``, fp32
+arithmetic in either dtype), v7 tiles keeps every request in key tiles. In key tiles, a bf16
+model on a CPU with AVX512-BF16 multiplies bf16 pairs with ``vdpbf16ps`` (q.k exact, P rounded
+to bf16 before P V, as torch's bf16 SDPA rounds it, sums in fp32). The other ops round floats to
+bf16 with its one instruction (``vcvtne2ps2bf16``) there instead of ATen's eight: the same bits
+but for denormals, which it reads as zero. The CPU is asked at run time; elsewhere the tiles are
+fp32 and the rounding is ATen's.
 
 Nothing about the CPU is assumed. torch's own probe (``torch.backends.cpu.get_cpu_capability``:
 AVX512, AVX2 or DEFAULT; ``ATEN_CPU_CAPABILITY=avx2`` lowers it, for torch and for these ops
@@ -126,8 +127,9 @@ def _check_ops(ops, dtype: torch.dtype, generator: torch.Generator) -> str:
     q = inputs.q.transpose(0, 1).reshape(inputs.q.shape[1], -1)
     fp32 = [t.float() if isinstance(t, torch.Tensor) else t for t in inputs.arguments()]
     want = paged_naive(*fp32).transpose(0, 1).reshape(q.shape)
-    if not close(paged_attention(ops, q, inputs.key_cache, inputs.value_cache, inputs.step, 6, inputs.scale), want):
-        return f"paged_attention, {dtype}"
+    for row_lanes in (True, False):  # v7, and v7 tiles
+        if not close(paged_attention(ops, q, inputs.key_cache, inputs.value_cache, inputs.step, 6, inputs.scale, row_lanes=row_lanes), want):
+            return f"paged_attention{'' if row_lanes else ' in key tiles'}, {dtype}"
     return ""
 
 
@@ -141,19 +143,26 @@ def step_meta(step) -> tuple[torch.Tensor, torch.Tensor]:
     return slots.contiguous(), torch.tensor(rows, dtype=torch.long).reshape(-1, 4)
 
 
-def paged_attention(ops, q: torch.Tensor, key_cache, value_cache, step, num_heads: int, scale: float, meta=None) -> torch.Tensor:
-    """q (T, H D) -> (T, H D): the compiled kernel over the step (``meta`` from ``step_meta``, made once per step)."""
+def paged_attention(ops, q: torch.Tensor, key_cache, value_cache, step, num_heads: int, scale: float, meta=None,
+                    row_lanes: bool = True) -> torch.Tensor:
+    """q (T, H D) -> (T, H D): the compiled kernel over the step (``meta`` from ``step_meta``, made once per step);
+    ``row_lanes``: a request whose rows fill a vector has them across the lanes (v7), else every request is in key tiles (v7 tiles)."""
     slots, rows = meta if meta is not None else step_meta(step)
-    return ops.paged_attention(q, key_cache, value_cache, slots, rows, num_heads, scale)
+    return ops.paged_attention(q, key_cache, value_cache, slots, rows, num_heads, scale, row_lanes)
 
 
-# --------------------------------------------------------------------- v7 compiled, CPU
-def paged_compiled(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float) -> torch.Tensor:
+# --------------------------------------------------------------------- v7 compiled and v7 tiles, CPU
+def paged_compiled(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float, row_lanes: bool = True) -> torch.Tensor:
     """v7: the engine's C++ kernel (``csrc/engine_ops.cpp``), reading every key from the cache through the slots."""
     num_heads, num_tokens, head_dim = q.shape
     rows = q.transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
-    out = paged_attention(engine_ops(), rows, key_cache, value_cache, step, num_heads, scale)
+    out = paged_attention(engine_ops(), rows, key_cache, value_cache, step, num_heads, scale, row_lanes=row_lanes)
     return out.view(num_tokens, num_heads, head_dim).transpose(0, 1)
+
+
+def paged_compiled_tiles(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float) -> torch.Tensor:
+    """v7 tiles: the same kernel with every request in key tiles, rows or no rows to fill a vector."""
+    return paged_compiled(q, k_new, v_new, key_cache, value_cache, step, scale, row_lanes=False)
 
 
 def compiled_status(device: str | torch.device) -> tuple[bool, str]:
@@ -166,8 +175,14 @@ def compiled_status(device: str | torch.device) -> tuple[bool, str]:
 
 COMPILED = PagedKernel(
     "v7 compiled", 7,
-    "FlashAttention's tiling in C++ on a CPU: per (request, KV head, 16 query tokens), fp32 key tiles, online softmax, no gather",
+    "FlashAttention's tiling in C++ on a CPU: per (request, KV head, 16 or 32 query tokens), online softmax, no gather; "
+    "a request whose rows fill a vector has them across the lanes, the rest in key tiles",
     paged_compiled, compiled_status,
+)
+COMPILED_TILES = PagedKernel(
+    "v7 tiles", 7,
+    "v7 with every request in key tiles: fp32 tiles, or bf16 pairs on AVX512-BF16's dot products where the CPU has them",
+    paged_compiled_tiles, compiled_status,
 )
 
 

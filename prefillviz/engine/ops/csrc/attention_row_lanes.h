@@ -1,14 +1,15 @@
-// fp32 attention with a task's query rows across the vector lanes; included by engine_ops.cpp
+// Attention with a task's query rows across the vector lanes, in fp32; included by engine_ops.cpp
 // (inside its namespace: Vec, kW, kNegInf, Task and kKeyTile come from there).
 //
 // The scores of a tile of keys are kept transposed, S^T (keys, rows) = K Q^T: each FMA broadcasts
-// one element of a key row, read straight from the paged cache, against kW query rows. So:
-//   - K and V need no conversion into tiles (the cache is fp32 already): no gather, no transpose;
+// one element of a key row, read from the paged cache as it lies, against kW query rows. So:
+//   - K and V need no transposed tiles: no gather, no transpose (an fp32 cache is read in place);
 //   - the online softmax's max and sum over keys are plain vector max and add down the keys,
 //     with no horizontal reductions, and the causal mask is one compare per key and vector;
 //   - P V is O^T (dim, rows) += V^T P^T, again one broadcast element of a V row per FMA.
-// It needs rows to fill the lanes, so a decode's few rows (one token times G heads) keep the
-// tile kernel (Fp32Tiles), and bf16 caches keep theirs.
+// A bf16 cache's K and V rows of a tile are made fp32 first, once per task and tile (then read by
+// each of its row vectors), so the arithmetic is fp32 in either dtype, P included. It needs rows to fill the lanes,
+// so a decode's few rows (one token times G heads) keep the tile kernels.
 
 constexpr int kNV = 3;                  // row vectors per micro-kernel (accumulators: kNV x kKB; 12 of AVX2's 16 registers)
 constexpr int kKB = kW == 16 ? 8 : 4;   // keys (scores) or dimensions (P V) per micro-kernel
@@ -83,15 +84,16 @@ inline void by_row_vectors(int64_t nvec, F f) {
 // whether a request's tasks run here: enough rows (query tokens x G) to fill a vector
 inline bool fills_lanes(int64_t query_len, int64_t groups) { return query_len * groups >= kW; }
 
-template <int64_t dim>
-void attention_task_lanes(const Task& task, const float* q, int64_t q_row, float* out, const int64_t* meta, int64_t num_heads,
-                          int64_t kv_heads, float scale, std::vector<float>& scratch, const float* key_cache, const float* value_cache,
+template <typename T, int64_t dim>
+void attention_task_lanes(const Task& task, const T* q, int64_t q_row, T* out, const int64_t* meta, int64_t num_heads,
+                          int64_t kv_heads, float scale, std::vector<float>& scratch, const T* key_cache, const T* value_cache,
                           const int64_t* slots) {
   const int64_t groups = num_heads / kv_heads;
   const int64_t query_start = meta[task.request * 4 + 0], num_computed = meta[task.request * 4 + 2];
   const int64_t* context = slots + meta[task.request * 4 + 3];
   const int64_t rows = task.count * groups, rp = (rows + kW - 1) / kW * kW, nvec = rp / kW;
-  scratch.assign(2 * dim * rp + kKeyTile * rp + 4 * rp, 0.f);
+  constexpr bool convert = !std::is_same_v<T, float>;  // a bf16 cache: each tile's K and V rows in fp32 first
+  scratch.assign(2 * dim * rp + kKeyTile * rp + 4 * rp + (convert ? 2 * kKeyTile * dim : 0), 0.f);
   float* qt = scratch.data();        // (dim, rp) scaled queries, transposed (zeros past the rows)
   float* ot = qt + dim * rp;         // (dim, rp) running output, transposed
   float* st = ot + dim * rp;         // (kKeyTile, rp) this tile's scores, then probabilities
@@ -99,11 +101,13 @@ void attention_task_lanes(const Task& task, const float* q, int64_t q_row, float
   float* sum = mx + rp;              // (rp,) running sum
   float* alpha = sum + rp;           // (rp,) this tile's rescale of the running output
   float* pos = alpha + rp;           // (rp,) the last key each row sees (padding rows: all)
+  float* kf = pos + rp;              // (kKeyTile, dim) a bf16 tile's keys, then its values, in fp32
+  float* vf = kf + kKeyTile * dim;
   for (int64_t i = 0; i < rp; ++i) {
     if (i < rows) {
       const int64_t t = task.first + i / groups, head = task.kv_head * groups + i % groups;
-      const float* src = q + (query_start + t) * q_row + head * dim;
-      for (int64_t d = 0; d < dim; ++d) qt[d * rp + i] = src[d] * scale;
+      const T* src = q + (query_start + t) * q_row + head * dim;
+      for (int64_t d = 0; d < dim; ++d) qt[d * rp + i] = static_cast<float>(src[d]) * scale;
       pos[i] = static_cast<float>(num_computed + t);
     } else {
       pos[i] = std::numeric_limits<float>::max();
@@ -115,8 +119,17 @@ void attention_task_lanes(const Task& task, const float* q, int64_t q_row, float
   for (int64_t j0 = 0; j0 < task.keys; j0 += kKeyTile) {
     const int64_t n = std::min<int64_t>(kKeyTile, task.keys - j0);
     for (int64_t j = 0; j < n; ++j) {
-      keys[j] = key_cache + context[j0 + j] * row_stride + task.kv_head * dim;
-      values[j] = value_cache + context[j0 + j] * row_stride + task.kv_head * dim;
+      const T* k = key_cache + context[j0 + j] * row_stride + task.kv_head * dim;
+      const T* v = value_cache + context[j0 + j] * row_stride + task.kv_head * dim;
+      if constexpr (convert) {
+        to_float(k, kf + j * dim, dim);
+        to_float(v, vf + j * dim, dim);
+        keys[j] = kf + j * dim;
+        values[j] = vf + j * dim;
+      } else {
+        keys[j] = k;
+        values[j] = v;
+      }
     }
     by_row_vectors(nvec, [&](auto nv, int64_t c0) { lane_scores_tile<decltype(nv)::value>(keys, n, qt + c0 * kW, st + c0 * kW, rp, dim); });
     const bool masked = j0 + n - 1 > first_position;  // some row of the task is before some key of the tile
@@ -155,8 +168,8 @@ void attention_task_lanes(const Task& task, const float* q, int64_t q_row, float
   }
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t t = task.first + i / groups, head = task.kv_head * groups + i % groups;
-    float* dst = out + (query_start + t) * num_heads * dim + head * dim;
+    T* dst = out + (query_start + t) * num_heads * dim + head * dim;
     const float inv = 1.f / sum[i];
-    for (int64_t d = 0; d < dim; ++d) dst[d] = ot[d * rp + i] * inv;
+    for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(ot[d * rp + i] * inv);
   }
 }

@@ -8,10 +8,11 @@
 //                     the step's K and V written into the paged cache through the slot mapping
 //   paged_attention   flash-style attention of every request's new queries over its context,
 //                     read from the paged cache through its slots; scores, online softmax and
-//                     P V in fp32 (FlashAttention's tiling, on a CPU). A bf16 model on a CPU
-//                     with AVX512-BF16 (asked at run time) multiplies bf16 pairs instead
-//                     (vdpbf16ps): q.k exact, P rounded to bf16 before P V, sums in fp32; an
-//                     fp32 prefill or chunk puts its rows across the lanes (attention_row_lanes.h)
+//                     P V in fp32 (FlashAttention's tiling, on a CPU). With row_lanes, a request
+//                     whose rows fill a vector has them across the lanes (attention_row_lanes.h;
+//                     v7); without, every request is in key tiles (v7 tiles), where a bf16 model
+//                     on a CPU with AVX512-BF16 (asked at run time) multiplies bf16 pairs
+//                     (vdpbf16ps): q.k exact, P rounded to bf16 before P V, sums in fp32
 //
 // Vectors are ATen's at::vec::Vectorized<float>: 16 lanes where torch's probe of the CPU says
 // AVX-512, 8 for AVX2, plain C++ otherwise (the build passes that probe's flags and macro).
@@ -332,8 +333,6 @@ struct Task {
 
 #include "attention_row_lanes.h"
 
-bool fp32_lanes = true;  // set_fp32_row_lanes(false): fp32 prefills in the tile kernel too (the check compares both)
-
 inline float reduce_max(Vec v) {
   return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, v);
 }
@@ -598,14 +597,14 @@ void attention_task(const Task& task, const T* q, int64_t q_row, T* out, const f
 
 template <typename T, typename Tiles>
 void paged_attention_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                          const at::Tensor& slots, const at::Tensor& meta, double scale) {
+                          const at::Tensor& slots, const at::Tensor& meta, double scale, bool row_lanes) {
   const int64_t kv_heads = key_cache.size(2), dim = key_cache.size(3);
   const int64_t num_heads = out.size(1) / dim, num_requests = meta.size(0), groups = num_heads / kv_heads;
   const int64_t* m = meta.data_ptr<int64_t>();
   const T* kc = key_cache.data_ptr<T>();
   const T* vc = value_cache.data_ptr<T>();
   const int64_t* sp = slots.data_ptr<int64_t>();
-  const auto lanes = [&](int64_t r) { return std::is_same_v<T, float> && fp32_lanes && fills_lanes(m[r * 4 + 1], groups); };
+  const auto lanes = [&](int64_t r) { return row_lanes && fills_lanes(m[r * 4 + 1], groups); };
   // phase 1: every request's context, per KV head, as fp32 tiles (read once, shared by its tasks)
   const int64_t tile_floats = Tiles::tile_words;
   std::vector<int64_t> first_tile(num_requests + 1, 0);  // request r's tiles of KV head h: first_tile[r] + h * tiles(r)
@@ -662,11 +661,9 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor
     for (int64_t i = begin; i < end; ++i) {
       const Task& task = order[i];
       const int64_t count = (first_tile[task.request + 1] - first_tile[task.request]) / kv_heads;
-      if constexpr (std::is_same_v<T, float>) {
-        if (lanes(task.request)) {
-          attention_task_lanes<Tiles::dim>(task, qp, q_row, op, m, num_heads, kv_heads, static_cast<float>(scale), scratch, kc, vc, sp);
-          continue;
-        }
+      if (lanes(task.request)) {
+        attention_task_lanes<T, Tiles::dim>(task, qp, q_row, op, m, num_heads, kv_heads, static_cast<float>(scale), scratch, kc, vc, sp);
+        continue;
       }
       const float* request_tiles = count ? tiles + (first_tile[task.request] + task.kv_head * count) * tile_floats : nullptr;
       attention_task<T, Tiles>(task, qp, q_row, op, request_tiles, m, num_heads, kv_heads, static_cast<float>(scale), scratch, kc, vc, sp);
@@ -693,14 +690,14 @@ void by_dtype_and_rounding(at::ScalarType dtype, F f) {
 
 template <int DV>
 void dispatch_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const at::Tensor& slots,
-                        const at::Tensor& meta, double scale) {
+                        const at::Tensor& meta, double scale, bool row_lanes) {
   if (q.scalar_type() == at::kBFloat16) {
 #if defined(CPU_CAPABILITY_AVX512)
-    if (bf16_dot_enabled()) return paged_attention_impl<c10::BFloat16, Bf16DotTiles<DV>>(out, q, kc, vc, slots, meta, scale);
+    if (bf16_dot_enabled()) return paged_attention_impl<c10::BFloat16, Bf16DotTiles<DV>>(out, q, kc, vc, slots, meta, scale, row_lanes);
 #endif
-    paged_attention_impl<c10::BFloat16, Fp32Tiles<c10::BFloat16, DV>>(out, q, kc, vc, slots, meta, scale);
+    paged_attention_impl<c10::BFloat16, Fp32Tiles<c10::BFloat16, DV>>(out, q, kc, vc, slots, meta, scale, row_lanes);
   } else {
-    paged_attention_impl<float, Fp32Tiles<float, DV>>(out, q, kc, vc, slots, meta, scale);
+    paged_attention_impl<float, Fp32Tiles<float, DV>>(out, q, kc, vc, slots, meta, scale, row_lanes);
   }
 }
 
@@ -754,7 +751,7 @@ void rope_write_kv(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin
 // slots: every request's context slots, one request after another; meta (R, 4) int64:
 // query start, query length, tokens cached before the step, where its slots start.
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slots,
-                           const at::Tensor& meta, int64_t num_heads, double scale) {
+                           const at::Tensor& meta, int64_t num_heads, double scale, bool row_lanes) {
   check_dtype(q, "q");
   TORCH_CHECK(q.dim() == 2 && q.stride(1) == 1, "paged_attention: q (T, H D) with unit inner stride");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous() && key_cache.scalar_type() == q.scalar_type(), "paged_attention: contiguous caches of q's dtype");
@@ -763,11 +760,11 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, con
   TORCH_CHECK(num_heads % kv_heads == 0, "paged_attention: heads must be a multiple of KV heads");
   at::Tensor out = at::empty({q.size(0), num_heads * dim}, q.options());
   switch (dim / kW * (dim % kW == 0)) {
-    case 1: dispatch_attention<1>(out, q, key_cache, value_cache, slots.contiguous(), meta, scale); break;
-    case 2: dispatch_attention<2>(out, q, key_cache, value_cache, slots.contiguous(), meta, scale); break;
-    case 4: dispatch_attention<4>(out, q, key_cache, value_cache, slots.contiguous(), meta, scale); break;
-    case 8: dispatch_attention<8>(out, q, key_cache, value_cache, slots.contiguous(), meta, scale); break;
-    case 16: dispatch_attention<16>(out, q, key_cache, value_cache, slots.contiguous(), meta, scale); break;
+    case 1: dispatch_attention<1>(out, q, key_cache, value_cache, slots.contiguous(), meta, scale, row_lanes); break;
+    case 2: dispatch_attention<2>(out, q, key_cache, value_cache, slots.contiguous(), meta, scale, row_lanes); break;
+    case 4: dispatch_attention<4>(out, q, key_cache, value_cache, slots.contiguous(), meta, scale, row_lanes); break;
+    case 8: dispatch_attention<8>(out, q, key_cache, value_cache, slots.contiguous(), meta, scale, row_lanes); break;
+    case 16: dispatch_attention<16>(out, q, key_cache, value_cache, slots.contiguous(), meta, scale, row_lanes); break;
     default: TORCH_CHECK(false, "paged_attention: head_dim ", dim, " is not 1, 2, 4, 8 or 16 vectors of ", kW);
   }
   return out;
@@ -778,9 +775,6 @@ int64_t vector_width() { return kW; }
 // whether a bf16 step's attention runs on AVX512-BF16 dot products (this CPU has them, and they are on)
 bool bf16_dot_products() { return bf16_dot_enabled(); }
 void set_bf16_dot_products(bool on) { bf16_dot = on; }
-// whether fp32 steps with rows to fill the vector lanes run attention_row_lanes.h's kernel
-bool fp32_row_lanes() { return fp32_lanes; }
-void set_fp32_row_lanes(bool on) { fp32_lanes = on; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm);
@@ -791,6 +785,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("vector_width", &vector_width);
   m.def("bf16_dot_products", &bf16_dot_products);
   m.def("set_bf16_dot_products", &set_bf16_dot_products);
-  m.def("fp32_row_lanes", &fp32_row_lanes);
-  m.def("set_fp32_row_lanes", &set_fp32_row_lanes);
 }

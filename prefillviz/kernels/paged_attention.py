@@ -61,10 +61,11 @@ Versions (each says what it changes from the one before):
                 Which layout is faster depends on the CPU, so both are candidates.
 
 Which one the engine uses is measured on the machine it runs on, never assumed
-(``prefillviz/engine/dispatch.py``): v7, v7 tiles, v6, v2 and v3 are each checked against v1 there, then
-timed on the model's heads for a few step shapes, and each step runs the fastest for its
-shape. On a Zen 4 with AVX512-BF16 that was v7 (then in key tiles only); on a Xeon with AMX, torch's SDPA (its flash
-attention runs oneDNN's brgemm on the AMX tiles) beat v7 by 4x at 2,048 tokens.
+(``prefillviz/engine/dispatch.py``): v7, v7 tiles, v6, v2 and v3 are each checked against v1
+there, then timed on the model's heads for a few step shapes, and each step runs the fastest
+for its shape. On a Zen 4 with AVX512-BF16 that was v7 (then in key tiles only); on a Xeon
+with AMX, torch's SDPA (its flash attention runs oneDNN's brgemm on the AMX tiles) beat v7 by
+4x at 2,048 tokens.
 
 ``check_paged_and_time`` checks a version against v1 (fp32) and raises ``KernelCheckError``
 when they differ by more than the tolerance; only then it times it and measures its memory,

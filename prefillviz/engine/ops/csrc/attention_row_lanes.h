@@ -1,5 +1,5 @@
 // Attention with a task's query rows across the vector lanes, in fp32; included by engine_ops.cpp
-// (inside its namespace: Vec, kW, kNegInf, Task and kKeyTile come from there).
+// (inside its namespace: Vec, kW, kNegInf, Task, kKeyTile and to_float come from there).
 //
 // The scores of a tile of keys are kept transposed, S^T (keys, rows) = K Q^T: each FMA broadcasts
 // one element of a key row, read from the paged cache as it lies, against kW query rows. So:
@@ -8,8 +8,8 @@
 //     with no horizontal reductions, and the causal mask is one compare per key and vector;
 //   - P V is O^T (dim, rows) += V^T P^T, again one broadcast element of a V row per FMA.
 // A bf16 cache's K and V rows of a tile are made fp32 first, once per task and tile (then read by
-// each of its row vectors), so the arithmetic is fp32 in either dtype, P included. It needs rows to fill the lanes,
-// so a decode's few rows (one token times G heads) keep the tile kernels.
+// each of its row vectors), so the arithmetic is fp32 in either dtype, P included. It needs rows
+// to fill the lanes, so a decode's few rows (one token times G heads) keep the tile kernels.
 
 constexpr int kNV = 3;                  // row vectors per micro-kernel (accumulators: kNV x kKB; 12 of AVX2's 16 registers)
 constexpr int kKB = kW == 16 ? 8 : 4;   // keys (scores) or dimensions (P V) per micro-kernel

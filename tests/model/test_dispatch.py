@@ -178,7 +178,10 @@ def test_measuring_checks_each_candidate_and_excludes_a_wrong_one(tiny_llama, mo
     kernel = ENGINE_KERNELS["v3 packed"]
     broken = dataclasses.replace(kernel, forward=lambda *args: kernel.forward(*args) * 1.5)  # a wrong result: the oracle check must catch it
     monkeypatch.setitem(ENGINE_KERNELS, "v3 packed", broken)
+    allocator = []
+    monkeypatch.setattr(dispatch_tuning, "keep_freed_memory", lambda: allocator.append("kept") or "")
     table = dispatch_tuning.measure(tiny_llama)
+    assert allocator == ["kept"]  # a CPU model's candidates are timed under the engine's allocator (host_memory)
     assert "differs from the naive oracle" in table.excluded[ATTENTION]["v3 packed"]
     assert set(table.timings) == set(BUCKET_NAMES)
     for bucket in BUCKET_NAMES:

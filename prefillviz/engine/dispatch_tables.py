@@ -28,7 +28,7 @@ from prefillviz.engine.devices import cache_root, machine_slug
 from prefillviz.engine.dispatch import ATTENTION, BUCKETS, LINEARS, DispatchTable, StepChoice
 from prefillviz.engine.dispatch_tuning import candidate_statuses, fingerprint
 
-FORMAT = 2  # in the cache file's name and content; 2: stock linears timed as the engine calls them (a table of 1 is measured again)
+FORMAT = 3  # in the cache file's name and content (an older table is measured again); 2: stock linears timed as the engine calls them; 3: timed under the engine's allocator
 MAX_AGE = datetime.timedelta(days=7)
 
 

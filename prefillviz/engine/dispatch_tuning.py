@@ -231,7 +231,7 @@ def measure(model: torch.nn.Module, progress: Callable[[float, str], None] | Non
     started = time.perf_counter()
     parameter = next(model.parameters())
     device, dtype = parameter.device, parameter.dtype
-    if device.type == "cpu":  # time the candidates under the engine's allocator (its KV cache sets it; this may come first)
+    if device.type == "cpu":  # time the candidates under the engine's allocator (its KV cache sets it; `tune` comes first)
         keep_freed_memory()
     heads, kv_heads, head_dim = attention_heads(model)
     statuses = candidate_statuses(model)

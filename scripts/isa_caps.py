@@ -414,7 +414,11 @@ def run_pytest(run: Run, files: tuple[str, ...], verdict: Verdict, timeout_s: fl
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
     LOGS.mkdir(parents=True, exist_ok=True)
     log = LOGS / f"{run.slug}.log"
-    env = clean_env({**run.env, "PREFILLVIZ_CACHE": str(cache), "COLUMNS": "400"})  # wide: pytest's short summary keeps each assertion
+    # torch's compiled code in a folder of the run's own: inductor's cache key leaves out ATEN_CPU_CAPABILITY,
+    # and torch 2.13's FlexAttention compiled under one cap and loaded under another gave wrong results
+    # here (2.08 off the oracle: its probe then reports it can't run) in the later runs and the suite after
+    inductor = cache / "torchinductor"
+    env = clean_env({**run.env, "PREFILLVIZ_CACHE": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(inductor), "COLUMNS": "400"})  # wide: pytest's short summary keeps each assertion
     started = time.perf_counter()
     with open(log, "w") as out:
         out.write(f"$ {run.label} PREFILLVIZ_CACHE={cache} {' '.join(command)}\n")

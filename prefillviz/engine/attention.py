@@ -34,12 +34,12 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from prefillviz.engine.dispatch import COMPILED_CANDIDATES, V7, StepChoice
 from prefillviz.engine.kv_cache import PagedKVCache
 from prefillviz.engine.ops import engine_ops
-from prefillviz.engine.ops.engine_ops import COMPILED, COMPILED_TILES, engine_ops_status, step_meta
+from prefillviz.engine.ops.engine_ops import BRGEMM, COMPILED, COMPILED_TILES, engine_ops_status, step_meta
 from prefillviz.engine.ops.paged import LOOP, LOOP_FP32_DECODES, NAIVE, PACKED, PagedKernel, PagedStep
 from prefillviz.engine.shared_settings import shared_setting
 
 ATTENTION_NAME = "prefillviz_paged"
-ENGINE_KERNELS: dict[str, PagedKernel] = {kernel.name: kernel for kernel in (COMPILED, COMPILED_TILES, LOOP_FP32_DECODES, LOOP, PACKED, NAIVE)}
+ENGINE_KERNELS: dict[str, PagedKernel] = {kernel.name: kernel for kernel in (COMPILED, COMPILED_TILES, BRGEMM, LOOP_FP32_DECODES, LOOP, PACKED, NAIVE)}
 """The attention versions the engine can run (the dispatch's candidates, and v1, their oracle), by name."""
 
 

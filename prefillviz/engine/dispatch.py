@@ -43,17 +43,19 @@ FORCE_ENV = {ATTENTION: "PREFILLVIZ_ATTENTION", LINEARS: "PREFILLVIZ_LINEARS"}
 V7 = "v7 compiled"
 V7_TILES = "v7 tiles"  # v7's kernel without the rows across the lanes: which layout wins is measured too
 COMPILED_CANDIDATES = (V7, V7_TILES)  # the engine's C++ kernel (``engine/ops/csrc``), one op with a layout switch
-ATTENTION_CANDIDATES = (V7, V7_TILES, "v6 loop, fp32 decodes", "v2 loop", "v3 packed")
+V8 = "v8 brgemm"  # bf16: the engine's C++ softmax between two matmuls on oneDNN's brgemm micro-kernel
+ATTENTION_CANDIDATES = (V7, V7_TILES, V8, "v6 loop, fp32 decodes", "v2 loop", "v3 packed")
 ONEDNN, TORCH_PACKED, STOCK = "oneDNN matmul", "torch packed", "stock"
 LINEAR_CANDIDATES = (ONEDNN, TORCH_PACKED, STOCK)
 CANDIDATES = {ATTENTION: ATTENTION_CANDIDATES, LINEARS: LINEAR_CANDIDATES}
-KINDS = {V7: "C++", V7_TILES: "C++", "v6 loop, fp32 decodes": "SDPA", "v2 loop": "SDPA", "v3 packed": "SDPA"}  # a caption compares across kinds
+KINDS = {V7: "C++", V7_TILES: "C++", V8: "brgemm", "v6 loop, fp32 decodes": "SDPA", "v2 loop": "SDPA", "v3 packed": "SDPA"}  # a caption compares across kinds
 BUSY_PERCENT = 10.0  # other processes' share of the cores above which a measurement is taken again (stricter than a page's 25%)
 NOISY_SPREAD = 3.0  # a candidate's slowest run over its fastest above this, where it may have decided the choice: measured again (1.3-2.5 is ordinary jitter on a 2-core VM)
 SECOND_PACK_GAIN = 1.10  # a bucket runs another pack than the primary only when it is this much faster there
 PLAIN_NAMES = {  # what a caption calls each candidate
     V7: "the engine's C++ kernel (v7)",
     V7_TILES: "the engine's C++ kernel in key tiles (v7 tiles)",
+    V8: "the engine's softmax between oneDNN brgemm matmuls (v8)",
     "v6 loop, fp32 decodes": "torch's SDPA (v6: fp32 decodes)",
     "v2 loop": "torch's SDPA (v2: one call per request)",
     "v3 packed": "torch's SDPA (v3: one packed call)",

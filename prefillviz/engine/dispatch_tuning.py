@@ -45,7 +45,7 @@ from prefillviz.engine.host_memory import keep_freed_memory
 from prefillviz.engine.llama_weights import linear_of, stacked
 from prefillviz.engine.machine_load import MachineLoad
 from prefillviz.engine.model_shape import model_shape
-from prefillviz.engine.ops.engine_ops import step_meta
+from prefillviz.engine.ops.engine_ops import BRGEMM, step_meta
 from prefillviz.engine.ops.paged_check import KernelCheckError, check_paged, random_step
 from prefillviz.engine.timers import calls_per_run, run_seconds
 
@@ -78,6 +78,7 @@ def candidate_statuses(model: torch.nn.Module, parameter: torch.Tensor | None = 
     ops, why = compiled_attention_status(device, dtype, head_dim)
     for name in COMPILED_CANDIDATES:
         attention[name] = "" if ops is not None else why
+    attention[dispatch.V8] = brgemm_why(device, dtype, head_dim)
     if not on_cpu:
         attention["v6 loop, fp32 decodes"] = "the same as v2 off a CPU"
     linears = {name: "" for name in dispatch.LINEAR_CANDIDATES}
@@ -94,6 +95,16 @@ def candidate_statuses(model: torch.nn.Module, parameter: torch.Tensor | None = 
         if not runs:
             linears[TORCH_PACKED] = why
     return {ATTENTION: attention, LINEARS: linears}
+
+
+def brgemm_why(device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
+    """'' when v8 can run this dtype and head size here, else why not."""
+    if dtype != torch.bfloat16:
+        return "v8 runs bf16 only"
+    if head_dim % 64:
+        return f"v8 needs a head size that is a multiple of 64 (oneDNN's packed blocks), not {head_dim}"
+    runs, why = BRGEMM.status(device)
+    return "" if runs else why
 
 
 def _has_linears(model: torch.nn.Module) -> bool:

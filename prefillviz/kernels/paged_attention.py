@@ -59,12 +59,18 @@ Versions (each says what it changes from the one before):
                 across the lanes: fp32 tiles, or for a bf16 model on a CPU with AVX512-BF16
                 bf16 pairs and its dot product (vdpbf16ps: q.k exact, P rounded to bf16).
                 Which layout is faster depends on the CPU, so both are candidates.
+    v8 brgemm   bf16 only (``csrc/attention_brgemm.h``): per request, Q K^T and P V on oneDNN's
+                brgemm micro-kernel through ATen's cpublas (the AMX tiles where the CPU has
+                them), with K and V packed into its layout once per KV head and shared by
+                that head's query heads; the online softmax between the two in fp32 vectors
+                (exp as 2^x: a floor and a degree-4 fit), P rounded to bf16 before P V as in
+                torch's bf16 SDPA. Where oneDNN can't run bf16 brgemm, it is out, with why.
 
 Which one the engine uses is measured on the machine it runs on, never assumed
-(``prefillviz/engine/dispatch.py``): v7, v7 tiles, v6, v2 and v3 are each checked against v1
+(``prefillviz/engine/dispatch.py``): v7, v7 tiles, v8, v6, v2 and v3 are each checked against v1
 there, then timed on the model's heads for a few step shapes, and each step runs the fastest
 for its shape. On a Zen 4 with AVX512-BF16 that was v7 (then in key tiles only); on a Xeon
-with AMX, torch's SDPA (its flash attention runs oneDNN's brgemm on the AMX tiles) beat v7 by
+with AMX, torch's SDPA (its flash attention calls oneDNN's bf16 gemm per block) beat v7 by
 4x at 2,048 tokens.
 
 ``check_paged_and_time`` checks a version against v1 (fp32) and raises ``KernelCheckError``
@@ -80,7 +86,7 @@ from functools import cache
 import torch
 
 # ------------------------------------------------------------------------------ the step
-from prefillviz.engine.ops.engine_ops import COMPILED, COMPILED_TILES, compiled_status, paged_compiled, paged_compiled_tiles
+from prefillviz.engine.ops.engine_ops import BRGEMM, COMPILED, COMPILED_TILES, compiled_status, paged_brgemm, paged_compiled, paged_compiled_tiles
 from prefillviz.engine.ops.paged import (
     LOOP,
     LOOP_FP32_DECODES,
@@ -100,9 +106,9 @@ from prefillviz.engine.ops.paged_check import PagedInputs, check_paged, random_s
 from prefillviz.kernels.harness import KernelResult, time_checked
 
 __all__ = [  # the engine's versions, with the teaching ones, as the Kernel timings page lists them
-    "COMPILED", "COMPILED_TILES", "FLEX", "LOOP", "LOOP_FP32_DECODES", "NAIVE", "PACKED", "PAGED_KERNELS", "TRITON", "PagedInputs", "PagedKernel",
+    "BRGEMM", "COMPILED", "COMPILED_TILES", "FLEX", "LOOP", "LOOP_FP32_DECODES", "NAIVE", "PACKED", "PAGED_KERNELS", "TRITON", "PagedInputs", "PagedKernel",
     "PagedStep", "check_paged", "check_paged_and_time", "compiled_status", "decode_fp32", "flex_status", "get_paged_kernel",
-    "packed_keys", "packed_mask", "paged_compiled", "paged_compiled_tiles", "paged_flex", "paged_loop", "paged_loop_fp32_decodes", "paged_naive", "paged_packed",
+    "packed_keys", "packed_mask", "paged_brgemm", "paged_compiled", "paged_compiled_tiles", "paged_flex", "paged_loop", "paged_loop_fp32_decodes", "paged_naive", "paged_packed",
     "paged_triton", "random_step", "triton_status",
 ]
 
@@ -206,7 +212,7 @@ TRITON = PagedKernel(
     triton_status,
 )
 
-PAGED_KERNELS: tuple[PagedKernel, ...] = (NAIVE, LOOP, PACKED, FLEX, TRITON, LOOP_FP32_DECODES, COMPILED, COMPILED_TILES)
+PAGED_KERNELS: tuple[PagedKernel, ...] = (NAIVE, LOOP, PACKED, FLEX, TRITON, LOOP_FP32_DECODES, COMPILED, COMPILED_TILES, BRGEMM)
 
 
 def get_paged_kernel(name: str) -> PagedKernel:

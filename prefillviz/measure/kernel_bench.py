@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from prefillviz.engine.devices import dtype_name, machine_name
+from prefillviz.engine.dispatch_tuning import brgemm_why
 from prefillviz.engine.errors import ConfigError
 from prefillviz.engine.ops.paged_check import KernelCheckError
 from prefillviz.engine.progress import FractionProgress
@@ -188,10 +189,13 @@ def run_kernel_benchmark(
     generator = torch.Generator().manual_seed(seed)
     scale = head_dim**-0.5
     paged_kernels = [paged.LOOP, paged.PACKED, paged.LOOP_FP32_DECODES]
-    for kernel in (paged.FLEX, paged.TRITON, paged.COMPILED, paged.COMPILED_TILES):
+    for kernel in (paged.FLEX, paged.TRITON, paged.COMPILED, paged.COMPILED_TILES, paged.BRGEMM):
         runnable, reason = kernel.status(device)
         if kernel is paged.FLEX and not include_flex:
             runnable, reason = False, "left out (each new shape compiles for several seconds)"
+        if kernel is paged.BRGEMM and runnable:
+            reason = brgemm_why(torch.device(device), dtype, head_dim)
+            runnable = not reason
         if kernel is paged.TRITON and runnable and torch.device(device).type != "cuda":
             runnable, reason = False, "the Triton interpreter is a correctness check, too slow to time"
         if runnable and kernel in (paged.FLEX, paged.TRITON) and "paged" in families:

@@ -127,7 +127,7 @@ def test_kernels_ran_on_the_prompts_captured_layer_and_on_the_sweep(result, bund
     assert len(paged) == (4 + len(compiled)) * 2 * len(SWEEP) and all(row["max_abs_diff_vs_v1"] <= row["allowed_diff"] for row in paged)
     mixed = next(row for row in paged if row["workload"] == "mixed" and row["N"] == 96)
     assert (mixed["queries"], mixed["context_tokens"]) == (96 + 4, 96 + 4 * 96)  # a 96-token chunk (N < 128) + 4 decodes
-    assert {s["kernel"] for s in result.benchmark.skipped} == {"v4 flex", "v5 triton"}
+    assert {s["kernel"] for s in result.benchmark.skipped} == {"v4 flex", "v5 triton", "v8 brgemm"}  # v8: bf16 only
     assert figures.kernel_time_figure(rows).data[0].y[0] == pytest.approx(rows[0]["median_ms"])
     assert len(figures.kernel_memory_figure(rows).data) == 2
     time_lines = figures.sweep_time_figure(sweep).data

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from prefillviz.engine.dispatch import ATTENTION_CANDIDATES
 from prefillviz.engine.ops.paged_check import KernelCheckError
 from prefillviz.kernels.paged_attention import (
+    BRGEMM,
     COMPILED,
     COMPILED_TILES,
     FLEX,
@@ -129,6 +130,37 @@ def test_compiled_kernel_in_bf16_and_its_status(compiled_ops, kernel):
     assert not COMPILED.status("cuda")[0]
 
 
+@pytest.fixture(scope="module")
+def brgemm_runs(compiled_ops):
+    runs, why = BRGEMM.status("cpu")
+    if not runs:
+        pytest.skip(f"v8 can't run here: {why}")
+
+
+@pytest.mark.parametrize("heads", [pytest.param((9, 3, 64), id="GQA, SmolLM2's heads"), pytest.param((8, 1, 64), id="MQA"),
+                                   pytest.param((4, 4, 128), id="MHA, head size 128")])
+@pytest.mark.parametrize("requests", [*STEPS, pytest.param([(0, 100), (70, 45), (130, 1)], id="several query blocks"),
+                                      pytest.param([(500, 300), (0, 333)], id="several key blocks, keys past a pack block")])
+@pytest.mark.parametrize("block_size", [16, 5])
+def test_brgemm_kernel_matches_the_oracle_in_bf16(brgemm_runs, requests, heads, block_size):
+    """v8 in bf16 against the fp32 oracle: its QK^T is exact in fp32 sums, P and the output are rounded to bf16 (a step each)."""
+    inputs = random_step(requests, *heads, block_size=block_size, dtype=torch.bfloat16, seed=3)
+    difference, allowed = check_paged(BRGEMM, inputs)
+    assert 0 < difference <= min(allowed, allowed_for(inputs))
+
+
+def test_brgemm_kernel_refuses_fp32_and_is_out_of_an_fp32_dispatch(compiled_ops, tiny_llama):
+    from prefillviz.engine import dispatch_tuning
+
+    inputs = random_step([(0, 40)], 9, 3, 64, seed=3)
+    with pytest.raises(RuntimeError, match="bf16 only"):
+        BRGEMM(*inputs.arguments())
+    assert dispatch_tuning.candidate_statuses(tiny_llama.float())["attention"]["v8 brgemm"] == "v8 runs bf16 only"
+    assert "multiple of 64" in dispatch_tuning.brgemm_why(torch.device("cpu"), torch.bfloat16, 16)
+    runs, why = BRGEMM.status("cpu")
+    assert why and (runs or "oneDNN" in why or "C++ ops" in why)  # where it can't run, it says which part is missing
+
+
 def test_the_oracle_in_row_blocks_is_the_same_arithmetic():
     inputs = random_step([(50, 70), (0, 33)], 6, 2, 16, seed=2)
     whole = paged_naive(*inputs.arguments())
@@ -223,7 +255,7 @@ def test_check_and_time_reports_the_step():
 
 
 def test_registry_and_the_engines_kernel():
-    assert [k.version for k in PAGED_KERNELS] == [1, 2, 3, 4, 5, 6, 7, 7]  # v7 in its two layouts
+    assert [k.version for k in PAGED_KERNELS] == [1, 2, 3, 4, 5, 6, 7, 7, 8]  # v7 in its two layouts
     assert get_paged_kernel("v3 packed") is PACKED
     with pytest.raises(KeyError, match="v1 naive"):
         get_paged_kernel("v9")

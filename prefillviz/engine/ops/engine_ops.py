@@ -40,11 +40,11 @@ from pathlib import Path
 import torch
 
 from prefillviz.engine.ops import cpp_build
-from prefillviz.engine.ops.paged import PagedKernel, PagedStep, paged_naive
+from prefillviz.engine.ops.paged import PagedKernel, PagedStep, context, paged_naive
 from prefillviz.engine.ops.paged_check import random_step
 from prefillviz.engine.ops.torch_ops import rms_norm, silu_mul
 
-SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("engine_ops.cpp", "attention_row_lanes.h")]  # the .cpp includes the .h
+SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("engine_ops.cpp", "attention_row_lanes.h", "attention_brgemm.h")]  # the .cpp includes the .h files
 FOLDER = "engine_ops"  # under build/
 DISABLE_ENV = "PREFILLVIZ_NO_ENGINE_OPS"
 NO_BF16_DOT_ENV = "PREFILLVIZ_NO_BF16_DOT"  # bf16 attention in fp32 tiles, as on a CPU without AVX512-BF16
@@ -183,6 +183,45 @@ COMPILED_TILES = PagedKernel(
     "v7 tiles", 7,
     "v7 with every request in key tiles: fp32 tiles, or bf16 pairs on AVX512-BF16's dot products where the CPU has them",
     paged_compiled_tiles, compiled_status,
+)
+
+
+# --------------------------------------------------------------------- v8 brgemm, CPU, bf16
+def paged_brgemm(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float) -> torch.Tensor:
+    """v8: per request, its context as v2 reads it, and one call of the C++ op ``brgemm_attention``
+    (``csrc/attention_brgemm.h``: the two matmuls on oneDNN's brgemm micro-kernel, the softmax in fp32 between)."""
+    ops = engine_ops()
+    outputs = []
+    for r, num_computed in enumerate(step.num_computed):
+        start, end = step.query_start_loc[r], step.query_start_loc[r + 1]
+        if num_computed == 0:  # nothing cached: the context is exactly the new tokens
+            k, v = k_new[:, start:end], v_new[:, start:end]
+        else:
+            k, v = context(key_cache, step, r), context(value_cache, step, r)  # (KVH, ctx, D)
+        outputs.append(ops.brgemm_attention(q[:, start:end], k, v, scale))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+
+
+def brgemm_status(device: str | torch.device) -> tuple[bool, str]:
+    """Whether v8 can run on ``device``: the engine's C++ ops, and oneDNN's brgemm micro-kernel packs bf16 on this CPU."""
+    runs, why = compiled_status(device)
+    if not runs:
+        return runs, why
+    problem = brgemm_problem()
+    return (False, problem) if problem else (True, "bf16 on oneDNN's brgemm micro-kernel")
+
+
+@functools.cache
+def brgemm_problem() -> str:
+    """'' when oneDNN's brgemm micro-kernel packs and multiplies bf16 in this process (tried once), else why not."""
+    return engine_ops().brgemm_bf16_problem()
+
+
+BRGEMM = PagedKernel(
+    "v8 brgemm", 8,
+    "bf16 only: per request, Q K^T and P V on oneDNN's brgemm micro-kernel (the AMX tiles where the CPU has them), "
+    "K and V packed once per KV head for its query heads, the softmax in fp32 vectors between",
+    paged_brgemm, brgemm_status,
 )
 
 

@@ -85,7 +85,7 @@ def _gather(cache_tensor: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return cache_tensor.view(-1, *cache_tensor.shape[2:]).index_select(0, slots).transpose(0, 1)
 
 
-def _context(cache_tensor: torch.Tensor, step: PagedStep, r: int) -> torch.Tensor:
+def context(cache_tensor: torch.Tensor, step: PagedStep, r: int) -> torch.Tensor:
     """Request r's keys (or values) as (KVH, ctx, D): read in place where its slots are one run of
     consecutive slots (its blocks follow each other in the pool, as a fresh engine allocates them),
     else gathered. The same numbers either way; in place spares a copy of the context per layer."""
@@ -162,7 +162,7 @@ def _per_request(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale
         if num_computed == 0:  # nothing cached: the context is exactly the new tokens
             k, v = k_new[:, start:end], v_new[:, start:end]
         else:
-            k, v = _context(key_cache, step, r), _context(value_cache, step, r)  # (KVH, ctx, D)
+            k, v = context(key_cache, step, r), context(value_cache, step, r)  # (KVH, ctx, D)
         q_len, kv_len = end - start, k.shape[1]
         if q_len == 1 and fp32_decodes:
             outputs.append(decode_fp32(q[:, start:end], k, v, scale))
@@ -199,7 +199,7 @@ def packed_mask(step: PagedStep, device: torch.device) -> torch.Tensor:
 
 def packed_keys(k_new, v_new, key_cache, value_cache, step: PagedStep) -> tuple[torch.Tensor, torch.Tensor]:
     if step.num_requests == 1:
-        return (k_new, v_new) if step.num_computed[0] == 0 else (_context(key_cache, step, 0), _context(value_cache, step, 0))
+        return (k_new, v_new) if step.num_computed[0] == 0 else (context(key_cache, step, 0), context(value_cache, step, 0))
     slots = step.packed_slots()
     return _gather(key_cache, slots), _gather(value_cache, slots)  # (KVH, S, D)
 

@@ -13,6 +13,9 @@
 //                     v7); without, every request is in key tiles (v7 tiles), where a bf16 model
 //                     on a CPU with AVX512-BF16 (asked at run time) multiplies bf16 pairs
 //                     (vdpbf16ps): q.k exact, P rounded to bf16 before P V, sums in fp32
+//   brgemm_attention  v8: one request's bf16 attention, its two matmuls on oneDNN's brgemm
+//                     micro-kernel (AMX where the CPU has it), the softmax between them in fp32
+//                     (attention_brgemm.h)
 //
 // Vectors are ATen's at::vec::Vectorized<float>: 16 lanes where torch's probe of the CPU says
 // AVX-512, 8 for AVX2, plain C++ otherwise (the build passes that probe's flags and macro).
@@ -21,6 +24,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+#include <ATen/native/CPUBlas.h>
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
@@ -31,6 +35,7 @@
 #endif
 #include <cmath>
 #include <limits>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -770,6 +775,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, con
   return out;
 }
 
+#include "attention_brgemm.h"
+
 int64_t vector_width() { return kW; }
 
 // whether a bf16 step's attention runs on AVX512-BF16 dot products (this CPU has them, and they are on)
@@ -782,6 +789,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul);
   m.def("rope_write_kv", &rope_write_kv);
   m.def("paged_attention", &paged_attention);
+  m.def("brgemm_attention", &brgemm_attention);
+  m.def("brgemm_bf16_problem", &brgemm_bf16_problem);
   m.def("vector_width", &vector_width);
   m.def("bf16_dot_products", &bf16_dot_products);
   m.def("set_bf16_dot_products", &set_bf16_dot_products);

@@ -1,0 +1,193 @@
+// v8: bf16 attention of one request with its two matmuls on oneDNN's brgemm micro-kernel (through
+// ATen's cpublas: the AMX tiles where the CPU has them), the softmax in fp32 vectors between them.
+// Included by engine_ops.cpp (inside its namespace: Vec, kW and kNegInf come from there).
+//
+// FlashAttention's tiling, as torch's CPU flash attention does it for fp16, with three changes:
+//   - K and V are packed into the micro-kernel's VNNI layout once per KV head and shared by the
+//     KV head's G query heads (torch packs per query head, and for bf16 does not pack: it calls
+//     oneDNN's gemm, a call per block);
+//   - the causal mask is a row's count of keys, and a block's keys past the last row's are skipped;
+//   - where torch's probe says AVX-512, exp is 2^x on the scores times scale·log2(e): a floor and a
+//     degree-4 fit of 2^f on [0, 1), relative error 7e-6 (bf16's half step, which P is rounded to
+//     before P V, is 2e-3), then vscalefps. The softmax was 60% of the time with ATen's exp_u20.
+// Whether the micro-kernel runs bf16 here is tried (brgemm_bf16_problem); where it does not, v8 is
+// out of the dispatch, with why.
+
+namespace cpublas = at::native::cpublas;
+
+constexpr int64_t kPack = 64;       // keys per packed K block, and columns per packed V slice (oneDNN's pack: 16..64)
+constexpr int64_t kQRows = 64;      // query rows per task
+constexpr int64_t kKeyBlock = 256;  // keys per softmax block
+
+// '' when oneDNN's brgemm micro-kernel packs and multiplies bf16 here (a 4 x 64 x 64 product checked
+// against plain sums), else why not. torch's cpublas::could_pack asks the CPU only; oneDNN's own
+// cap (DNNL_MAX_CPU_ISA below AMX) makes pack refuse ("No need to pack"), so the product is tried.
+std::string brgemm_bf16_problem() {
+  if (!cpublas::could_pack(at::kBFloat16)) return "oneDNN does not pack bf16 for its brgemm micro-kernel here (torch's cpublas::could_pack said no)";
+  using BF = c10::BFloat16;
+  constexpr int64_t M = 4;
+  std::vector<BF> a(M * kPack), b(kPack * kPack), packed(kPack * kPack);
+  std::vector<float> c(M * kPack, 0.f);
+  for (int64_t i = 0; i < M * kPack; ++i) a[i] = BF(static_cast<float>(i % 7) - 3.f);
+  for (int64_t i = 0; i < kPack * kPack; ++i) b[i] = BF(static_cast<float>(i % 5) - 2.f);
+  try {
+    cpublas::pack(kPack, kPack, kPack, kPack, at::kBFloat16, at::kBFloat16, b.data(), packed.data());
+    cpublas::brgemm(M, kPack, kPack, kPack, kPack, kPack, false, a.data(), packed.data(), c.data());
+    cpublas::brgemm_release();
+  } catch (const std::exception& error) {
+    std::string what = error.what();
+    return "oneDNN's brgemm micro-kernel refused bf16 here (" + what.substr(0, what.find('\n')) + ")";
+  }
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < kPack; ++j) {
+      float want = 0.f;
+      for (int64_t k = 0; k < kPack; ++k) want += static_cast<float>(a[i * kPack + k]) * static_cast<float>(b[k * kPack + j]);
+      if (c[i * kPack + j] != want) return "oneDNN's brgemm micro-kernel gave a wrong bf16 product here";  // small integers: exact
+    }
+  return "";
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+// 2^x for x <= 0 (below -126: 2^-126)
+inline __m512 exp2_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));
+  __m512 whole = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_sub_ps(x, whole);
+  __m512 p = _mm512_set1_ps(0.013676531f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.051666877f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24171026f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69293129f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000073f));
+  return _mm512_scalef_ps(p, whole);
+}
+
+inline __mmask16 first_lanes(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
+#endif
+
+// the largest of row[0 .. n)
+inline float row_max(const float* row, int64_t n) {
+#if defined(CPU_CAPABILITY_AVX512)
+  __m512 m = _mm512_set1_ps(kNegInf);
+  for (int64_t c = 0; c < n; c += 16) m = _mm512_mask_max_ps(m, first_lanes(n - c), m, _mm512_maskz_loadu_ps(first_lanes(n - c), row + c));
+  return _mm512_reduce_max_ps(m);
+#else
+  float m = kNegInf;
+  for (int64_t c = 0; c < n; ++c) m = std::max(m, row[c]);
+  return m;
+#endif
+}
+
+// p[c] = 2^(row[c] * a - b) rounded to bf16, for c < n; returns their fp32 sum
+inline float row_exp2(const float* row, int64_t n, float a, float b, c10::BFloat16* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), sum = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 32 <= n; c += 32) {
+    __m512 e0 = exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(row + c), va, vb));
+    __m512 e1 = exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(row + c + 16), va, vb));
+    sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
+    at::vec::convert_from_float<c10::BFloat16>(Vec(e0), Vec(e1)).store(p + c);
+  }
+  for (; c < n; c += 16) {
+    __mmask16 lanes = first_lanes(n - c);
+    __m512 e = _mm512_maskz_mov_ps(lanes, exp2_nonpositive(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(lanes, row + c), va, vb)));
+    sum = _mm512_add_ps(sum, e);
+    at::vec::convert_from_float<c10::BFloat16>(Vec(e), Vec(0.f)).store(p + c, std::min<int64_t>(16, n - c));
+  }
+  return _mm512_reduce_add_ps(sum);
+#else
+  float sum = 0.f;
+  for (int64_t c = 0; c < n; ++c) {
+    float e = std::exp2(row[c] * a - b);
+    sum += e;
+    p[c] = c10::BFloat16(e);
+  }
+  return sum;
+#endif
+}
+
+// q (H, N, D), k and v (KVH, Nk, D), bf16, each row contiguous; causal with the last query at the last key
+// (a chunk after Nk - N cached keys). Returns (H, N, D): a view of an (N, H, D) tensor, the layout the
+// engine's o projection reads, so the caller's reshape to (N, H D) copies nothing.
+at::Tensor brgemm_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16,
+              "v8 runs bf16 only");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && q.stride(2) == 1 && k.stride(2) == 1 && v.stride(2) == 1,
+              "v8: q, k, v must be (heads, tokens, D) with contiguous rows");
+  const int64_t heads = q.size(0), n = q.size(1), dim = q.size(2), kv_heads = k.size(0), keys = k.size(1);
+  TORCH_CHECK(dim % kPack == 0, "v8: head size ", dim, " is not a multiple of ", kPack);
+  TORCH_CHECK(heads % kv_heads == 0 && keys >= n && v.size(1) == keys, "v8: heads must be a multiple of KV heads, and keys >= queries");
+  const int64_t group = heads / kv_heads, cached = keys - n;
+  const int64_t padded = (keys + kPack - 1) / kPack * kPack, blocks = padded / kPack;
+  using BF = c10::BFloat16;
+  at::Tensor packed_k = at::empty({kv_heads, padded * dim}, q.options());  // per 64 keys: K^T [D, 64] in VNNI
+  at::Tensor packed_v = at::empty({kv_heads, padded * dim}, q.options());  // per 64 columns of D: V [padded, 64] in VNNI
+  const BF* kd = k.data_ptr<BF>();
+  const BF* vd = v.data_ptr<BF>();
+  BF* pk = packed_k.data_ptr<BF>();
+  BF* pv = packed_v.data_ptr<BF>();
+  at::parallel_for(0, kv_heads * blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<BF> kt(dim * kPack), vs(kPack * kPack);
+    for (int64_t z = begin; z < end; ++z) {
+      const int64_t h = z / blocks, first = z % blocks * kPack, rows = std::min(kPack, keys - first);
+      std::fill(kt.begin(), kt.end(), BF(0.f));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t d = 0; d < dim; ++d) kt[d * kPack + r] = kd[h * k.stride(0) + (first + r) * k.stride(1) + d];
+      cpublas::pack(dim, kPack, kPack, kPack, at::kBFloat16, at::kBFloat16, kt.data(), pk + h * padded * dim + first * dim);
+      for (int64_t c = 0; c < dim; c += kPack) {
+        std::fill(vs.begin(), vs.end(), BF(0.f));
+        for (int64_t r = 0; r < rows; ++r)
+          std::memcpy(vs.data() + r * kPack, vd + h * v.stride(0) + (first + r) * v.stride(1) + c, kPack * sizeof(BF));
+        // the VNNI layout of [padded, 64] is [padded / 2, 64, 2]: 64 rows of it start at row * 64
+        cpublas::pack(kPack, kPack, kPack, kPack, at::kBFloat16, at::kBFloat16, vs.data(), pv + h * padded * dim + c * padded + first * kPack);
+      }
+    }
+  });
+  at::Tensor out = at::empty({n, heads, dim}, q.options());
+  const BF* qd = q.data_ptr<BF>();
+  BF* od = out.data_ptr<BF>();
+  const int64_t q_blocks = (n + kQRows - 1) / kQRows;
+  const float log2_scale = static_cast<float>(scale) * 1.4426950408889634f;  // exp(s * scale) = 2^(s * log2_scale)
+  at::parallel_for(0, heads * q_blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(kQRows * kKeyBlock), acc(kQRows * dim), top(kQRows), total(kQRows);
+    std::vector<BF> probs(kQRows * kKeyBlock);
+    for (int64_t z = begin; z < end; ++z) {
+      const int64_t head = z / q_blocks, first = z % q_blocks * kQRows, rows = std::min(kQRows, n - first), h = head / group;
+      const BF* qrows = qd + head * q.stride(0) + first * q.stride(1);
+      std::fill(top.begin(), top.end(), kNegInf);  // running max, in log2 units
+      std::fill(total.begin(), total.end(), 0.f);
+      const int64_t seen = cached + first + rows;  // keys the block's last row sees
+      for (int64_t key = 0; key < seen; key += kKeyBlock) {
+        const int64_t cols = std::min(kKeyBlock, seen - key), padded_cols = (cols + kPack - 1) / kPack * kPack;
+        for (int64_t b = 0; b < padded_cols; b += kPack)
+          cpublas::brgemm(rows, kPack, dim, q.stride(1), kPack, kKeyBlock, false, qrows, pk + h * padded * dim + (key + b) * dim,
+                          scores.data() + b);
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* row = scores.data() + r * kKeyBlock;
+          BF* p = probs.data() + r * kKeyBlock;
+          const int64_t live = std::max<int64_t>(0, std::min(cols, cached + first + r + 1 - key));  // keys row r sees here
+          const float high = live > 0 ? std::max(top[r], row_max(row, live) * log2_scale) : top[r];
+          const float sum = live > 0 ? row_exp2(row, live, log2_scale, high, p) : 0.f;
+          std::fill(p + live, p + padded_cols, BF(0.f));
+          const float shrink = std::exp2(top[r] - high);  // 0 for the first block (top is -inf)
+          total[r] = total[r] * shrink + sum;
+          top[r] = high;
+          if (key > 0 && shrink != 1.f) {
+            float* a = acc.data() + r * dim;
+            for (int64_t d = 0; d < dim; d += kW) (Vec::loadu(a + d) * Vec(shrink)).store(a + d);
+          }
+        }
+        for (int64_t c = 0; c < dim; c += kPack)
+          cpublas::brgemm(rows, kPack, padded_cols, kKeyBlock, kPack, dim, key > 0, probs.data(), pv + h * padded * dim + c * padded + key * kPack,
+                          acc.data() + c);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const float inv = 1.f / total[r];
+        BF* o = od + ((first + r) * heads + head) * dim;
+        for (int64_t d = 0; d < dim; ++d) o[d] = BF(acc[r * dim + d] * inv);
+      }
+    }
+  });
+  cpublas::brgemm_release();
+  return out.transpose(0, 1);
+}

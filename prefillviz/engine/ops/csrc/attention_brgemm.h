@@ -9,11 +9,18 @@
 //   - the causal mask is a row's count of keys, and a block's keys past the last row's are skipped;
 //   - where torch's probe says AVX-512, exp is 2^x on the scores times scale·log2(e): a floor and a
 //     degree-4 fit of 2^f on [0, 1), relative error 7e-6 (bf16's half step, which P is rounded to
-//     before P V, is 2e-3), then vscalefps. The softmax was 60% of the time with ATen's exp_u20.
+//     before P V, is 2e-3), then vscalefps; P is rounded to bf16 by AVX512-BF16's instruction where
+//     the CPU has it (as the other ops do). The softmax was 60% of the time with ATen's exp_u20.
 // Whether the micro-kernel runs bf16 here is tried (brgemm_bf16_problem); where it does not, v8 is
 // out of the dispatch, with why.
 
 namespace cpublas = at::native::cpublas;
+
+#if defined(CPU_CAPABILITY_AVX512)
+#define NATIVE_ROUND NativeRound
+#else
+#define NATIVE_ROUND AtenRound  // no AVX-512 build: bf16_dot_enabled() is false anyway
+#endif
 
 constexpr int64_t kPack = 64;       // keys per packed K block, and columns per packed V slice (oneDNN's pack: 16..64)
 constexpr int64_t kQRows = 64;      // query rows per task
@@ -77,7 +84,9 @@ inline float row_max(const float* row, int64_t n) {
 #endif
 }
 
-// p[c] = 2^(row[c] * a - b) rounded to bf16, for c < n; returns their fp32 sum
+// p[c] = 2^(row[c] * a - b) rounded to bf16 (R: ATen's rounding, or AVX512-BF16's instruction), for c < n;
+// returns their fp32 sum
+template <typename R>
 inline float row_exp2(const float* row, int64_t n, float a, float b, c10::BFloat16* p) {
 #if defined(CPU_CAPABILITY_AVX512)
   __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), sum = _mm512_setzero_ps();
@@ -86,7 +95,7 @@ inline float row_exp2(const float* row, int64_t n, float a, float b, c10::BFloat
     __m512 e0 = exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(row + c), va, vb));
     __m512 e1 = exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(row + c + 16), va, vb));
     sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
-    at::vec::convert_from_float<c10::BFloat16>(Vec(e0), Vec(e1)).store(p + c);
+    R::store(p + c, Vec(e0), Vec(e1));
   }
   for (; c < n; c += 16) {
     __mmask16 lanes = first_lanes(n - c);
@@ -147,6 +156,7 @@ at::Tensor brgemm_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const BF* qd = q.data_ptr<BF>();
   BF* od = out.data_ptr<BF>();
   const int64_t q_blocks = (n + kQRows - 1) / kQRows;
+  const bool native = bf16_dot_enabled();  // AVX512-BF16's rounding instruction for P, where the CPU has it
   const float log2_scale = static_cast<float>(scale) * 1.4426950408889634f;  // exp(s * scale) = 2^(s * log2_scale)
   at::parallel_for(0, heads * q_blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(kQRows * kKeyBlock), acc(kQRows * dim), top(kQRows), total(kQRows);
@@ -167,7 +177,7 @@ at::Tensor brgemm_attention(const at::Tensor& q, const at::Tensor& k, const at::
           BF* p = probs.data() + r * kKeyBlock;
           const int64_t live = std::max<int64_t>(0, std::min(cols, cached + first + r + 1 - key));  // keys row r sees here
           const float high = live > 0 ? std::max(top[r], row_max(row, live) * log2_scale) : top[r];
-          const float sum = live > 0 ? row_exp2(row, live, log2_scale, high, p) : 0.f;
+          const float sum = live == 0 ? 0.f : native ? row_exp2<NATIVE_ROUND>(row, live, log2_scale, high, p) : row_exp2<AtenRound>(row, live, log2_scale, high, p);
           std::fill(p + live, p + padded_cols, BF(0.f));
           const float shrink = std::exp2(top[r] - high);  // 0 for the first block (top is -inf)
           total[r] = total[r] * shrink + sum;

@@ -2,14 +2,15 @@
 
 The engine has several correct implementations of two op families:
 
-    attention   v7 compiled (the engine's C++ kernel), v6 loop with fp32 decodes, v2 loop and
-                v3 packed (torch's SDPA inside; on a CPU its flash attention runs oneDNN's brgemm
-                micro-kernels, which use AMX tiles where the CPU has them)
+    attention   v7 compiled and v7 tiles (the engine's C++ kernel), v8 brgemm (bf16: the engine's
+                softmax between Q K^T and P V on oneDNN's brgemm micro-kernel, AMX tiles where the
+                CPU has them), v6 loop with fp32 decodes, v2 loop and v3 packed (torch's SDPA inside;
+                on a CPU its bf16 flash attention calls oneDNN's gemm a block at a time)
     linears     oneDNN's matmul primitive (``prefillviz/engine/ops/onednn_linear.py``), torch's packed linear
                 (``torch.ops.mkldnn``), and the stock ``F.linear``
 
 Which is fastest depends on the machine: on a Zen 4 with AVX512-BF16, v7 beat SDPA; on a Xeon
-with AMX, SDPA beat v7 by 4x at 2,048 tokens. So no CPU flag and no preference written here
+with AMX, SDPA beat v7 by 4x at 2,048 tokens (and v8 beat SDPA). So no CPU flag and no preference written here
 picks one. ``dispatch_tuning.measure`` first checks every candidate against its oracle on
 this machine (a failure, or one that can't run here, is out, with the reason), then times the
 rest on the model's own shapes for a few step shapes (``BUCKETS``), and the fastest of each

@@ -3,6 +3,7 @@
 For one model, device, dtype and thread count:
 
 1. **Which candidates run here.** v7 and v7 tiles need the engine's C++ ops for this CPU and head size;
+   v8 needs them, bf16, a head size that is a multiple of 64 and oneDNN's bf16 brgemm here (tried);
    oneDNN's matmul needs Debian's oneDNN and a JIT kernel for the dtype; torch's packed linear
    needs a CPU whose oneDNN packs the dtype. Each says why not (``candidate_statuses``).
 2. **Each passes its oracle on this machine** or is out: attention against v1, the naive fp32

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from prefillviz.engine.ops import cpp_build
-from prefillviz.engine.ops.paged import PagedKernel, PagedStep, context, paged_naive
+from prefillviz.engine.ops.paged import PagedKernel, PagedStep, paged_naive, request_contexts
 from prefillviz.engine.ops.paged_check import random_step
 from prefillviz.engine.ops.torch_ops import rms_norm, silu_mul
 
@@ -193,14 +193,7 @@ def paged_brgemm(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale
     """v8: per request, its context as v2 reads it, and one call of the C++ op ``brgemm_attention``
     (``csrc/attention_brgemm.h``: the two matmuls on oneDNN's brgemm micro-kernel, the softmax in fp32 between)."""
     ops = engine_ops()
-    outputs = []
-    for r, num_computed in enumerate(step.num_computed):
-        start, end = step.query_start_loc[r], step.query_start_loc[r + 1]
-        if num_computed == 0:  # nothing cached: the context is exactly the new tokens
-            k, v = k_new[:, start:end], v_new[:, start:end]
-        else:
-            k, v = context(key_cache, step, r), context(value_cache, step, r)  # (KVH, ctx, D)
-        outputs.append(ops.brgemm_attention(q[:, start:end], k, v, scale))
+    outputs = [ops.brgemm_attention(q[:, start:end], k, v, scale) for _, start, end, k, v in request_contexts(k_new, v_new, key_cache, value_cache, step)]
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
 
 

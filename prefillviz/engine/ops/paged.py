@@ -85,7 +85,7 @@ def _gather(cache_tensor: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return cache_tensor.view(-1, *cache_tensor.shape[2:]).index_select(0, slots).transpose(0, 1)
 
 
-def context(cache_tensor: torch.Tensor, step: PagedStep, r: int) -> torch.Tensor:
+def _context(cache_tensor: torch.Tensor, step: PagedStep, r: int) -> torch.Tensor:
     """Request r's keys (or values) as (KVH, ctx, D): read in place where its slots are one run of
     consecutive slots (its blocks follow each other in the pool, as a fresh engine allocates them),
     else gathered. The same numbers either way; in place spares a copy of the context per layer."""
@@ -154,15 +154,20 @@ def decode_fp32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float)
     return torch.bmm(probs, v.float()).to(q.dtype).reshape(q.shape)
 
 
-def _per_request(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float, fp32_decodes: bool) -> torch.Tensor:
-    enable_gqa = q.shape[0] != k_new.shape[0]
-    outputs = []
+def request_contexts(k_new, v_new, key_cache, value_cache, step: PagedStep):
+    """Per request of the step: (r, its rows' start and end, its keys and values (KVH, ctx, D))."""
     for r, num_computed in enumerate(step.num_computed):
         start, end = step.query_start_loc[r], step.query_start_loc[r + 1]
         if num_computed == 0:  # nothing cached: the context is exactly the new tokens
-            k, v = k_new[:, start:end], v_new[:, start:end]
+            yield r, start, end, k_new[:, start:end], v_new[:, start:end]
         else:
-            k, v = context(key_cache, step, r), context(value_cache, step, r)  # (KVH, ctx, D)
+            yield r, start, end, _context(key_cache, step, r), _context(value_cache, step, r)
+
+
+def _per_request(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float, fp32_decodes: bool) -> torch.Tensor:
+    enable_gqa = q.shape[0] != k_new.shape[0]
+    outputs = []
+    for r, start, end, k, v in request_contexts(k_new, v_new, key_cache, value_cache, step):
         q_len, kv_len = end - start, k.shape[1]
         if q_len == 1 and fp32_decodes:
             outputs.append(decode_fp32(q[:, start:end], k, v, scale))
@@ -199,7 +204,7 @@ def packed_mask(step: PagedStep, device: torch.device) -> torch.Tensor:
 
 def packed_keys(k_new, v_new, key_cache, value_cache, step: PagedStep) -> tuple[torch.Tensor, torch.Tensor]:
     if step.num_requests == 1:
-        return (k_new, v_new) if step.num_computed[0] == 0 else (context(key_cache, step, 0), context(value_cache, step, 0))
+        return (k_new, v_new) if step.num_computed[0] == 0 else (_context(key_cache, step, 0), _context(value_cache, step, 0))
     slots = step.packed_slots()
     return _gather(key_cache, slots), _gather(value_cache, slots)  # (KVH, S, D)
 

@@ -26,18 +26,66 @@ constexpr int64_t kPack = 64;       // keys per packed K block, and columns per 
 constexpr int64_t kQRows = 64;      // query rows per task
 constexpr int64_t kKeyBlock = 256;  // keys per softmax block
 
-// '' when oneDNN's brgemm micro-kernel packs and multiplies bf16 here (a 4 x 64 x 64 product checked
-// against plain sums), else why not. torch's cpublas::could_pack asks the CPU only; oneDNN's own
-// cap (DNNL_MAX_CPU_ISA below AMX) makes pack refuse ("No need to pack"), so the product is tried.
+// K rows [first, first + rows) of one KV head (rows <= 64; a row's D values contiguous, rows `stride`
+// apart) as the micro-kernel's B for Q K^T: K^T [D, 64] in VNNI, [D / 2][64][2], keys past `rows` zero.
+// A pair of D values is one 32-bit word, so this is a transpose of 32-bit words.
+inline void pack_keys(const c10::BFloat16* k, int64_t stride, int64_t rows, int64_t dim, c10::BFloat16* out) {
+  uint32_t* o = reinterpret_cast<uint32_t*>(out);
+  for (int64_t r = 0; r < rows; ++r) {
+    const c10::BFloat16* row = k + r * stride;
+    for (int64_t p = 0; p < dim / 2; ++p) {
+      uint32_t word;
+      std::memcpy(&word, row + 2 * p, sizeof(word));
+      o[p * kPack + r] = word;
+    }
+  }
+  for (int64_t r = rows; r < kPack; ++r)
+    for (int64_t p = 0; p < dim / 2; ++p) o[p * kPack + r] = 0;
+}
+
+// V rows [first, first + rows) of one KV head, columns [c, c + 64), as the micro-kernel's B for P V:
+// [64 keys, 64] in VNNI, [32][64][2] (two keys' values of a column side by side), keys past `rows` zero.
+inline void pack_values(const c10::BFloat16* v, int64_t stride, int64_t rows, c10::BFloat16* out) {
+  uint32_t* o = reinterpret_cast<uint32_t*>(out);
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(v);
+  for (int64_t pair = 0; pair < kPack / 2; ++pair) {
+    const int64_t r = 2 * pair;
+    const uint16_t* even = bits + r * stride;
+    const uint16_t* odd = bits + (r + 1) * stride;
+    uint32_t* dst = o + pair * kPack;
+    if (r + 1 < rows) {
+      for (int64_t c = 0; c < kPack; ++c) dst[c] = uint32_t(even[c]) | (uint32_t(odd[c]) << 16);
+    } else if (r < rows) {
+      for (int64_t c = 0; c < kPack; ++c) dst[c] = uint32_t(even[c]);
+    } else {
+      std::memset(dst, 0, kPack * sizeof(uint32_t));
+    }
+  }
+}
+
+// '' when oneDNN's brgemm micro-kernel packs and multiplies bf16 here, in the layout v8 packs itself,
+// else why not. torch's cpublas::could_pack asks the CPU only; oneDNN's own cap (DNNL_MAX_CPU_ISA below
+// AMX) makes pack refuse ("No need to pack"), so it is tried: oneDNN packs a 64 x 64 B, which must equal
+// pack_keys' and pack_values' (VNNI), and a 4 x 64 x 64 product on it must equal plain sums.
 std::string brgemm_bf16_problem() {
   if (!cpublas::could_pack(at::kBFloat16)) return "oneDNN does not pack bf16 for its brgemm micro-kernel here (torch's cpublas::could_pack said no)";
   using BF = c10::BFloat16;
   constexpr int64_t M = 4;
-  std::vector<BF> a(M * kPack), b(kPack * kPack), packed(kPack * kPack);
+  std::vector<BF> a(M * kPack), b(kPack * kPack), packed(kPack * kPack), bt(kPack * kPack), ours(kPack * kPack);
   std::vector<float> c(M * kPack, 0.f);
   for (int64_t i = 0; i < M * kPack; ++i) a[i] = BF(static_cast<float>(i % 7) - 3.f);
-  for (int64_t i = 0; i < kPack * kPack; ++i) b[i] = BF(static_cast<float>(i % 5) - 2.f);
+  for (int64_t i = 0; i < kPack * kPack; ++i) b[i] = BF(static_cast<float>(i % 5) - 2.f + static_cast<float>(i / kPack) / 64.f);
+  for (int64_t i = 0; i < kPack; ++i)
+    for (int64_t j = 0; j < kPack; ++j) bt[j * kPack + i] = b[i * kPack + j];  // b = bt^T: bt's rows are "keys"
   try {
+    cpublas::pack(kPack, kPack, kPack, kPack, at::kBFloat16, at::kBFloat16, b.data(), packed.data());
+    pack_values(b.data(), kPack, kPack, ours.data());
+    if (std::memcmp(ours.data(), packed.data(), ours.size() * sizeof(BF)) != 0)
+      return "oneDNN's brgemm micro-kernel packs bf16 in another layout than VNNI [K / 2][N][2] here";
+    pack_keys(bt.data(), kPack, kPack, kPack, ours.data());
+    if (std::memcmp(ours.data(), packed.data(), ours.size() * sizeof(BF)) != 0)
+      return "oneDNN's brgemm micro-kernel packs bf16 in another layout than VNNI [K / 2][N][2] here";
+    for (int64_t i = 0; i < kPack * kPack; ++i) b[i] = BF(static_cast<float>(i % 5) - 2.f);  // small integers: exact sums
     cpublas::pack(kPack, kPack, kPack, kPack, at::kBFloat16, at::kBFloat16, b.data(), packed.data());
     cpublas::brgemm(M, kPack, kPack, kPack, kPack, kPack, false, a.data(), packed.data(), c.data());
     cpublas::brgemm_release();
@@ -49,7 +97,7 @@ std::string brgemm_bf16_problem() {
     for (int64_t j = 0; j < kPack; ++j) {
       float want = 0.f;
       for (int64_t k = 0; k < kPack; ++k) want += static_cast<float>(a[i * kPack + k]) * static_cast<float>(b[k * kPack + j]);
-      if (c[i * kPack + j] != want) return "oneDNN's brgemm micro-kernel gave a wrong bf16 product here";  // small integers: exact
+      if (c[i * kPack + j] != want) return "oneDNN's brgemm micro-kernel gave a wrong bf16 product here";
     }
   return "";
 }
@@ -136,20 +184,12 @@ at::Tensor brgemm_attention(const at::Tensor& q, const at::Tensor& k, const at::
   BF* pk = packed_k.data_ptr<BF>();
   BF* pv = packed_v.data_ptr<BF>();
   at::parallel_for(0, kv_heads * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<BF> kt(dim * kPack), vs(kPack * kPack);
     for (int64_t z = begin; z < end; ++z) {
       const int64_t h = z / blocks, first = z % blocks * kPack, rows = std::min(kPack, keys - first);
-      std::fill(kt.begin(), kt.end(), BF(0.f));
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t d = 0; d < dim; ++d) kt[d * kPack + r] = kd[h * k.stride(0) + (first + r) * k.stride(1) + d];
-      cpublas::pack(dim, kPack, kPack, kPack, at::kBFloat16, at::kBFloat16, kt.data(), pk + h * padded * dim + first * dim);
-      for (int64_t c = 0; c < dim; c += kPack) {
-        std::fill(vs.begin(), vs.end(), BF(0.f));
-        for (int64_t r = 0; r < rows; ++r)
-          std::memcpy(vs.data() + r * kPack, vd + h * v.stride(0) + (first + r) * v.stride(1) + c, kPack * sizeof(BF));
-        // the VNNI layout of [padded, 64] is [padded / 2, 64, 2]: 64 rows of it start at row * 64
-        cpublas::pack(kPack, kPack, kPack, kPack, at::kBFloat16, at::kBFloat16, vs.data(), pv + h * padded * dim + c * padded + first * kPack);
-      }
+      pack_keys(kd + h * k.stride(0) + first * k.stride(1), k.stride(1), rows, dim, pk + h * padded * dim + first * dim);
+      // the VNNI layout of [padded, 64] is [padded / 2, 64, 2]: 64 rows of it start at row * 64
+      for (int64_t c = 0; c < dim; c += kPack)
+        pack_values(vd + h * v.stride(0) + first * v.stride(1) + c, v.stride(1), rows, pv + h * padded * dim + c * padded + first * kPack);
     }
   });
   at::Tensor out = at::empty({n, heads, dim}, q.options());

@@ -2,9 +2,9 @@
 
 The engine has several correct implementations of two op families:
 
-    attention   v7 compiled and v7 tiles (the engine's C++ kernel), v8 brgemm (bf16: the engine's
-                softmax between Q K^T and P V on oneDNN's brgemm micro-kernel, AMX tiles where the
-                CPU has them), v6 loop with fp32 decodes, v2 loop and v3 packed (torch's SDPA inside;
+    attention   v7 compiled and v7 tiles (the engine's C++ kernel), v8 brgemm (bf16 or fp32: the
+                engine's softmax between Q K^T and P V on oneDNN's brgemm micro-kernel, bf16 on AMX
+                tiles where the CPU has them), v6 loop with fp32 decodes, v2 loop and v3 packed (torch's SDPA inside;
                 on a CPU its bf16 flash attention calls oneDNN's gemm a block at a time)
     linears     oneDNN's matmul primitive (``prefillviz/engine/ops/onednn_linear.py``), torch's packed linear
                 (``torch.ops.mkldnn``), and the stock ``F.linear``
@@ -44,7 +44,7 @@ FORCE_ENV = {ATTENTION: "PREFILLVIZ_ATTENTION", LINEARS: "PREFILLVIZ_LINEARS"}
 V7 = "v7 compiled"
 V7_TILES = "v7 tiles"  # v7's kernel without the rows across the lanes: which layout wins is measured too
 COMPILED_CANDIDATES = (V7, V7_TILES)  # the engine's C++ kernel (``engine/ops/csrc``), one op with a layout switch
-V8 = "v8 brgemm"  # bf16: the engine's C++ softmax between two matmuls on oneDNN's brgemm micro-kernel
+V8 = "v8 brgemm"  # bf16 or fp32: the engine's C++ softmax between two matmuls on oneDNN's brgemm micro-kernel
 ATTENTION_CANDIDATES = (V7, V7_TILES, V8, "v6 loop, fp32 decodes", "v2 loop", "v3 packed")
 ONEDNN, TORCH_PACKED, STOCK = "oneDNN matmul", "torch packed", "stock"
 LINEAR_CANDIDATES = (ONEDNN, TORCH_PACKED, STOCK)

@@ -59,12 +59,13 @@ Versions (each says what it changes from the one before):
                 across the lanes: fp32 tiles, or for a bf16 model on a CPU with AVX512-BF16
                 bf16 pairs and its dot product (vdpbf16ps: q.k exact, P rounded to bf16).
                 Which layout is faster depends on the CPU, so both are candidates.
-    v8 brgemm   bf16 only (``csrc/attention_brgemm.h``): per request, Q K^T and P V on oneDNN's
-                brgemm micro-kernel through ATen's cpublas (the AMX tiles where the CPU has
-                them), with K and V packed into its layout once per KV head and shared by
-                that head's query heads; the online softmax between the two in fp32 vectors
-                (exp as 2^x: a floor and a degree-4 fit), P rounded to bf16 before P V as in
-                torch's bf16 SDPA. Where oneDNN can't run bf16 brgemm, it is out, with why.
+    v8 brgemm   bf16 or fp32 (``csrc/attention_brgemm.h``): per request, Q K^T and P V on
+                oneDNN's brgemm micro-kernel through ATen's cpublas (bf16 on the AMX tiles where
+                the CPU has them), with K and V packed by v8 into its layout (VNNI in bf16, checked
+                against oneDNN's own pack) once per KV head and shared by that head's query heads;
+                the online softmax between the two in fp32 vectors (exp as 2^x: a floor and a
+                polynomial fit, degree 4 for bf16, degree 5 for fp32), P rounded to bf16 before P V
+                in bf16 as in torch's bf16 SDPA. Where oneDNN can't run a dtype, v8 is out for it, with why.
 
 Which one the engine uses is measured on the machine it runs on, never assumed
 (``prefillviz/engine/dispatch.py``): v7, v7 tiles, v8, v6, v2 and v3 are each checked against v1

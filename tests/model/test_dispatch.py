@@ -29,7 +29,6 @@ from prefillviz.engine.dispatch import (
     STOCK,
     TORCH_PACKED,
     V7,
-    V8,
     bucket_of,
     injected,
 )
@@ -149,7 +148,6 @@ def engine_run(model, prompt, max_new_tokens=3):
 FORCINGS = [
     pytest.param(family, candidate, dtype, id=f"{candidate}-{dtype}")
     for family, names in ((ATTENTION, ATTENTION_CANDIDATES), (LINEARS, LINEAR_CANDIDATES)) for candidate in names for dtype in ("float32", "bfloat16")
-    if (candidate, dtype) != (V8, "float32")  # bf16 only, by design (test_paged_kernels checks that an fp32 dispatch says so)
 ]
 
 

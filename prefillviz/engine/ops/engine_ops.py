@@ -198,23 +198,31 @@ def paged_brgemm(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale
 
 
 def brgemm_status(device: str | torch.device) -> tuple[bool, str]:
-    """Whether v8 can run on ``device``: the engine's C++ ops, and oneDNN's brgemm micro-kernel packs bf16 on this CPU."""
+    """Whether v8 can run on ``device`` in some dtype: the engine's C++ ops, and oneDNN's brgemm micro-kernel
+    multiplies bf16 or fp32 on this CPU (``brgemm_problem`` says which)."""
     runs, why = compiled_status(device)
     if not runs:
         return runs, why
-    problem = brgemm_problem()
-    return (False, problem) if problem else (True, "bf16 on oneDNN's brgemm micro-kernel")
+    problems = {dtype: brgemm_problem(dtype) for dtype in BRGEMM_DTYPES}
+    running = [dtype for dtype, problem in problems.items() if not problem]
+    if not running:
+        return False, "; ".join(problems.values())
+    return True, " and ".join(running) + " on oneDNN's brgemm micro-kernel" + "".join(f" ({dtype}: {problem})" for dtype, problem in problems.items() if problem)
+
+
+BRGEMM_DTYPES = ("bfloat16", "float32")
 
 
 @functools.cache
-def brgemm_problem() -> str:
-    """'' when oneDNN's brgemm micro-kernel packs and multiplies bf16 in this process (tried once), else why not."""
-    return engine_ops().brgemm_bf16_problem()
+def brgemm_problem(dtype: str) -> str:
+    """'' when oneDNN's brgemm micro-kernel multiplies ``dtype`` ("bfloat16": also packs it, in the layout v8
+    packs itself) in this process (tried once), else why not."""
+    return engine_ops().brgemm_problem(dtype)
 
 
 BRGEMM = PagedKernel(
     "v8 brgemm", 8,
-    "bf16 only: per request, Q K^T and P V on oneDNN's brgemm micro-kernel (the AMX tiles where the CPU has them), "
+    "bf16 or fp32: per request, Q K^T and P V on oneDNN's brgemm micro-kernel (bf16 on the AMX tiles where the CPU has them), "
     "K and V packed once per KV head for its query heads, the softmax in fp32 vectors between",
     paged_brgemm, brgemm_status,
 )

@@ -1,18 +1,21 @@
-// v8: bf16 attention of one request with its two matmuls on oneDNN's brgemm micro-kernel (through
-// ATen's cpublas: the AMX tiles where the CPU has them), the softmax in fp32 vectors between them.
-// Included by engine_ops.cpp (inside its namespace: Vec, kW and kNegInf come from there).
+// v8: bf16 or fp32 attention of one request with its two matmuls on oneDNN's brgemm micro-kernel
+// (through ATen's cpublas: bf16 on the AMX tiles where the CPU has them), the softmax in fp32 vectors
+// between them. Included by engine_ops.cpp (inside its namespace: Vec, kW and kNegInf come from there).
 //
 // FlashAttention's tiling, as torch's CPU flash attention does it for fp16, with three changes:
-//   - K and V are packed into the micro-kernel's VNNI layout once per KV head and shared by the
-//     KV head's G query heads (torch packs per query head, and for bf16 does not pack: it calls
-//     oneDNN's gemm, a call per block);
+//   - K and V are packed into the micro-kernel's layout (VNNI for bf16) once per KV head and shared
+//     by the KV head's G query heads (torch packs per query head, and for bf16 does not pack: it
+//     calls oneDNN's gemm, a call per block). v8 packs them itself (pack_keys, pack_values: a
+//     32-bit transpose and paired rows), checked once against oneDNN's own pack: calling that per
+//     64 keys was most of a decode's and a short chunk's time;
 //   - the causal mask is a row's count of keys, and a block's keys past the last row's are skipped;
 //   - where torch's probe says AVX-512, exp is 2^x on the scores times scale·log2(e): a floor and a
-//     degree-4 fit of 2^f on [0, 1), relative error 7e-6 (bf16's half step, which P is rounded to
-//     before P V, is 2e-3), then vscalefps; P is rounded to bf16 by AVX512-BF16's instruction where
-//     the CPU has it (as the other ops do). The softmax was 60% of the time with ATen's exp_u20.
-// Whether the micro-kernel runs bf16 here is tried (brgemm_bf16_problem); where it does not, v8 is
-// out of the dispatch, with why.
+//     fit of 2^f on [0, 1), then vscalefps. bf16: degree 4, relative error 7e-6 (bf16's half step,
+//     which P is rounded to before P V, is 2e-3), P rounded by AVX512-BF16's instruction where the
+//     CPU has it (as the other ops do). fp32: degree 5, 1.8e-7 (1.5 ulp), P kept in fp32. The
+//     softmax was 60% of the bf16 time with ATen's exp_u20.
+// Whether the micro-kernel runs a dtype here is tried (brgemm_problem); where it does not, v8 is out
+// of that dtype's dispatch, with why.
 
 namespace cpublas = at::native::cpublas;
 
@@ -63,6 +66,18 @@ inline void pack_values(const c10::BFloat16* v, int64_t stride, int64_t rows, c1
   }
 }
 
+// fp32 needs no VNNI: K^T [D, 64] plain, and V's 64-column slice [64 keys, 64] plain; keys past `rows` zero.
+inline void pack_keys(const float* k, int64_t stride, int64_t rows, int64_t dim, float* out) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t d = 0; d < dim; ++d) out[d * kPack + r] = k[r * stride + d];
+  for (int64_t d = 0; d < dim; ++d) std::fill(out + d * kPack + rows, out + (d + 1) * kPack, 0.f);
+}
+
+inline void pack_values(const float* v, int64_t stride, int64_t rows, float* out) {
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * kPack, v + r * stride, kPack * sizeof(float));
+  std::fill(out + rows * kPack, out + kPack * kPack, 0.f);
+}
+
 // '' when oneDNN's brgemm micro-kernel packs and multiplies bf16 here, in the layout v8 packs itself,
 // else why not. torch's cpublas::could_pack asks the CPU only; oneDNN's own cap (DNNL_MAX_CPU_ISA below
 // AMX) makes pack refuse ("No need to pack"), so it is tried: oneDNN packs a 64 x 64 B, which must equal
@@ -100,6 +115,36 @@ std::string brgemm_bf16_problem() {
       if (c[i * kPack + j] != want) return "oneDNN's brgemm micro-kernel gave a wrong bf16 product here";
     }
   return "";
+}
+
+// '' when oneDNN's brgemm micro-kernel multiplies fp32 here (a 4 x 64 x 64 product against plain
+// sums, on small integers: exact), else why not.
+std::string brgemm_fp32_problem() {
+  constexpr int64_t M = 4;
+  std::vector<float> a(M * kPack), b(kPack * kPack), c(M * kPack, 0.f);
+  for (int64_t i = 0; i < M * kPack; ++i) a[i] = static_cast<float>(i % 7) - 3.f;
+  for (int64_t i = 0; i < kPack * kPack; ++i) b[i] = static_cast<float>(i % 5) - 2.f;
+  try {
+    cpublas::brgemm(M, kPack, kPack, kPack, kPack, kPack, false, a.data(), b.data(), c.data());
+    cpublas::brgemm_release(false);
+  } catch (const std::exception& error) {
+    std::string what = error.what();
+    return "oneDNN's brgemm micro-kernel refused fp32 here (" + what.substr(0, what.find('\n')) + ")";
+  }
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < kPack; ++j) {
+      float want = 0.f;
+      for (int64_t k = 0; k < kPack; ++k) want += a[i * kPack + k] * b[k * kPack + j];
+      if (c[i * kPack + j] != want) return "oneDNN's brgemm micro-kernel gave a wrong fp32 product here";
+    }
+  return "";
+}
+
+// why v8 can't run `dtype` here ('' when it can)
+std::string brgemm_problem(const std::string& dtype) {
+  if (dtype == "bfloat16") return brgemm_bf16_problem();
+  if (dtype == "float32") return brgemm_fp32_problem();
+  return "v8 runs bf16 and fp32 only";
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -163,47 +208,85 @@ inline float row_exp2(const float* row, int64_t n, float a, float b, c10::BFloat
 #endif
 }
 
-// q (H, N, D), k and v (KVH, Nk, D), bf16, each row contiguous; causal with the last query at the last key
-// (a chunk after Nk - N cached keys). Returns (H, N, D): a view of an (N, H, D) tensor, the layout the
-// engine's o projection reads, so the caller's reshape to (N, H D) copies nothing.
-at::Tensor brgemm_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16,
-              "v8 runs bf16 only");
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && q.stride(2) == 1 && k.stride(2) == 1 && v.stride(2) == 1,
-              "v8: q, k, v must be (heads, tokens, D) with contiguous rows");
+#if defined(CPU_CAPABILITY_AVX512)
+// 2^x for x <= 0 to fp32's precision: a degree-5 fit of 2^f on [0, 1), relative error 1.8e-7 (1.5 ulp)
+inline __m512 exp2_nonpositive_fp32(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));
+  __m512 whole = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_sub_ps(x, whole);
+  __m512 p = _mm512_set1_ps(0.00189511f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.00894621f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.05586328f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24014077f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69315463f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999999f));
+  return _mm512_scalef_ps(p, whole);
+}
+#endif
+
+// fp32: p[c] = 2^(row[c] * a - b) for c < n, to fp32's precision (AVX-512: the fit above; else Sleef's
+// exp2, 1 ulp); returns their sum
+template <typename R>
+inline float row_exp2(const float* row, int64_t n, float a, float b, float* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), sum = _mm512_setzero_ps();
+  for (int64_t c = 0; c < n; c += 16) {
+    __mmask16 lanes = first_lanes(n - c);
+    __m512 e = _mm512_maskz_mov_ps(lanes, exp2_nonpositive_fp32(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(lanes, row + c), va, vb)));
+    sum = _mm512_add_ps(sum, e);
+    _mm512_mask_storeu_ps(p + c, lanes, e);
+  }
+  return _mm512_reduce_add_ps(sum);
+#else
+  Vec va(a), vb(b), sum(0.f);
+  int64_t c = 0;
+  for (; c + kW <= n; c += kW) {
+    Vec e = (Vec::loadu(row + c) * va - vb).exp2();
+    sum = sum + e;
+    e.store(p + c);
+  }
+  float total = at::vec::vec_reduce_all<float>([](Vec x, Vec y) { return x + y; }, sum);
+  for (; c < n; ++c) {
+    p[c] = std::exp2(row[c] * a - b);
+    total += p[c];
+  }
+  return total;
+#endif
+}
+
+// One request's attention in T (bf16 or fp32); q (H, N, D), k and v (KVH, Nk, D), out (N, H, D).
+template <typename T>
+void brgemm_attention_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, at::Tensor& out) {
   const int64_t heads = q.size(0), n = q.size(1), dim = q.size(2), kv_heads = k.size(0), keys = k.size(1);
-  TORCH_CHECK(dim % kPack == 0, "v8: head size ", dim, " is not a multiple of ", kPack);
-  TORCH_CHECK(heads % kv_heads == 0 && keys >= n && v.size(1) == keys, "v8: heads must be a multiple of KV heads, and keys >= queries");
   const int64_t group = heads / kv_heads, cached = keys - n;
   const int64_t padded = (keys + kPack - 1) / kPack * kPack, blocks = padded / kPack;
-  using BF = c10::BFloat16;
-  at::Tensor packed_k = at::empty({kv_heads, padded * dim}, q.options());  // per 64 keys: K^T [D, 64] in VNNI
-  at::Tensor packed_v = at::empty({kv_heads, padded * dim}, q.options());  // per 64 columns of D: V [padded, 64] in VNNI
-  const BF* kd = k.data_ptr<BF>();
-  const BF* vd = v.data_ptr<BF>();
-  BF* pk = packed_k.data_ptr<BF>();
-  BF* pv = packed_v.data_ptr<BF>();
+  constexpr bool vnni = std::is_same_v<T, c10::BFloat16>;
+  at::Tensor packed_k = at::empty({kv_heads, padded * dim}, q.options());  // per 64 keys: K^T [D, 64] (VNNI in bf16)
+  at::Tensor packed_v = at::empty({kv_heads, padded * dim}, q.options());  // per 64 columns of D: V [padded, 64] (VNNI in bf16)
+  const T* kd = k.data_ptr<T>();
+  const T* vd = v.data_ptr<T>();
+  T* pk = packed_k.data_ptr<T>();
+  T* pv = packed_v.data_ptr<T>();
   at::parallel_for(0, kv_heads * blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t z = begin; z < end; ++z) {
       const int64_t h = z / blocks, first = z % blocks * kPack, rows = std::min(kPack, keys - first);
       pack_keys(kd + h * k.stride(0) + first * k.stride(1), k.stride(1), rows, dim, pk + h * padded * dim + first * dim);
-      // the VNNI layout of [padded, 64] is [padded / 2, 64, 2]: 64 rows of it start at row * 64
+      // a 64-column slice of V is [padded, 64] (in bf16's VNNI [padded / 2, 64, 2]): 64 rows of it start at row * 64
       for (int64_t c = 0; c < dim; c += kPack)
         pack_values(vd + h * v.stride(0) + first * v.stride(1) + c, v.stride(1), rows, pv + h * padded * dim + c * padded + first * kPack);
     }
   });
-  at::Tensor out = at::empty({n, heads, dim}, q.options());
-  const BF* qd = q.data_ptr<BF>();
-  BF* od = out.data_ptr<BF>();
+  const T* qd = q.data_ptr<T>();
+  T* od = out.data_ptr<T>();
   const int64_t q_blocks = (n + kQRows - 1) / kQRows;
   const bool native = bf16_dot_enabled();  // AVX512-BF16's rounding instruction for P, where the CPU has it
   const float log2_scale = static_cast<float>(scale) * 1.4426950408889634f;  // exp(s * scale) = 2^(s * log2_scale)
   at::parallel_for(0, heads * q_blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(kQRows * kKeyBlock), acc(kQRows * dim), top(kQRows), total(kQRows);
-    std::vector<BF> probs(kQRows * kKeyBlock);
+    std::vector<T> probs(kQRows * kKeyBlock);
     for (int64_t z = begin; z < end; ++z) {
       const int64_t head = z / q_blocks, first = z % q_blocks * kQRows, rows = std::min(kQRows, n - first), h = head / group;
-      const BF* qrows = qd + head * q.stride(0) + first * q.stride(1);
+      const T* qrows = qd + head * q.stride(0) + first * q.stride(1);
       std::fill(top.begin(), top.end(), kNegInf);  // running max, in log2 units
       std::fill(total.begin(), total.end(), 0.f);
       const int64_t seen = cached + first + rows;  // keys the block's last row sees
@@ -214,11 +297,11 @@ at::Tensor brgemm_attention(const at::Tensor& q, const at::Tensor& k, const at::
                           scores.data() + b);
         for (int64_t r = 0; r < rows; ++r) {
           const float* row = scores.data() + r * kKeyBlock;
-          BF* p = probs.data() + r * kKeyBlock;
+          T* p = probs.data() + r * kKeyBlock;
           const int64_t live = std::max<int64_t>(0, std::min(cols, cached + first + r + 1 - key));  // keys row r sees here
           const float high = live > 0 ? std::max(top[r], row_max(row, live) * log2_scale) : top[r];
           const float sum = live == 0 ? 0.f : native ? row_exp2<NATIVE_ROUND>(row, live, log2_scale, high, p) : row_exp2<AtenRound>(row, live, log2_scale, high, p);
-          std::fill(p + live, p + padded_cols, BF(0.f));
+          std::fill(p + live, p + padded_cols, T(0.f));
           const float shrink = std::exp2(top[r] - high);  // 0 for the first block (top is -inf)
           total[r] = total[r] * shrink + sum;
           top[r] = high;
@@ -233,11 +316,30 @@ at::Tensor brgemm_attention(const at::Tensor& q, const at::Tensor& k, const at::
       }
       for (int64_t r = 0; r < rows; ++r) {
         const float inv = 1.f / total[r];
-        BF* o = od + ((first + r) * heads + head) * dim;
-        for (int64_t d = 0; d < dim; ++d) o[d] = BF(acc[r * dim + d] * inv);
+        T* o = od + ((first + r) * heads + head) * dim;
+        for (int64_t d = 0; d < dim; ++d) o[d] = T(acc[r * dim + d] * inv);
       }
     }
   });
-  cpublas::brgemm_release();
+  cpublas::brgemm_release(vnni);
+}
+
+// q (H, N, D), k and v (KVH, Nk, D), all bf16 or all fp32, each row contiguous; causal with the last query
+// at the last key (a chunk after Nk - N cached keys). Returns (H, N, D): a view of an (N, H, D) tensor, the
+// layout the engine's o projection reads, so the caller's reshape to (N, H D) copies nothing.
+at::Tensor brgemm_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK((dtype == at::kBFloat16 || dtype == at::kFloat) && k.scalar_type() == dtype && v.scalar_type() == dtype,
+              "v8 runs bf16 or fp32, q, k and v in one dtype");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && q.stride(2) == 1 && k.stride(2) == 1 && v.stride(2) == 1,
+              "v8: q, k, v must be (heads, tokens, D) with contiguous rows");
+  const int64_t heads = q.size(0), n = q.size(1), dim = q.size(2), kv_heads = k.size(0), keys = k.size(1);
+  TORCH_CHECK(dim % kPack == 0, "v8: head size ", dim, " is not a multiple of ", kPack);
+  TORCH_CHECK(heads % kv_heads == 0 && keys >= n && v.size(1) == keys, "v8: heads must be a multiple of KV heads, and keys >= queries");
+  at::Tensor out = at::empty({n, heads, dim}, q.options());
+  if (dtype == at::kBFloat16)
+    brgemm_attention_impl<c10::BFloat16>(q, k, v, scale, out);
+  else
+    brgemm_attention_impl<float>(q, k, v, scale, out);
   return out.transpose(0, 1);
 }

@@ -31,7 +31,7 @@ import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from prefillviz.engine.dispatch import COMPILED_CANDIDATES, V7, StepChoice
+from prefillviz.engine.dispatch import ROWS_CANDIDATES, V7, V8, StepChoice
 from prefillviz.engine.kv_cache import PagedKVCache
 from prefillviz.engine.ops import engine_ops
 from prefillviz.engine.ops.engine_ops import BRGEMM, COMPILED, COMPILED_TILES, engine_ops_status, step_meta
@@ -66,7 +66,7 @@ class AttentionMetadata:
 
     @cached_property
     def compiled_meta(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``engine_ops.step_meta`` of the step, for v7 and v7 tiles: made once, read by every layer."""
+        """``engine_ops.step_meta`` of the step, for v7, v7 tiles and v8: made once, read by every layer."""
         return step_meta(self.paged_step)
 
 
@@ -88,14 +88,14 @@ def attend(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cac
     """One layer's attention with candidate ``name``: q (T, H, D), k and v (T, KVH, D) -> (T, H D).
 
     The step's new K/V are already in the cache. ``meta`` is ``engine_ops.step_meta(step)``,
-    made once per step, for v7, and ``rows`` the q|k|v rows (T, (H + 2 KVH) D) v7 reads q from
+    made once per step, for v7 and v8, and ``rows`` the q|k|v rows (T, (H + 2 KVH) D) they read q from
     as they are; the SDPA versions take the views as they are.
     """
     num_tokens, num_heads, head_dim = q.shape
-    if name in COMPILED_CANDIDATES:
+    if name in ROWS_CANDIDATES:
         queries = rows if rows is not None else q.reshape(num_tokens, num_heads * head_dim)
         return engine_ops.paged_attention(engine_ops.engine_ops(), queries, key_cache, value_cache, step, num_heads, scale, meta,
-                                          row_lanes=name == V7)
+                                          row_lanes=name == V7, brgemm=name == V8)
     kernel = ENGINE_KERNELS[name]
     out = kernel(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), key_cache, value_cache, step, scale)  # (H, T, D)
     return out.transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
@@ -117,7 +117,7 @@ def step_attention(meta: AttentionMetadata, layer_idx: int, module: torch.nn.Mod
         observer(layer_idx, module, q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], meta)
     choice = meta.choice.attention
     return attend(choice, q, k, v, cache.key_cache[layer_idx], cache.value_cache[layer_idx], meta.paged_step, scale,
-                  meta.compiled_meta if choice in COMPILED_CANDIDATES else None, rows)
+                  meta.compiled_meta if choice in ROWS_CANDIDATES else None, rows)
 
 
 def paged_attention_forward(

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from prefillviz.engine import dispatch, packed_weights
 from prefillviz.engine.attention import ENGINE_KERNELS, attend, compiled_attention_status
 from prefillviz.engine.devices import dtype_name, machine_name
-from prefillviz.engine.dispatch import ATTENTION, BUCKETS, COMPILED_CANDIDATES, LINEARS, ONEDNN, TORCH_PACKED, DispatchTable
+from prefillviz.engine.dispatch import ATTENTION, BUCKETS, COMPILED_CANDIDATES, LINEARS, ONEDNN, ROWS_CANDIDATES, TORCH_PACKED, DispatchTable
 from prefillviz.engine.host_memory import keep_freed_memory
 from prefillviz.engine.llama_weights import linear_of, stacked
 from prefillviz.engine.machine_load import MachineLoad
@@ -204,7 +204,7 @@ class _AttentionCall:
         heads, kv_heads = q.shape[1], k.shape[1]
         rows = torch.cat([q, k, v], dim=1).contiguous()  # (T, H + 2 KVH, D), as the projections leave them
         self.q, self.k, self.v = rows[:, :heads], rows[:, heads : heads + kv_heads], rows[:, heads + kv_heads :]
-        self.meta = step_meta(inputs.step) if candidate in COMPILED_CANDIDATES else None
+        self.meta = step_meta(inputs.step) if candidate in ROWS_CANDIDATES else None
 
     def __call__(self) -> torch.Tensor:
         i = self.inputs

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from prefillviz.engine.ops import cpp_build
-from prefillviz.engine.ops.paged import PagedKernel, PagedStep, paged_naive, request_contexts
+from prefillviz.engine.ops.paged import PagedKernel, PagedStep, paged_naive
 from prefillviz.engine.ops.paged_check import random_step
 from prefillviz.engine.ops.torch_ops import rms_norm, silu_mul
 
@@ -146,19 +146,24 @@ def step_meta(step) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def paged_attention(ops, q: torch.Tensor, key_cache, value_cache, step, num_heads: int, scale: float, meta=None,
-                    row_lanes: bool = True) -> torch.Tensor:
-    """q (T, H D) -> (T, H D): the compiled kernel over the step (``meta`` from ``step_meta``, made once per step);
-    ``row_lanes``: a request whose rows fill a vector has them across the lanes (v7), else every request is in key tiles (v7 tiles)."""
+                    row_lanes: bool = True, brgemm: bool = False) -> torch.Tensor:
+    """q (T, H D) -> (T, H D): a compiled kernel over the step (``meta`` from ``step_meta``, made once per step);
+    ``row_lanes``: a request whose rows fill a vector has them across the lanes (v7), else every request is in key tiles (v7 tiles);
+    ``brgemm``: v8 instead (``csrc/attention_brgemm.h``)."""
     slots, rows = meta if meta is not None else step_meta(step)
+    if brgemm:
+        return ops.brgemm_paged(q, key_cache, value_cache, slots, rows, num_heads, scale)
     return ops.paged_attention(q, key_cache, value_cache, slots, rows, num_heads, scale, row_lanes)
 
 
 # --------------------------------------------------------------------- v7 compiled and v7 tiles, CPU
-def paged_compiled(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float, row_lanes: bool = True) -> torch.Tensor:
-    """v7: the engine's C++ kernel (``csrc/engine_ops.cpp``), reading every key from the cache through the slots."""
+def paged_compiled(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float, row_lanes: bool = True,
+                   brgemm: bool = False) -> torch.Tensor:
+    """v7: the engine's C++ kernel (``csrc/engine_ops.cpp``), reading every key from the cache through the slots
+    (``brgemm``: v8, the same way)."""
     num_heads, num_tokens, head_dim = q.shape
     rows = q.transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
-    out = paged_attention(engine_ops(), rows, key_cache, value_cache, step, num_heads, scale, row_lanes=row_lanes)
+    out = paged_attention(engine_ops(), rows, key_cache, value_cache, step, num_heads, scale, row_lanes=row_lanes, brgemm=brgemm)
     return out.view(num_tokens, num_heads, head_dim).transpose(0, 1)
 
 
@@ -190,11 +195,9 @@ COMPILED_TILES = PagedKernel(
 
 # --------------------------------------------------------------------- v8 brgemm, CPU, bf16
 def paged_brgemm(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float) -> torch.Tensor:
-    """v8: per request, its context as v2 reads it, and one call of the C++ op ``brgemm_attention``
-    (``csrc/attention_brgemm.h``: the two matmuls on oneDNN's brgemm micro-kernel, the softmax in fp32 between)."""
-    ops = engine_ops()
-    outputs = [ops.brgemm_attention(q[:, start:end], k, v, scale) for _, start, end, k, v in request_contexts(k_new, v_new, key_cache, value_cache, step)]
-    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+    """v8: the C++ op ``brgemm_paged`` (``csrc/attention_brgemm.h``: the two matmuls on oneDNN's brgemm micro-kernel,
+    the softmax in fp32 between), over the whole step, reading every key from the cache through the slots as v7 does."""
+    return paged_compiled(q, k_new, v_new, key_cache, value_cache, step, scale, brgemm=True)
 
 
 def brgemm_status(device: str | torch.device) -> tuple[bool, str]:

@@ -29,37 +29,36 @@ constexpr int64_t kPack = 64;       // keys per packed K block, and columns per 
 constexpr int64_t kQRows = 64;      // query rows per task
 constexpr int64_t kKeyBlock = 256;  // keys per softmax block
 
-// K rows [first, first + rows) of one KV head (rows <= 64; a row's D values contiguous, rows `stride`
-// apart) as the micro-kernel's B for Q K^T: K^T [D, 64] in VNNI, [D / 2][64][2], keys past `rows` zero.
-// A pair of D values is one 32-bit word, so this is a transpose of 32-bit words.
-inline void pack_keys(const c10::BFloat16* k, int64_t stride, int64_t rows, int64_t dim, c10::BFloat16* out) {
+// Keys row[0 .. rows) of one KV head (rows <= 64; each row's D values contiguous) as the micro-kernel's
+// B for Q K^T: K^T [D, 64] in VNNI, [D / 2][64][2], keys past `rows` zero. A pair of D values is one
+// 32-bit word, so this is a transpose of 32-bit words.
+inline void pack_keys(const c10::BFloat16* const* row, int64_t rows, int64_t dim, c10::BFloat16* out) {
   uint32_t* o = reinterpret_cast<uint32_t*>(out);
-  for (int64_t r = 0; r < rows; ++r) {
-    const c10::BFloat16* row = k + r * stride;
+  for (int64_t r = 0; r < rows; ++r)
     for (int64_t p = 0; p < dim / 2; ++p) {
       uint32_t word;
-      std::memcpy(&word, row + 2 * p, sizeof(word));
+      std::memcpy(&word, row[r] + 2 * p, sizeof(word));
       o[p * kPack + r] = word;
     }
-  }
   for (int64_t r = rows; r < kPack; ++r)
     for (int64_t p = 0; p < dim / 2; ++p) o[p * kPack + r] = 0;
 }
 
-// V rows [first, first + rows) of one KV head, columns [c, c + 64), as the micro-kernel's B for P V:
+// Values row[0 .. rows) of one KV head, columns [c, c + 64), as the micro-kernel's B for P V:
 // [64 keys, 64] in VNNI, [32][64][2] (two keys' values of a column side by side), keys past `rows` zero.
-inline void pack_values(const c10::BFloat16* v, int64_t stride, int64_t rows, c10::BFloat16* out) {
+inline void pack_values(const c10::BFloat16* const* row, int64_t rows, int64_t c, c10::BFloat16* out) {
   uint32_t* o = reinterpret_cast<uint32_t*>(out);
-  const uint16_t* bits = reinterpret_cast<const uint16_t*>(v);
   for (int64_t pair = 0; pair < kPack / 2; ++pair) {
     const int64_t r = 2 * pair;
-    const uint16_t* even = bits + r * stride;
-    const uint16_t* odd = bits + (r + 1) * stride;
     uint32_t* dst = o + pair * kPack;
-    if (r + 1 < rows) {
-      for (int64_t c = 0; c < kPack; ++c) dst[c] = uint32_t(even[c]) | (uint32_t(odd[c]) << 16);
-    } else if (r < rows) {
-      for (int64_t c = 0; c < kPack; ++c) dst[c] = uint32_t(even[c]);
+    if (r < rows) {
+      const uint16_t* even = reinterpret_cast<const uint16_t*>(row[r] + c);
+      const uint16_t* odd = r + 1 < rows ? reinterpret_cast<const uint16_t*>(row[r + 1] + c) : nullptr;
+      if (odd != nullptr) {
+        for (int64_t j = 0; j < kPack; ++j) dst[j] = uint32_t(even[j]) | (uint32_t(odd[j]) << 16);
+      } else {
+        for (int64_t j = 0; j < kPack; ++j) dst[j] = uint32_t(even[j]);
+      }
     } else {
       std::memset(dst, 0, kPack * sizeof(uint32_t));
     }
@@ -67,15 +66,23 @@ inline void pack_values(const c10::BFloat16* v, int64_t stride, int64_t rows, c1
 }
 
 // fp32 needs no VNNI: K^T [D, 64] plain, and V's 64-column slice [64 keys, 64] plain; keys past `rows` zero.
-inline void pack_keys(const float* k, int64_t stride, int64_t rows, int64_t dim, float* out) {
+inline void pack_keys(const float* const* row, int64_t rows, int64_t dim, float* out) {
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t d = 0; d < dim; ++d) out[d * kPack + r] = k[r * stride + d];
+    for (int64_t d = 0; d < dim; ++d) out[d * kPack + r] = row[r][d];
   for (int64_t d = 0; d < dim; ++d) std::fill(out + d * kPack + rows, out + (d + 1) * kPack, 0.f);
 }
 
-inline void pack_values(const float* v, int64_t stride, int64_t rows, float* out) {
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * kPack, v + r * stride, kPack * sizeof(float));
+inline void pack_values(const float* const* row, int64_t rows, int64_t c, float* out) {
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * kPack, row[r] + c, kPack * sizeof(float));
   std::fill(out + rows * kPack, out + kPack * kPack, 0.f);
+}
+
+// the rows of a [rows, stride] matrix, as pack_keys and pack_values take them
+template <typename T>
+std::vector<const T*> rows_of(const T* matrix, int64_t rows, int64_t stride) {
+  std::vector<const T*> row(rows);
+  for (int64_t r = 0; r < rows; ++r) row[r] = matrix + r * stride;
+  return row;
 }
 
 // '' when oneDNN's brgemm micro-kernel packs and multiplies bf16 here, in the layout v8 packs itself,
@@ -94,10 +101,10 @@ std::string brgemm_bf16_problem() {
     for (int64_t j = 0; j < kPack; ++j) bt[j * kPack + i] = b[i * kPack + j];  // b = bt^T: bt's rows are "keys"
   try {
     cpublas::pack(kPack, kPack, kPack, kPack, at::kBFloat16, at::kBFloat16, b.data(), packed.data());
-    pack_values(b.data(), kPack, kPack, ours.data());
+    pack_values(rows_of(b.data(), kPack, kPack).data(), kPack, 0, ours.data());
     if (std::memcmp(ours.data(), packed.data(), ours.size() * sizeof(BF)) != 0)
       return "oneDNN's brgemm micro-kernel packs bf16 in another layout than VNNI [K / 2][N][2] here";
-    pack_keys(bt.data(), kPack, kPack, kPack, ours.data());
+    pack_keys(rows_of(bt.data(), kPack, kPack).data(), kPack, kPack, ours.data());
     if (std::memcmp(ours.data(), packed.data(), ours.size() * sizeof(BF)) != 0)
       return "oneDNN's brgemm micro-kernel packs bf16 in another layout than VNNI [K / 2][N][2] here";
     for (int64_t i = 0; i < kPack * kPack; ++i) b[i] = BF(static_cast<float>(i % 5) - 2.f);  // small integers: exact sums
@@ -254,92 +261,119 @@ inline float row_exp2(const float* row, int64_t n, float a, float b, float* p) {
 #endif
 }
 
-// One request's attention in T (bf16 or fp32); q (H, N, D), k and v (KVH, Nk, D), out (N, H, D).
+// A paged step's attention in T (bf16 or fp32): q (T, H D) rows (unit inner stride), the caches
+// (blocks, block size, KVH, D), every request's context slots one after another, and per request
+// (query start, query length, cached tokens, its first slot's index in `slots`), as v7 takes them.
+// out (T, H D). Each request is causal with its last query at its last key (a chunk after its cached keys).
 template <typename T>
-void brgemm_attention_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, at::Tensor& out) {
-  const int64_t heads = q.size(0), n = q.size(1), dim = q.size(2), kv_heads = k.size(0), keys = k.size(1);
-  const int64_t group = heads / kv_heads, cached = keys - n;
-  const int64_t padded = (keys + kPack - 1) / kPack * kPack, blocks = padded / kPack;
+void brgemm_paged_impl(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slots,
+                       const at::Tensor& meta, int64_t heads, double scale, at::Tensor& out) {
+  const int64_t kv_heads = key_cache.size(2), dim = key_cache.size(3), group = heads / kv_heads, requests = meta.size(0);
+  const int64_t* m = meta.data_ptr<int64_t>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
   constexpr bool vnni = std::is_same_v<T, c10::BFloat16>;
-  at::Tensor packed_k = at::empty({kv_heads, padded * dim}, q.options());  // per 64 keys: K^T [D, 64] (VNNI in bf16)
-  at::Tensor packed_v = at::empty({kv_heads, padded * dim}, q.options());  // per 64 columns of D: V [padded, 64] (VNNI in bf16)
-  const T* kd = k.data_ptr<T>();
-  const T* vd = v.data_ptr<T>();
+  // per request: its keys padded to 64, and where its packed K and V start (each KV head: padded * D)
+  std::vector<int64_t> padded(requests), base(requests + 1, 0);
+  std::vector<std::array<int64_t, 3>> pack_tasks, tasks;  // (request, KV head, first key); (request, head, first query row)
+  for (int64_t r = 0; r < requests; ++r) {
+    const int64_t queries = m[4 * r + 1], keys = m[4 * r + 2] + queries;
+    padded[r] = (keys + kPack - 1) / kPack * kPack;
+    base[r + 1] = base[r] + kv_heads * padded[r] * dim;
+    for (int64_t h = 0; h < kv_heads; ++h)
+      for (int64_t first = 0; first < keys; first += kPack) pack_tasks.push_back({r, h, first});
+    for (int64_t head = 0; head < heads; ++head)
+      for (int64_t first = 0; first < queries; first += kQRows) tasks.push_back({r, head, first});
+  }
+  at::Tensor packed_k = at::empty({base[requests]}, q.options());  // per 64 keys: K^T [D, 64] (VNNI in bf16)
+  at::Tensor packed_v = at::empty({base[requests]}, q.options());  // per 64 columns of D: V [padded, 64] (VNNI in bf16)
+  const T* kc = key_cache.data_ptr<T>();
+  const T* vc = value_cache.data_ptr<T>();
   T* pk = packed_k.data_ptr<T>();
   T* pv = packed_v.data_ptr<T>();
-  at::parallel_for(0, kv_heads * blocks, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, static_cast<int64_t>(pack_tasks.size()), 1, [&](int64_t begin, int64_t end) {
+    std::array<const T*, kPack> krow, vrow;
     for (int64_t z = begin; z < end; ++z) {
-      const int64_t h = z / blocks, first = z % blocks * kPack, rows = std::min(kPack, keys - first);
-      pack_keys(kd + h * k.stride(0) + first * k.stride(1), k.stride(1), rows, dim, pk + h * padded * dim + first * dim);
+      const auto [r, h, first] = pack_tasks[z];
+      const int64_t rows = std::min(kPack, m[4 * r + 2] + m[4 * r + 1] - first), pad = padded[r];
+      for (int64_t j = 0; j < rows; ++j) {
+        const int64_t at = (slot[m[4 * r + 3] + first + j] * kv_heads + h) * dim;
+        krow[j] = kc + at;
+        vrow[j] = vc + at;
+      }
+      T* head_k = pk + base[r] + h * pad * dim;
+      T* head_v = pv + base[r] + h * pad * dim;
+      pack_keys(krow.data(), rows, dim, head_k + first * dim);
       // a 64-column slice of V is [padded, 64] (in bf16's VNNI [padded / 2, 64, 2]): 64 rows of it start at row * 64
-      for (int64_t c = 0; c < dim; c += kPack)
-        pack_values(vd + h * v.stride(0) + first * v.stride(1) + c, v.stride(1), rows, pv + h * padded * dim + c * padded + first * kPack);
+      for (int64_t c = 0; c < dim; c += kPack) pack_values(vrow.data(), rows, c, head_v + c * pad + first * kPack);
     }
   });
   const T* qd = q.data_ptr<T>();
   T* od = out.data_ptr<T>();
-  const int64_t q_blocks = (n + kQRows - 1) / kQRows;
+  const int64_t q_stride = q.stride(0);
   const bool native = bf16_dot_enabled();  // AVX512-BF16's rounding instruction for P, where the CPU has it
   const float log2_scale = static_cast<float>(scale) * 1.4426950408889634f;  // exp(s * scale) = 2^(s * log2_scale)
-  at::parallel_for(0, heads * q_blocks, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(kQRows * kKeyBlock), acc(kQRows * dim), top(kQRows), total(kQRows);
     std::vector<T> probs(kQRows * kKeyBlock);
     for (int64_t z = begin; z < end; ++z) {
-      const int64_t head = z / q_blocks, first = z % q_blocks * kQRows, rows = std::min(kQRows, n - first), h = head / group;
-      const T* qrows = qd + head * q.stride(0) + first * q.stride(1);
+      const auto [r, head, first] = tasks[z];
+      const int64_t start = m[4 * r], cached = m[4 * r + 2], rows = std::min(kQRows, m[4 * r + 1] - first), h = head / group, pad = padded[r];
+      const T* qrows = qd + (start + first) * q_stride + head * dim;
+      const T* head_k = pk + base[r] + h * pad * dim;
+      const T* head_v = pv + base[r] + h * pad * dim;
       std::fill(top.begin(), top.end(), kNegInf);  // running max, in log2 units
       std::fill(total.begin(), total.end(), 0.f);
       const int64_t seen = cached + first + rows;  // keys the block's last row sees
       for (int64_t key = 0; key < seen; key += kKeyBlock) {
         const int64_t cols = std::min(kKeyBlock, seen - key), padded_cols = (cols + kPack - 1) / kPack * kPack;
         for (int64_t b = 0; b < padded_cols; b += kPack)
-          cpublas::brgemm(rows, kPack, dim, q.stride(1), kPack, kKeyBlock, false, qrows, pk + h * padded * dim + (key + b) * dim,
-                          scores.data() + b);
-        for (int64_t r = 0; r < rows; ++r) {
-          const float* row = scores.data() + r * kKeyBlock;
-          T* p = probs.data() + r * kKeyBlock;
-          const int64_t live = std::max<int64_t>(0, std::min(cols, cached + first + r + 1 - key));  // keys row r sees here
-          const float high = live > 0 ? std::max(top[r], row_max(row, live) * log2_scale) : top[r];
+          cpublas::brgemm(rows, kPack, dim, q_stride, kPack, kKeyBlock, false, qrows, head_k + (key + b) * dim, scores.data() + b);
+        for (int64_t i = 0; i < rows; ++i) {
+          const float* row = scores.data() + i * kKeyBlock;
+          T* p = probs.data() + i * kKeyBlock;
+          const int64_t live = std::max<int64_t>(0, std::min(cols, cached + first + i + 1 - key));  // keys row i sees here
+          const float high = live > 0 ? std::max(top[i], row_max(row, live) * log2_scale) : top[i];
           const float sum = live == 0 ? 0.f : native ? row_exp2<NATIVE_ROUND>(row, live, log2_scale, high, p) : row_exp2<AtenRound>(row, live, log2_scale, high, p);
           std::fill(p + live, p + padded_cols, T(0.f));
-          const float shrink = std::exp2(top[r] - high);  // 0 for the first block (top is -inf)
-          total[r] = total[r] * shrink + sum;
-          top[r] = high;
+          const float shrink = std::exp2(top[i] - high);  // 0 for the first block (top is -inf)
+          total[i] = total[i] * shrink + sum;
+          top[i] = high;
           if (key > 0 && shrink != 1.f) {
-            float* a = acc.data() + r * dim;
+            float* a = acc.data() + i * dim;
             for (int64_t d = 0; d < dim; d += kW) (Vec::loadu(a + d) * Vec(shrink)).store(a + d);
           }
         }
         for (int64_t c = 0; c < dim; c += kPack)
-          cpublas::brgemm(rows, kPack, padded_cols, kKeyBlock, kPack, dim, key > 0, probs.data(), pv + h * padded * dim + c * padded + key * kPack,
-                          acc.data() + c);
+          cpublas::brgemm(rows, kPack, padded_cols, kKeyBlock, kPack, dim, key > 0, probs.data(), head_v + c * pad + key * kPack, acc.data() + c);
       }
-      for (int64_t r = 0; r < rows; ++r) {
-        const float inv = 1.f / total[r];
-        T* o = od + ((first + r) * heads + head) * dim;
-        for (int64_t d = 0; d < dim; ++d) o[d] = T(acc[r * dim + d] * inv);
+      for (int64_t i = 0; i < rows; ++i) {
+        const float inv = 1.f / total[i];
+        T* o = od + (start + first + i) * heads * dim + head * dim;
+        for (int64_t d = 0; d < dim; ++d) o[d] = T(acc[i * dim + d] * inv);
       }
     }
   });
   cpublas::brgemm_release(vnni);
 }
 
-// q (H, N, D), k and v (KVH, Nk, D), all bf16 or all fp32, each row contiguous; causal with the last query
-// at the last key (a chunk after Nk - N cached keys). Returns (H, N, D): a view of an (N, H, D) tensor, the
-// layout the engine's o projection reads, so the caller's reshape to (N, H D) copies nothing.
-at::Tensor brgemm_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+// v8 over a paged step, as v7's paged_attention takes it (q (T, H D) rows, the caches, the slots and
+// (R, 4) meta); bf16 or fp32, and a head size that is a multiple of 64. Returns (T, H D).
+at::Tensor brgemm_paged(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slots,
+                        const at::Tensor& meta, int64_t num_heads, double scale) {
   const auto dtype = q.scalar_type();
-  TORCH_CHECK((dtype == at::kBFloat16 || dtype == at::kFloat) && k.scalar_type() == dtype && v.scalar_type() == dtype,
-              "v8 runs bf16 or fp32, q, k and v in one dtype");
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && q.stride(2) == 1 && k.stride(2) == 1 && v.stride(2) == 1,
-              "v8: q, k, v must be (heads, tokens, D) with contiguous rows");
-  const int64_t heads = q.size(0), n = q.size(1), dim = q.size(2), kv_heads = k.size(0), keys = k.size(1);
+  TORCH_CHECK((dtype == at::kBFloat16 || dtype == at::kFloat) && key_cache.scalar_type() == dtype && value_cache.scalar_type() == dtype,
+              "v8 runs bf16 or fp32, q and the caches in one dtype");
+  TORCH_CHECK(q.dim() == 2 && q.stride(1) == 1, "v8: q (T, H D) with unit inner stride");
+  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous() && key_cache.dim() == 4, "v8: contiguous (blocks, block size, KVH, D) caches");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && meta.scalar_type() == at::kLong && meta.is_contiguous() &&
+              meta.dim() == 2 && meta.size(1) == 4, "v8: contiguous int64 slots and (R, 4) meta");
+  const int64_t dim = key_cache.size(3), kv_heads = key_cache.size(2);
   TORCH_CHECK(dim % kPack == 0, "v8: head size ", dim, " is not a multiple of ", kPack);
-  TORCH_CHECK(heads % kv_heads == 0 && keys >= n && v.size(1) == keys, "v8: heads must be a multiple of KV heads, and keys >= queries");
-  at::Tensor out = at::empty({n, heads, dim}, q.options());
+  TORCH_CHECK(num_heads % kv_heads == 0 && q.size(1) >= num_heads * dim, "v8: heads must be a multiple of KV heads, and q must hold them");
+  at::Tensor out = at::empty({q.size(0), num_heads * dim}, q.options());
   if (dtype == at::kBFloat16)
-    brgemm_attention_impl<c10::BFloat16>(q, k, v, scale, out);
+    brgemm_paged_impl<c10::BFloat16>(q, key_cache, value_cache, slots, meta, num_heads, scale, out);
   else
-    brgemm_attention_impl<float>(q, k, v, scale, out);
-  return out.transpose(0, 1);
+    brgemm_paged_impl<float>(q, key_cache, value_cache, slots, meta, num_heads, scale, out);
+  return out;
 }

@@ -13,7 +13,7 @@
 //                     v7); without, every request is in key tiles (v7 tiles), where a bf16 model
 //                     on a CPU with AVX512-BF16 (asked at run time) multiplies bf16 pairs
 //                     (vdpbf16ps): q.k exact, P rounded to bf16 before P V, sums in fp32
-//   brgemm_attention  v8: one request's bf16 or fp32 attention, its two matmuls on oneDNN's brgemm
+//   brgemm_paged      v8: a paged step's bf16 or fp32 attention, its two matmuls on oneDNN's brgemm
 //                     micro-kernel (AMX where the CPU has it), the softmax between them in fp32
 //                     (attention_brgemm.h)
 //
@@ -789,7 +789,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul);
   m.def("rope_write_kv", &rope_write_kv);
   m.def("paged_attention", &paged_attention);
-  m.def("brgemm_attention", &brgemm_attention);
+  m.def("brgemm_paged", &brgemm_paged);
   m.def("brgemm_problem", &brgemm_problem);
   m.def("vector_width", &vector_width);
   m.def("bf16_dot_products", &bf16_dot_products);

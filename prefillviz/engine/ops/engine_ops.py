@@ -1,9 +1,9 @@
 """The engine's compiled CPU ops (``csrc/engine_ops.cpp``): built by ``make``, loaded if built, checked.
 
 Six ops, each one call where plain torch runs several (the C++ file says what each computes):
-``rms_norm``, ``add_rms_norm``, ``silu_mul``, ``rope_write_kv``, ``brgemm_attention`` (v8, bf16:
-``csrc/attention_brgemm.h``, one request's attention with its matmuls on oneDNN's brgemm
-micro-kernel) and ``paged_attention`` (v7 of
+``rms_norm``, ``add_rms_norm``, ``silu_mul``, ``rope_write_kv``, ``brgemm_paged`` (v8, bf16 or fp32:
+``csrc/attention_brgemm.h``, a step's attention over the paged cache with its matmuls on oneDNN's
+brgemm micro-kernel) and ``paged_attention`` (v7 of
 ``paged_attention.py``'s family: FlashAttention's tiling on a CPU, over the paged cache). Its
 attention has two layouts, two candidates of the measured dispatch: v7 puts the rows of a
 request that has enough to fill a vector across the lanes (``csrc/attention_row_lanes.h``, fp32

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from prefillviz.engine.dispatch import ATTENTION_CANDIDATES
+from prefillviz.engine.ops.engine_ops import brgemm_problem
 from prefillviz.engine.ops.paged_check import KernelCheckError
 from prefillviz.kernels.paged_attention import (
     BRGEMM,
@@ -163,6 +164,7 @@ def test_brgemm_kernel_refuses_what_it_cannot_run(compiled_ops, tiny_llama):
     assert dispatch_tuning.brgemm_why(torch.device("cpu"), torch.float16, 64) == "v8 runs bf16 and fp32 only"
     assert "multiple of 64" in dispatch_tuning.candidate_statuses(tiny_llama.float())["attention"]["v8 brgemm"]  # the tiny Llama's heads are 16 wide
     assert "multiple of 64" in dispatch_tuning.brgemm_why(torch.device("cpu"), torch.bfloat16, 16)
+    assert "another layout" not in brgemm_problem("bfloat16")  # where oneDNN packs bf16, v8's own packing writes what its pack writes
     runs, why = BRGEMM.status("cpu")
     assert why and (runs or "oneDNN" in why or "C++ ops" in why)  # where it can't run, it says which part is missing
 

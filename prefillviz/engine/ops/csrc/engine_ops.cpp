@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstring>
 #if defined(CPU_CAPABILITY_AVX512)
 #include <immintrin.h>

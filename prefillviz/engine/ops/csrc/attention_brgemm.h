@@ -1,6 +1,6 @@
-// v8: bf16 or fp32 attention of one request with its two matmuls on oneDNN's brgemm micro-kernel
-// (through ATen's cpublas: bf16 on the AMX tiles where the CPU has them), the softmax in fp32 vectors
-// between them. Included by engine_ops.cpp (inside its namespace: Vec, kW and kNegInf come from there).
+// v8: a paged step's bf16 or fp32 attention (every request in one call, read through its slots) with
+// its two matmuls on oneDNN's brgemm micro-kernel (through ATen's cpublas: bf16 on the AMX tiles where
+// the CPU has them), the softmax in fp32 vectors between them. Included by engine_ops.cpp (inside its namespace: Vec, kW and kNegInf come from there).
 //
 // FlashAttention's tiling, as torch's CPU flash attention does it for fp16, with three changes:
 //   - K and V are packed into the micro-kernel's layout (VNNI for bf16) once per KV head and shared

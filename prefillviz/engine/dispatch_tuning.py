@@ -40,13 +40,13 @@ import torch.nn.functional as F
 
 from prefillviz.engine import dispatch, packed_weights
 from prefillviz.engine.attention import ENGINE_KERNELS, attend, compiled_attention_status
-from prefillviz.engine.devices import dtype_name, machine_name
+from prefillviz.engine.devices import machine_name
 from prefillviz.engine.dispatch import ATTENTION, BUCKETS, COMPILED_CANDIDATES, LINEARS, ONEDNN, ROWS_CANDIDATES, TORCH_PACKED, DispatchTable
 from prefillviz.engine.host_memory import keep_freed_memory
 from prefillviz.engine.llama_weights import linear_of, stacked
 from prefillviz.engine.machine_load import MachineLoad
 from prefillviz.engine.model_shape import model_shape
-from prefillviz.engine.ops.engine_ops import brgemm_problem, compiled_status, step_meta
+from prefillviz.engine.ops.engine_ops import brgemm_why, step_meta
 from prefillviz.engine.ops.paged_check import KernelCheckError, check_paged, random_step
 from prefillviz.engine.timers import calls_per_run, run_seconds
 
@@ -96,16 +96,6 @@ def candidate_statuses(model: torch.nn.Module, parameter: torch.Tensor | None = 
         if not runs:
             linears[TORCH_PACKED] = why
     return {ATTENTION: attention, LINEARS: linears}
-
-
-def brgemm_why(device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
-    """'' when v8 can run this dtype and head size here, else why not."""
-    if dtype not in (torch.bfloat16, torch.float32):
-        return "v8 runs bf16 and fp32 only"
-    if head_dim % 64:
-        return f"v8 needs a head size that is a multiple of 64 (oneDNN's packed blocks), not {head_dim}"
-    runs, why = compiled_status(device)
-    return brgemm_problem(dtype_name(dtype)) if runs else why
 
 
 def _has_linears(model: torch.nn.Module) -> bool:

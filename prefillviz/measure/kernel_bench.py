@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 import torch
 
 from prefillviz.engine.devices import dtype_name, machine_name
-from prefillviz.engine.dispatch_tuning import brgemm_why
 from prefillviz.engine.errors import ConfigError
 from prefillviz.engine.ops.paged_check import KernelCheckError
 from prefillviz.engine.progress import FractionProgress
@@ -193,9 +192,8 @@ def run_kernel_benchmark(
         runnable, reason = kernel.status(device)
         if kernel is paged.FLEX and not include_flex:
             runnable, reason = False, "left out (each new shape compiles for several seconds)"
-        if kernel is paged.BRGEMM and runnable:
-            reason = brgemm_why(torch.device(device), dtype, head_dim)
-            runnable = not reason
+        if runnable and (refused := kernel.refuses(torch.device(device), dtype, head_dim)):
+            runnable, reason = False, refused
         if kernel is paged.TRITON and runnable and torch.device(device).type != "cuda":
             runnable, reason = False, "the Triton interpreter is a correctness check, too slow to time"
         if runnable and kernel in (paged.FLEX, paged.TRITON) and "paged" in families:

@@ -193,7 +193,7 @@ COMPILED_TILES = PagedKernel(
 )
 
 
-# --------------------------------------------------------------------- v8 brgemm, CPU, bf16
+# --------------------------------------------------------------------- v8 brgemm, CPU, bf16 and fp32
 def paged_brgemm(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float) -> torch.Tensor:
     """v8: the C++ op ``brgemm_paged`` (``csrc/attention_brgemm.h``: the two matmuls on oneDNN's brgemm micro-kernel,
     the softmax in fp32 between), over the whole step, reading every key from the cache through the slots as v7 does."""
@@ -206,14 +206,24 @@ def brgemm_status(device: str | torch.device) -> tuple[bool, str]:
     runs, why = compiled_status(device)
     if not runs:
         return runs, why
-    problems = {dtype: brgemm_problem(dtype) for dtype in BRGEMM_DTYPES}
+    problems = {dtype: brgemm_problem(dtype) for dtype in BRGEMM_DTYPES.values()}
     running = [dtype for dtype, problem in problems.items() if not problem]
     if not running:
         return False, "; ".join(problems.values())
     return True, " and ".join(running) + " on oneDNN's brgemm micro-kernel" + "".join(f" ({dtype}: {problem})" for dtype, problem in problems.items() if problem)
 
 
-BRGEMM_DTYPES = ("bfloat16", "float32")
+BRGEMM_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}  # what v8 runs, by the names its probe takes
+
+
+def brgemm_why(device: str | torch.device, dtype: torch.dtype, head_dim: int) -> str:
+    """'' when v8 can run this dtype and head size here, else why not."""
+    if dtype not in BRGEMM_DTYPES:
+        return "v8 runs bf16 and fp32 only"
+    if head_dim % 64:
+        return f"v8 needs a head size that is a multiple of 64 (oneDNN's packed blocks), not {head_dim}"
+    runs, why = compiled_status(device)
+    return brgemm_problem(BRGEMM_DTYPES[dtype]) if runs else why
 
 
 @functools.cache
@@ -227,7 +237,7 @@ BRGEMM = PagedKernel(
     "v8 brgemm", 8,
     "bf16 or fp32: per request, Q K^T and P V on oneDNN's brgemm micro-kernel (bf16 on the AMX tiles where the CPU has them), "
     "K and V packed once per KV head for its query heads, the softmax in fp32 vectors between",
-    paged_brgemm, brgemm_status,
+    paged_brgemm, brgemm_status, brgemm_why,
 )
 
 

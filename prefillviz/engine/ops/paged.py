@@ -154,20 +154,15 @@ def decode_fp32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float)
     return torch.bmm(probs, v.float()).to(q.dtype).reshape(q.shape)
 
 
-def request_contexts(k_new, v_new, key_cache, value_cache, step: PagedStep):
-    """Per request of the step: (r, its rows' start and end, its keys and values (KVH, ctx, D))."""
-    for r, num_computed in enumerate(step.num_computed):
-        start, end = step.query_start_loc[r], step.query_start_loc[r + 1]
-        if num_computed == 0:  # nothing cached: the context is exactly the new tokens
-            yield r, start, end, k_new[:, start:end], v_new[:, start:end]
-        else:
-            yield r, start, end, _context(key_cache, step, r), _context(value_cache, step, r)
-
-
 def _per_request(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float, fp32_decodes: bool) -> torch.Tensor:
     enable_gqa = q.shape[0] != k_new.shape[0]
     outputs = []
-    for r, start, end, k, v in request_contexts(k_new, v_new, key_cache, value_cache, step):
+    for r, num_computed in enumerate(step.num_computed):
+        start, end = step.query_start_loc[r], step.query_start_loc[r + 1]
+        if num_computed == 0:  # nothing cached: the context is exactly the new tokens
+            k, v = k_new[:, start:end], v_new[:, start:end]
+        else:
+            k, v = _context(key_cache, step, r), _context(value_cache, step, r)  # (KVH, ctx, D)
         q_len, kv_len = end - start, k.shape[1]
         if q_len == 1 and fp32_decodes:
             outputs.append(decode_fp32(q[:, start:end], k, v, scale))
@@ -224,13 +219,15 @@ def paged_packed(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale
 # ------------------------------------------------------------------------------ registry
 @dataclass(frozen=True)
 class PagedKernel:
-    """One version: its name, what it changes, the function, and whether it can run on a device."""
+    """One version: its name, what it changes, the function, whether it can run on a device, and (``refuses``)
+    why not in a dtype and head size there ('' when it can)."""
 
     name: str
     version: int
     changes: str
     forward: Callable[..., torch.Tensor]
     status: Callable[[str], tuple[bool, str]] = lambda device: (True, "plain torch")
+    refuses: Callable[[torch.device, torch.dtype, int], str] = lambda device, dtype, head_dim: ""
 
     def __call__(self, q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float) -> torch.Tensor:
         return self.forward(q, k_new, v_new, key_cache, value_cache, step, scale)

@@ -355,8 +355,11 @@ void brgemm_paged_impl(const at::Tensor& q, const at::Tensor& key_cache, const a
         for (int64_t d = 0; d < dim; ++d) o[d] = T(acc[i * dim + d] * inv);
       }
     }
+    // each thread lets go of its AMX tiles, as torch's flash attention does: cpublas keeps a per-thread
+    // note of the tile configuration it last loaded and skips loading it again, and another library's
+    // kernel on this thread (oneDNN's matmul in the linears) may have released or changed the tiles since
+    cpublas::brgemm_release(vnni);
   });
-  cpublas::brgemm_release(vnni);
 }
 
 // v8 over a paged step, as v7's paged_attention takes it (q (T, H D) rows, the caches, the slots and

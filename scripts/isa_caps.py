@@ -72,7 +72,7 @@ SWITCHES = {  # a switch: what must be on here for it to change anything, and wh
 FORCE_ENVS = {"attention": "PREFILLVIZ_ATTENTION", "linears": "PREFILLVIZ_LINEARS"}  # prefillviz/engine/dispatch.py's FORCE_ENV
 CLEARED_ENVS = (*CAP_ENVS, *SWITCHES, *FORCE_ENVS.values(), "ONEDNN_VERBOSE", "DNNL_VERBOSE")  # no run inherits these
 
-KERNELS = ("tests/model/test_paged_kernels.py", "tests/model/test_onednn_linear.py")
+KERNELS = ("tests/model/test_paged_kernels.py", "tests/model/test_onednn_linear.py", "tests/model/test_brgemm_linear.py")
 NUMERICS = ("tests/model/test_llama_forward.py", "tests/model/test_packed_weights.py", "tests/model/test_cpu_portability.py")
 ENGINE = ("tests/model/test_engine_oracle.py", "tests/model/test_capture.py", "tests/model/test_dispatch.py")
 EVERY_FILE = KERNELS + NUMERICS + ENGINE

@@ -21,6 +21,7 @@ How many steps each kind of comparison gets is said where its constant is define
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 
@@ -149,6 +150,28 @@ def assert_linear_close(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
         assert got.shape == want.shape, f"shape {tuple(got.shape)} != {tuple(want.shape)}"
         excess = (got.float() - want.float()).abs() - linear_difference_bound(x, weight, bias)
     assert float(excess.max()) <= 0, f"an output exceeds its bound by {float(excess.max()):.3g} ({x.dtype}, K={x.shape[-1]})"
+
+
+def assert_linear_close_from_two_threads(linear, weight: torch.Tensor, rows: tuple[int, ...], loops: int) -> None:
+    """``linear`` called from two threads at once (the app's sessions share the model's linears), each
+    output ``assert_linear_close`` to F.linear: no call sees another's scratch or state."""
+    inputs = {name: [torch.randn(n, weight.shape[1]).to(weight.dtype) for n in rows] for name in ("a", "b")}
+    errors = []
+
+    def work(name):
+        try:
+            for _ in range(loops):
+                for x in inputs[name]:
+                    assert_linear_close(linear(x), x, weight)
+        except Exception as error:  # reported in the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(name,)) for name in inputs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors and not any(thread.is_alive() for thread in threads), errors
 
 
 # --------------------------------------------------------------------------- attention

@@ -48,7 +48,8 @@ V8 = "v8 brgemm"  # bf16 or fp32: the engine's C++ softmax between two matmuls o
 ROWS_CANDIDATES = (V7, V7_TILES, V8)  # C++ ops over the whole step: q read from the q|k|v rows, K/V from the cache through the slots
 ATTENTION_CANDIDATES = (V7, V7_TILES, V8, "v6 loop, fp32 decodes", "v2 loop", "v3 packed")
 ONEDNN, TORCH_PACKED, STOCK = "oneDNN matmul", "torch packed", "stock"
-LINEAR_CANDIDATES = (ONEDNN, TORCH_PACKED, STOCK)
+BRGEMM_LINEAR = "brgemm linear"  # the engine's C++ linear on oneDNN's brgemm micro-kernel, a gated MLP's SiLU in its epilogue
+LINEAR_CANDIDATES = (ONEDNN, BRGEMM_LINEAR, TORCH_PACKED, STOCK)
 CANDIDATES = {ATTENTION: ATTENTION_CANDIDATES, LINEARS: LINEAR_CANDIDATES}
 KINDS = {V7: "C++", V7_TILES: "C++", V8: "brgemm", "v6 loop, fp32 decodes": "SDPA", "v2 loop": "SDPA", "v3 packed": "SDPA"}  # a caption compares across kinds
 BUSY_PERCENT = 10.0  # other processes' share of the cores above which a measurement is taken again (stricter than a page's 25%)
@@ -62,6 +63,7 @@ PLAIN_NAMES = {  # what a caption calls each candidate
     "v2 loop": "torch's SDPA (v2: one call per request)",
     "v3 packed": "torch's SDPA (v3: one packed call)",
     ONEDNN: "oneDNN matmul primitives",
+    BRGEMM_LINEAR: "the engine's linear on oneDNN's brgemm micro-kernel, SiLU fused into gate|up",
     TORCH_PACKED: "torch's packed linear",
     STOCK: "stock F.linear",
 }

@@ -4,8 +4,9 @@ For one model, device, dtype and thread count:
 
 1. **Which candidates run here.** v7 and v7 tiles need the engine's C++ ops for this CPU and head size;
    v8 needs them, bf16, a head size that is a multiple of 64 and oneDNN's bf16 brgemm here (tried);
-   oneDNN's matmul needs Debian's oneDNN and a JIT kernel for the dtype; torch's packed linear
-   needs a CPU whose oneDNN packs the dtype. Each says why not (``candidate_statuses``).
+   oneDNN's matmul needs Debian's oneDNN and a JIT kernel for the dtype; the brgemm linear needs
+   the C++ ops and the same brgemm micro-kernel as v8; torch's packed linear needs a CPU whose
+   oneDNN packs the dtype. Each says why not (``candidate_statuses``).
 2. **Each passes its oracle on this machine** or is out: attention against v1, the naive fp32
    oracle, on a step with a fresh prompt, a chunk after cached context and a decode; the
    linears against an fp32 ``F.linear`` of layer 0's own weights, within a bound derived
@@ -13,7 +14,8 @@ For one model, device, dtype and thread count:
 3. **Timing**, for each bucket of ``dispatch.BUCKETS``: one layer's attention on random q/k/v of
    the model's heads, and layer 0's four linears (q|k|v, o, gate|up, down) on its own weights,
    each candidate as the engine calls it (stock: q, k and v each its own ``F.linear``, the outputs
-   concatenated, as ``llama_weights`` runs them), under the allocator the engine sets
+   concatenated, as ``llama_weights`` runs them; gate|up with the SiLU after it, which the brgemm
+   linear computes in the same call and the others in ``silu_mul``), under the allocator the engine sets
    (``host_memory``: without it, glibc hands a 2,048-token linear's ~12 MB outputs back between
    calls and some calls fault in fresh pages, 34 against 6 ms a layer in one table here). A race
    keeps it short: every candidate runs once; one over ``RACE_FACTOR`` times the best on that
@@ -46,8 +48,9 @@ from prefillviz.engine.host_memory import keep_freed_memory
 from prefillviz.engine.llama_weights import linear_of, stacked
 from prefillviz.engine.machine_load import MachineLoad
 from prefillviz.engine.model_shape import model_shape
-from prefillviz.engine.ops.engine_ops import brgemm_why, step_meta
+from prefillviz.engine.ops.engine_ops import brgemm_linear_why, brgemm_why, engine_ops, step_meta
 from prefillviz.engine.ops.paged_check import KernelCheckError, check_paged, random_step
+from prefillviz.engine.ops.torch_ops import silu_mul
 from prefillviz.engine.timers import calls_per_run, run_seconds
 
 RACE_FACTOR = 3.0  # a candidate this much slower than the best on its first two calls is not timed further
@@ -83,15 +86,18 @@ def candidate_statuses(model: torch.nn.Module, parameter: torch.Tensor | None = 
     if not on_cpu:
         attention["v6 loop, fp32 decodes"] = "the same as v2 off a CPU"
     linears = {name: "" for name in dispatch.LINEAR_CANDIDATES}
+    packs = (ONEDNN, dispatch.BRGEMM_LINEAR, TORCH_PACKED)
     if not _has_linears(model):
-        linears[ONEDNN] = linears[TORCH_PACKED] = "the model's layers have no nn.Linear to pack"
+        linears.update(dict.fromkeys(packs, "the model's layers have no nn.Linear to pack"))
     elif not on_cpu:
-        linears[ONEDNN] = linears[TORCH_PACKED] = "pre-packed weights are a CPU path (oneDNN); on a GPU the matmuls run as they are"
+        linears.update(dict.fromkeys(packs, "pre-packed weights are a CPU path (oneDNN); on a GPU the matmuls run as they are"))
     elif os.environ.get(packed_weights.FORCE_STOCK_ENV, "").strip() not in ("", "0"):
-        linears[ONEDNN] = linears[TORCH_PACKED] = f"{packed_weights.FORCE_STOCK_ENV} is set: stock linear layers run, as on a CPU that can't pack"
+        linears.update(dict.fromkeys(packs, f"{packed_weights.FORCE_STOCK_ENV} is set: stock linear layers run, as on a CPU that can't pack"))
     else:
         if packed_weights.onednn_linear(dtype) is None:  # through the module, so a test's stand-in CPU applies here too
             linears[ONEDNN] = packed_weights.onednn_runs(dtype)[1] or "oneDNN's matmul does not run this dtype here"
+        widths = {weight.shape[1] for group in layer_linears(model) for weight in group}
+        linears[dispatch.BRGEMM_LINEAR] = next(filter(None, (brgemm_linear_why(device, dtype, width) for width in sorted(widths))), "")
         runs, why = packed_weights.cpu_runs_packed_linear(dtype)
         if not runs:
             linears[TORCH_PACKED] = why
@@ -126,11 +132,37 @@ def layer_linears(model: torch.nn.Module) -> list[list[torch.Tensor]]:
     return [] if block is None else [[m.weight.detach()] for m in block.modules() if type(m) is torch.nn.Linear]
 
 
+def gated_group(groups: list[list[torch.Tensor]]) -> int | None:
+    """The index of a gated MLP's [gate, up] among ``layer_linears``' groups (two weights of one shape
+    (I, H) whose activation the next group's (H, I) weight reads), else None."""
+    for index, (group, after) in enumerate(zip(groups, groups[1:])):
+        if len(group) == 2 and group[0].shape == group[1].shape and len(after) == 1 and after[0].shape == group[0].shape[::-1]:
+            return index
+    return None
+
+
+def _silu_mul(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The forward's ``silu_mul`` for this weight's device and dtype: the engine's C++ op where it runs, else torch's."""
+    ops = engine_ops() if weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) else None
+    return ops.silu_mul if ops is not None else silu_mul
+
+
 def linear_layer(groups: list[list[torch.Tensor]], candidate: str) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
     """A function running each group on its input (rows, in) with ``candidate``, through the engine's own
-    ``llama_weights.linear_of`` (stock: one ``F.linear`` per weight, outputs side by side; else stacked and packed once now)."""
-    linears = [linear_of(group, candidate) for group in groups]
-    return lambda inputs: [linear(x) for linear, x in zip(linears, inputs)]
+    ``llama_weights.linear_of`` (stock: one ``F.linear`` per weight, outputs side by side; else stacked and packed once now).
+    A gated MLP's [gate, up] gives silu(gate) * up, as the forward computes it: in the pack's call
+    where it fuses the SiLU (the brgemm linear), else with ``silu_mul`` after."""
+    gated = gated_group(groups)
+    linears = [linear_of(group, candidate, gated=index == gated) for index, group in enumerate(groups)]
+    activate = _silu_mul(groups[gated][0]) if gated is not None and not linears[gated].activates else None
+
+    def run(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        outputs = [linear(x) for linear, x in zip(linears, inputs)]
+        if activate is not None:
+            outputs[gated] = activate(outputs[gated])
+        return outputs
+
+    return run
 
 
 def linear_inputs(groups: list[list[torch.Tensor]], rows: int, generator: torch.Generator | None = None) -> list[torch.Tensor]:
@@ -150,6 +182,17 @@ def linear_tolerance(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return 2 * (eps + x.shape[-1] * torch.finfo(torch.float32).eps) * magnitude + torch.finfo(torch.float32).tiny
 
 
+def activation_bound(gate_up: torch.Tensor, bound: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(silu(g) * u, its allowed |error|) from the exact [g | u] and the bound on each of their errors.
+
+    |silu'| <= 1.1 and |silu(g)| <= |g|, so errors e_g, e_u move the product by at most
+    1.1 e_g |u| + (|g| + e_g) e_u; plus two roundings of the dtype (silu(g), then the product:
+    torch's path; the brgemm linear rounds once)."""
+    g, u = gate_up.chunk(2, dim=-1)
+    e_g, e_u = bound.chunk(2, dim=-1)
+    return F.silu(g) * u, 1.1 * e_g * u.abs() + (g.abs() + e_g) * e_u + 2 * torch.finfo(dtype).eps * (g * u).abs()
+
+
 def check_linears(groups: list[list[torch.Tensor]], candidate: str) -> str:
     """'' when ``candidate`` computes layer 0's linears as fp32 ``F.linear`` does within ``linear_tolerance``, else what differed."""
     if not groups:
@@ -157,13 +200,16 @@ def check_linears(groups: list[list[torch.Tensor]], candidate: str) -> str:
     generator = torch.Generator().manual_seed(0)
     dtype = groups[0][0].dtype
     weights = [stacked(group) for group in groups]
+    gated = gated_group(groups)
     try:
         layer = linear_layer(groups, candidate)
         for rows in (1, 7, 33):
             inputs = linear_inputs(groups, rows, generator)
-            for got, x, weight in zip(layer(inputs), inputs, weights):
-                want = F.linear(x.float(), weight.float())
-                excess = (got.float() - want).abs() - linear_tolerance(x, weight)
+            for index, (got, x, weight) in enumerate(zip(layer(inputs), inputs, weights)):
+                want, bound = F.linear(x.float(), weight.float()), linear_tolerance(x, weight)
+                if index == gated:
+                    want, bound = activation_bound(want, bound, dtype)
+                excess = (got.float() - want).abs() - bound
                 if got.shape != want.shape or not bool(torch.isfinite(got).all()) or float(excess.max()) > 0:
                     return f"differs from fp32 F.linear beyond the {str(dtype).removeprefix('torch.')} bound at {rows} rows"
     except RuntimeError as error:

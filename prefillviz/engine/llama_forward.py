@@ -12,15 +12,17 @@ own model code instead; this is ours, for the engine's steps only:
 
 - **Fused projections**: on a CPU that packs (``packed_weights``), q, k and v are one matmul
   over the three weights stacked and packed once for oneDNN, and so are gate and up (vLLM's
-  ``QKVParallelLinear`` and ``MergedColumnParallelLinear``). Elsewhere (a GPU, a CPU that
+  ``QKVParallelLinear`` and ``MergedColumnParallelLinear``). The engine's brgemm linear
+  (``csrc/linear_brgemm.h``) goes one step further: its gate|up call returns silu(gate) * up,
+  computed on the fp32 sums, so [gate | up] is never written out. Elsewhere (a GPU, a CPU that
   can't pack, ``pack_linear_weights=False``) each projection runs on the module's own weight,
   so no weight is copied.
 - **RoPE once over q and k together**, with the cos/sin of the step's positions computed once per
   step by the model's own rotary module (so every RoPE variant it knows applies as it is).
 - **Measured dispatch** (``dispatch.py``): each step's bucket (decode, mixed, a prefill's size)
   names the attention and the linears this machine ran fastest there, among those that passed
-  their oracle here: the engine's C++ kernel (v7) or torch's SDPA for attention, oneDNN's matmul,
-  torch's packed linear or the stock ``F.linear`` for the linears.
+  their oracle here: the engine's C++ kernels (v7, v8) or torch's SDPA for attention, oneDNN's
+  matmul, the engine's brgemm linear, torch's packed linear or the stock ``F.linear`` for the linears.
 
 The arithmetic of each op is the stock model's (RMSNorm in fp32 then cast, RoPE in the model's
 dtype, SiLU): ``tests/model/test_llama_forward.py`` checks the logits against the plain HF
@@ -198,7 +200,8 @@ class LlamaForward:
                 with span(f"layers.{index}.post_attention_layernorm"):
                     x = ops.add_rms_norm(attended, h, *norm_post)  # h += attention; x = norm(h)
                 with span(f"layers.{index}.mlp"):
-                    mlp_out = down_proj(ops.silu_mul(gate_up_proj(x)))
+                    gate_up = gate_up_proj(x)  # [gate | up], or silu(gate) * up where the pack fuses it
+                    mlp_out = down_proj(gate_up if gate_up_proj.activates else ops.silu_mul(gate_up))
         with span("final_norm"):
             x = ops.final_norm(mlp_out, h, *weights.final_norm, keep)
         if hidden is not None:

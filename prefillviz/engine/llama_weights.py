@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from prefillviz.engine.packed_weights import pack_weight, packed_linear
+from prefillviz.engine.packed_weights import gated_packs, pack_weight, packed_linear
 
 _models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {linear implementation: LlamaWeights}
 STOCK = "stock"  # dispatch.STOCK: the modules' own weights, F.linear
@@ -32,6 +32,7 @@ class _Linear:
     biases: list[torch.Tensor | None]
     packed: torch.Tensor | None = None
     packed_bias: torch.Tensor | None = None
+    activates: bool = False  # a gated MLP's [gate; up] whose call returns silu(gate) * up (``packed_weights.gated_packs``)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
@@ -46,21 +47,26 @@ def stacked(weights: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(weights) if len(weights) > 1 else weights[0]
 
 
-def linear_of(weights: list[torch.Tensor], implementation: str, biases: list[torch.Tensor | None] | None = None) -> _Linear:
+def linear_of(weights: list[torch.Tensor], implementation: str, biases: list[torch.Tensor | None] | None = None, gated: bool = False) -> _Linear:
     """One projection (or several stacked) as the engine's forward runs it with ``implementation``
-    (the measured dispatch times it through here too, ``dispatch_tuning.linear_layer``)."""
+    (the measured dispatch times it through here too, ``dispatch_tuning.linear_layer``).
+
+    ``gated``: the weights are a gated MLP's [gate, up]; where the implementation packs that into
+    one call returning silu(gate) * up (and there is no bias), the result ``activates``."""
     biases = biases or [None] * len(weights)
     if implementation == STOCK:
         return _Linear(weights, biases)
+    if gated and gated_packs(implementation) and all(b is None for b in biases):
+        return _Linear([], [], pack_weight(stacked(weights), implementation, gated=True), activates=True)
     bias = None
     if any(b is not None for b in biases):
         bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
     return _Linear([], [], pack_weight(stacked(weights), implementation), bias)  # the stacked copy is dropped: only its pack is kept
 
 
-def _linear(linears: list[torch.nn.Linear], implementation: str) -> _Linear:
+def _linear(linears: list[torch.nn.Linear], implementation: str, gated: bool = False) -> _Linear:
     biases = [None if linear.bias is None else linear.bias.detach() for linear in linears]
-    return linear_of([linear.weight.detach() for linear in linears], implementation, biases)
+    return linear_of([linear.weight.detach() for linear in linears], implementation, biases, gated)
 
 
 class LlamaWeights:
@@ -88,7 +94,7 @@ class LlamaWeights:
                 _linear([attn.q_proj, attn.k_proj, attn.v_proj], implementation),
                 _linear([attn.o_proj], implementation),
                 (layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm)),
-                _linear([mlp.gate_proj, mlp.up_proj], implementation),
+                _linear([mlp.gate_proj, mlp.up_proj], implementation, gated=True),
                 _linear([mlp.down_proj], implementation),
                 getattr(attn, "scaling", self.head_dim**-0.5),
             ))

@@ -40,12 +40,19 @@ import torch
 import torch.nn.functional as F
 
 from prefillviz.engine.devices import dtype_name
+from prefillviz.engine.ops.engine_ops import BrgemmLinear
 from prefillviz.engine.ops.onednn_linear import onednn_linear, onednn_runs
 from prefillviz.engine.shared_settings import shared_setting
 
 PACKABLE_DTYPES = (torch.bfloat16, torch.float32)
 FORCE_STOCK_ENV = "PREFILLVIZ_STOCK_LINEARS"
 ONEDNN_SCOPE = "onednn::matmul"  # the profiler's name for a call of prefillviz/engine/ops/onednn_linear.py's Linear
+BRGEMM_LINEAR = "brgemm linear"  # dispatch.BRGEMM_LINEAR
+
+
+def gated_packs(implementation: str) -> bool:
+    """Whether ``implementation`` packs a gated MLP's [gate; up] into one call that returns the activation."""
+    return implementation == BRGEMM_LINEAR
 
 _active = threading.local()  # .packs: {Linear: packed weight} while packed_linears runs in this thread
 # model -> {implementation: ({Linear: (weight key, the storage it was packed from, packed weight)}, {Linear: packed weight})}
@@ -122,16 +129,23 @@ def linear_weights_label(model: torch.nn.Module, with_reason: bool = False) -> s
     return f"stock linear layers ({why})" if with_reason and why else "stock linear layers"
 
 
-def pack_weight(weight: torch.Tensor, implementation: str | None = None):
+def pack_weight(weight: torch.Tensor, implementation: str | None = None, gated: bool = False):
     """A (out, in) weight reordered once into oneDNN's blocked layout.
 
     Args:
         implementation: ``"oneDNN matmul"`` (``prefillviz/engine/ops/onednn_linear.py``'s ``Linear``: oneDNN's
-            matmul primitive, kept per row count, as vLLM's CPU backend runs it) or
-            ``"torch packed"`` (an opaque tensor for ``torch.ops.mkldnn._linear_pointwise``);
-            None: the first of them that runs here (what the peaks and the dtype speed time).
+            matmul primitive, kept per row count, as vLLM's CPU backend runs it),
+            ``"brgemm linear"`` (``engine_ops.BrgemmLinear``: the engine's C++ linear on oneDNN's brgemm
+            micro-kernel) or ``"torch packed"`` (an opaque tensor for ``torch.ops.mkldnn._linear_pointwise``);
+            None: the first of oneDNN's two that runs here (what the peaks and the dtype speed time).
             The engine runs whichever the measured dispatch chose (``dispatch.py``).
+        gated: ``weight`` is a gated MLP's [gate; up], and the pack returns silu(x G^T) * (x U^T)
+            (the brgemm linear only: ``gated_packs``).
     """
+    if implementation == BRGEMM_LINEAR:
+        return BrgemmLinear(weight.detach(), gated)
+    if gated:
+        raise ValueError(f"{implementation} has no gated pack")
     onednn = onednn_linear(weight.dtype) if implementation in (None, "oneDNN matmul") else None
     if implementation == "oneDNN matmul" and onednn is None:
         raise RuntimeError(f"oneDNN's matmul does not run {dtype_name(weight.dtype)} here: {onednn_runs(weight.dtype)[1]}")
@@ -146,7 +160,7 @@ def packed_linear(x: torch.Tensor, packed, bias: torch.Tensor | None = None) -> 
     if isinstance(packed, torch.Tensor):
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     if torch._C._autograd._profiler_enabled():  # a profile pass: the call is no torch op, so name it for the op table
-        with torch.profiler.record_function(ONEDNN_SCOPE):
+        with torch.profiler.record_function(getattr(packed, "scope", ONEDNN_SCOPE)):
             out = packed(x)
     else:
         out = packed(x)

@@ -22,6 +22,7 @@ from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.dispatch import (
     ATTENTION,
     ATTENTION_CANDIDATES,
+    BRGEMM_LINEAR,
     BUCKET_NAMES,
     LINEAR_CANDIDATES,
     LINEARS,
@@ -212,7 +213,11 @@ def test_the_linears_are_timed_as_the_engine_runs_them(tiny_llama, candidate):
     engine_layer = llama_weights(tiny_llama, candidate).layers[0]
     inputs = dispatch_tuning.linear_inputs(groups, 9)
     timed = dispatch_tuning.linear_layer(groups, candidate)(inputs)
-    engine = [engine_layer[1](inputs[0]), engine_layer[2](inputs[1]), engine_layer[4](inputs[2]), engine_layer[5](inputs[3])]
+    gate_up = engine_layer[4](inputs[2])
+    assert gate_up.shape[-1] == mlp.up_proj.out_features * (1 if engine_layer[4].activates else 2)  # silu(gate) * up, or [gate | up]
+    activation = gate_up if engine_layer[4].activates else dispatch_tuning._silu_mul(gate_up)(gate_up)  # the forward's silu_mul
+    engine = [engine_layer[1](inputs[0]), engine_layer[2](inputs[1]), activation, engine_layer[5](inputs[3])]
+    assert engine_layer[4].activates == (candidate == BRGEMM_LINEAR)  # the one pack that fuses the SiLU
     assert all(torch.equal(a, b) for a, b in zip(timed, engine))  # the same calls: the same bits
 
 

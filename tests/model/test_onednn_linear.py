@@ -8,14 +8,13 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 import torch
 
 from prefillviz.engine.ops.onednn_linear import onednn_runs
-from tests.tolerances import assert_linear_close
+from tests.tolerances import assert_linear_close, assert_linear_close_from_two_threads
 
 
 def test_fp32_matches_f_linear_at_every_row_count(onednn):
@@ -60,23 +59,7 @@ def test_bf16_where_this_cpu_runs_it(onednn):
 def test_two_threads_on_one_weight(onednn):
     weight = torch.randn(256, 128)
     linear = onednn.Linear(weight)
-    inputs = {name: [torch.randn(rows, 128) for rows in (1, 17, 64, 3)] for name in ("a", "b")}
-    errors = []
-
-    def work(name):
-        try:
-            for _ in range(40):
-                for x in inputs[name]:
-                    assert_linear_close(linear(x), x, weight)
-        except Exception as error:  # reported in the main thread
-            errors.append(error)
-
-    threads = [threading.Thread(target=work, args=(name,)) for name in inputs]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not errors and not any(thread.is_alive() for thread in threads)
+    assert_linear_close_from_two_threads(linear, weight, (1, 17, 64, 3), loops=40)
 
 
 def test_wrong_inputs_raise_a_clear_error(onednn):

@@ -16,6 +16,8 @@
 //   brgemm_paged      v8: a paged step's bf16 or fp32 attention, its two matmuls on oneDNN's brgemm
 //                     micro-kernel (AMX where the CPU has it), the softmax between them in fp32
 //                     (attention_brgemm.h)
+//   brgemm_linear     x W^T (bf16 or fp32) on the same micro-kernel, from a weight packed in slabs of
+//                     64 columns; a gated MLP's silu(x G^T) * (x U^T) in one pass (linear_brgemm.h)
 //
 // Vectors are ATen's at::vec::Vectorized<float>: 16 lanes where torch's probe of the CPU says
 // AVX-512, 8 for AVX2, plain C++ otherwise (the build passes that probe's flags and macro).
@@ -777,6 +779,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, con
 }
 
 #include "attention_brgemm.h"
+#include "linear_brgemm.h"
 
 int64_t vector_width() { return kW; }
 
@@ -792,6 +795,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention);
   m.def("brgemm_paged", &brgemm_paged);
   m.def("brgemm_problem", &brgemm_problem);
+  m.def("brgemm_linear", &brgemm_linear);
   m.def("vector_width", &vector_width);
   m.def("bf16_dot_products", &bf16_dot_products);
   m.def("set_bf16_dot_products", &set_bf16_dot_products);

@@ -1,0 +1,86 @@
+// A linear layer on oneDNN's brgemm micro-kernel (through ATen's cpublas, as v8's attention), bf16 or
+// fp32: y = x W^T, or, for a gated MLP's stacked [gate; up] weight, y = silu(x G^T) * (x U^T) in one
+// pass. Included by engine_ops.cpp after attention_brgemm.h (cpublas, Vec, kW, load_pair, store_pair).
+//
+// The weight is packed once (engine_ops.py's BrgemmLinear) into slabs of 64 output columns, each
+// [K, 64]: VNNI [K / 2][64][2] in bf16, plain in fp32, columns past N zero. A task is one slab (for the
+// gated weight, a gate slab and its up slab) over one group of rows; each micro-kernel call takes up to
+// 256 rows of x against the whole slab, and the fp32 sums are rounded (bf16) or activated in the
+// epilogue, while they are in L1/L2. Two things oneDNN's matmul primitive does not do here:
+//   - a step of >= 256 rows is split into groups of rows, one or more per thread and at most 512 rows
+//     each, each group reading every slab (a weight 576 wide has 9 slabs: split over 2 threads by
+//     slab, one would take 5);
+//   - the gate's and up's sums meet in the epilogue: silu(g) * u in fp32, rounded once, so the
+//     gated MLP's [gate | up] (2 x 1536 wide for the bundled model) is never written out and read
+//     back for a separate silu_mul pass. (torch rounds g, silu(g) and u first: 3 roundings apart.)
+// Whether it is faster is measured (the dispatch's linears family), as for every candidate.
+
+constexpr int64_t kSlab = 64;        // output columns per packed slab of the weight
+constexpr int64_t kCallRows = 256;   // rows of x per micro-kernel call
+constexpr int64_t kGroupRows = 128;  // a thread takes a group of rows of its own from 2 x this many rows
+constexpr int64_t kMaxGroupRows = 512;  // and more groups than threads past this many rows a thread
+
+// silu(g) * u, the fp32 arithmetic of silu_mul_impl without its roundings in between
+inline Vec silu_times(const Vec& g, const Vec& u) { return g / (Vec(1.f) + g.neg().exp_u20()) * u; }
+
+template <typename T, typename R>
+void brgemm_linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t n, bool gated, at::Tensor& out) {
+  const int64_t m = x.size(0), k = x.size(1), units = gated ? packed.size(0) / 2 : packed.size(0);
+  // bf16 on this Xeon, 2,048 rows: groups of 1,024 rows 6.4 ms a layer (hot), of 512 5.6, of 256 5.8
+  const int64_t groups = std::max({int64_t(1), std::min<int64_t>(at::get_num_threads(), m / kGroupRows), (m + kMaxGroupRows - 1) / kMaxGroupRows});
+  const int64_t group_rows = (m + groups - 1) / groups;
+  const T* a = x.data_ptr<T>();
+  const T* b = packed.data_ptr<T>();
+  T* o = out.data_ptr<T>();
+  constexpr bool vnni = std::is_same_v<T, c10::BFloat16>;
+  at::parallel_for(0, groups * units, 1, [&](int64_t begin, int64_t end) {  // group-major: a thread keeps its rows
+    std::vector<float> sums((gated ? 2 : 1) * kCallRows * kSlab);
+    float* cg = sums.data();
+    float* cu = gated ? cg + kCallRows * kSlab : nullptr;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t group = item / units, s = item % units, col = s * kSlab, width = std::min(kSlab, n - col);
+      const int64_t last = std::min(m, (group + 1) * group_rows);
+      for (int64_t r0 = group * group_rows; r0 < last; r0 += kCallRows) {
+        const int64_t rows = std::min(kCallRows, last - r0);
+        const T* xr = a + r0 * k;
+        if (!gated && !vnni && width == kSlab) {  // fp32, a whole slab: the sums are the output
+          cpublas::brgemm(rows, kSlab, k, k, kSlab, n, false, xr, b + s * k * kSlab, reinterpret_cast<float*>(o) + r0 * n + col, false);
+          continue;
+        }
+        cpublas::brgemm(rows, kSlab, k, k, kSlab, kSlab, false, xr, b + s * k * kSlab, cg, vnni);
+        if (gated) cpublas::brgemm(rows, kSlab, k, k, kSlab, kSlab, false, xr, b + (s + units) * k * kSlab, cu, vnni);
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* g = cg + r * kSlab;
+          const float* u = gated ? cu + r * kSlab : nullptr;
+          T* y = o + (r0 + r) * n + col;
+          int64_t j = 0;
+          for (; j + 2 * kW <= width; j += 2 * kW) {
+            Vec g0 = Vec::loadu(g + j), g1 = Vec::loadu(g + j + kW);
+            if (gated) {
+              g0 = silu_times(g0, Vec::loadu(u + j));
+              g1 = silu_times(g1, Vec::loadu(u + j + kW));
+            }
+            store_pair<R>(y + j, g0, g1);
+          }
+          for (; j < width; ++j) y[j] = T(gated ? g[j] / (1.f + std::exp(-g[j])) * u[j] : g[j]);
+        }
+      }
+    }
+    cpublas::brgemm_release(vnni);  // per thread, as v8 (attention_brgemm.h says why)
+  });
+}
+
+// x (M, K) contiguous; packed (slabs, K * 64) from BrgemmLinear's packing (gated: the gate's slabs,
+// then as many of up's); n: the output's width (N, or gated the gate's). Returns (M, n).
+at::Tensor brgemm_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, bool gated) {
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK((dtype == at::kBFloat16 || dtype == at::kFloat) && packed.scalar_type() == dtype, "brgemm_linear: bf16 or fp32, x and the weight in one dtype");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && packed.dim() == 2 && packed.is_contiguous(), "brgemm_linear: contiguous x (M, K) and packed weight");
+  TORCH_CHECK(packed.size(1) == x.size(1) * kSlab, "brgemm_linear: the weight was packed for ", packed.size(1) / kSlab, " inputs, x has ", x.size(1));
+  const int64_t units = gated ? packed.size(0) / 2 : packed.size(0);
+  TORCH_CHECK(n > 0 && n <= units * kSlab && n > (units - 1) * kSlab && (!gated || packed.size(0) % 2 == 0), "brgemm_linear: ", n, " outputs do not fit the packed slabs");
+  TORCH_CHECK(dtype != at::kBFloat16 || x.size(1) % 2 == 0, "brgemm_linear: bf16 needs an even input width (VNNI pairs)");
+  at::Tensor out = at::empty({x.size(0), n}, x.options());
+  if (x.size(0) > 0) by_dtype_and_rounding(dtype, [&](auto t, auto r) { brgemm_linear_impl<decltype(t), decltype(r)>(x, packed, n, gated, out); });
+  return out;
+}

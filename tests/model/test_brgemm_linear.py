@@ -1,0 +1,89 @@
+"""The engine's brgemm linear (prefillviz/engine/ops/csrc/linear_brgemm.h, engine_ops.BrgemmLinear): the same
+product as F.linear, each output within the bound of its dtype and length (tests/tolerances.py), at row
+counts that take one call, several calls, one group of rows per thread and more groups than threads;
+a width that is not a multiple of its 64-column slabs; the gated MLP's silu(x G^T) * (x U^T) within the
+bound that follows from the two products' (dispatch_tuning.activation_bound); two threads on one
+weight; and a clear refusal where it can't run (bf16 below AMX, an odd bf16 width)."""
+
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from prefillviz.engine import dispatch_tuning
+from prefillviz.engine.ops.engine_ops import BrgemmLinear, brgemm_linear_why
+from tests.tolerances import assert_linear_close, assert_linear_close_from_two_threads
+
+ROWS = [1, 2, 7, 33, 255, 256, 300, 513, 1100]  # 1,100 rows: 3 groups of rows on 2 threads (at most 512 a group)
+
+
+def runs_here(compiled_ops, dtype, width):
+    why = brgemm_linear_why("cpu", dtype, width)
+    if why:
+        pytest.skip(why)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_matches_f_linear_at_every_row_count_and_width(compiled_ops, dtype):
+    runs_here(compiled_ops, dtype, 48)
+    generator = torch.Generator().manual_seed(0)
+    for out_features in (64, 100, 192):  # a whole slab, a part of the last one, several
+        weight = torch.randn(out_features, 48, generator=generator).to(dtype)
+        linear = BrgemmLinear(weight)
+        for rows in ROWS:
+            x = torch.randn(rows, 48, generator=generator).to(dtype)
+            got = linear(x)
+            assert got.dtype == dtype
+            assert_linear_close(got, x, weight)
+    assert linear(torch.empty(0, 48, dtype=dtype)).shape == (0, 192)
+
+
+def test_leading_dimensions_and_a_strided_input(compiled_ops):
+    runs_here(compiled_ops, torch.float32, 16)
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(24, 16, generator=generator)
+    x = torch.randn(2, 3, 16, generator=generator)
+    assert BrgemmLinear(weight)(x).shape == (2, 3, 24)
+    assert_linear_close(BrgemmLinear(weight)(x), x, weight)
+    strided = torch.randn(5, 32, generator=generator)[:, ::2]
+    assert_linear_close(BrgemmLinear(weight)(strided), strided, weight)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_gated_is_silu_of_gate_times_up_within_the_bound_of_both_products(compiled_ops, dtype):
+    runs_here(compiled_ops, dtype, 64)
+    generator = torch.Generator().manual_seed(2)
+    for intermediate in (96, 128):
+        gate, up = (torch.randn(intermediate, 64, generator=generator).to(dtype) for _ in range(2))
+        weight = torch.cat([gate, up])
+        linear = BrgemmLinear(weight, gated=True)
+        assert (linear.in_features, linear.out_features) == (64, intermediate)
+        for rows in (1, 33, 300, 1100):
+            x = torch.randn(rows, 64, generator=generator).to(dtype)
+            want, bound = dispatch_tuning.activation_bound(F.linear(x.float(), weight.float()), dispatch_tuning.linear_tolerance(x, weight), dtype)
+            got = linear(x)
+            assert got.shape == (rows, intermediate) and got.dtype == dtype
+            excess = (got.float() - want).abs() - bound
+            assert float(excess.max()) <= 0, f"exceeds its bound by {float(excess.max()):.3g} ({dtype}, {rows} rows)"
+            # torch's own path (three roundings in bf16) is within the same bound
+            g, u = F.linear(x, weight).chunk(2, dim=-1)
+            assert float(((F.silu(g) * u).float() - want).abs().sub(bound).max()) <= 0
+
+
+def test_two_threads_on_one_weight(compiled_ops):
+    runs_here(compiled_ops, torch.float32, 128)
+    weight = torch.randn(256, 128)
+    linear = BrgemmLinear(weight)
+    assert_linear_close_from_two_threads(linear, weight, (1, 17, 300, 3), loops=20)
+
+
+def test_what_it_refuses_says_why(compiled_ops):
+    assert "odd" in brgemm_linear_why("cpu", torch.bfloat16, 47)
+    assert "bf16 and fp32 only" in brgemm_linear_why("cpu", torch.float16, 48)
+    assert "CPU path" in brgemm_linear_why("meta", torch.float32, 48)
+    if not brgemm_linear_why("cpu", torch.float32, 48):
+        linear = BrgemmLinear(torch.randn(64, 48))
+        with pytest.raises(RuntimeError, match="packed for 48 inputs"):
+            compiled_ops.brgemm_linear(torch.randn(3, 40), linear.packed, 64, False)
+        with pytest.raises(RuntimeError, match="one dtype"):
+            linear(torch.randn(3, 48).to(torch.bfloat16))

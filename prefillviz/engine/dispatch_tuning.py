@@ -96,8 +96,7 @@ def candidate_statuses(model: torch.nn.Module, parameter: torch.Tensor | None = 
     else:
         if packed_weights.onednn_linear(dtype) is None:  # through the module, so a test's stand-in CPU applies here too
             linears[ONEDNN] = packed_weights.onednn_runs(dtype)[1] or "oneDNN's matmul does not run this dtype here"
-        widths = {weight.shape[1] for group in layer_linears(model) for weight in group}
-        linears[dispatch.BRGEMM_LINEAR] = next(filter(None, (brgemm_linear_why(device, dtype, width) for width in sorted(widths))), "")
+        linears[dispatch.BRGEMM_LINEAR] = next(filter(None, (brgemm_linear_why(device, dtype, width) for width in _input_widths(model))), "")
         runs, why = packed_weights.cpu_runs_packed_linear(dtype)
         if not runs:
             linears[TORCH_PACKED] = why
@@ -113,6 +112,17 @@ def _has_linears(model: torch.nn.Module) -> bool:
 
 
 _linears_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _input_widths(model: torch.nn.Module) -> list[int]:
+    """The input widths of the linears the tuning times (asked at every step: kept per model)."""
+    widths = _widths_of.get(model)
+    if widths is None:
+        widths = _widths_of[model] = sorted({weight.shape[1] for group in layer_linears(model) for weight in group})
+    return widths
+
+
+_widths_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def layer_linears(model: torch.nn.Module) -> list[list[torch.Tensor]]:

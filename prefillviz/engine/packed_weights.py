@@ -54,6 +54,7 @@ def gated_packs(implementation: str) -> bool:
     """Whether ``implementation`` packs a gated MLP's [gate; up] into one call that returns the activation."""
     return implementation == BRGEMM_LINEAR
 
+
 _active = threading.local()  # .packs: {Linear: packed weight} while packed_linears runs in this thread
 # model -> {implementation: ({Linear: (weight key, the storage it was packed from, packed weight)}, {Linear: packed weight})}
 _models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -130,14 +131,15 @@ def linear_weights_label(model: torch.nn.Module, with_reason: bool = False) -> s
 
 
 def pack_weight(weight: torch.Tensor, implementation: str | None = None, gated: bool = False):
-    """A (out, in) weight reordered once into oneDNN's blocked layout.
+    """A (out, in) weight packed once for one of the engine's packed linears.
 
     Args:
         implementation: ``"oneDNN matmul"`` (``prefillviz/engine/ops/onednn_linear.py``'s ``Linear``: oneDNN's
             matmul primitive, kept per row count, as vLLM's CPU backend runs it),
             ``"brgemm linear"`` (``engine_ops.BrgemmLinear``: the engine's C++ linear on oneDNN's brgemm
             micro-kernel) or ``"torch packed"`` (an opaque tensor for ``torch.ops.mkldnn._linear_pointwise``);
-            None: the first of oneDNN's two that runs here (what the peaks and the dtype speed time).
+            None: oneDNN's matmul where it runs here, else torch's packed linear (what the peaks and
+            the dtype speed time).
             The engine runs whichever the measured dispatch chose (``dispatch.py``).
         gated: ``weight`` is a gated MLP's [gate; up], and the pack returns silu(x G^T) * (x U^T)
             (the brgemm linear only: ``gated_packs``).

@@ -6,15 +6,14 @@ The engine has several correct implementations of two op families:
                 engine's softmax between Q K^T and P V on oneDNN's brgemm micro-kernel, bf16 on AMX
                 tiles where the CPU has them), v6 loop with fp32 decodes, v2 loop and v3 packed (torch's SDPA inside;
                 on a CPU its bf16 flash attention calls oneDNN's gemm a block at a time)
-    linears     oneDNN's matmul primitive (``prefillviz/engine/ops/onednn_linear.py``), torch's packed linear
-                (``torch.ops.mkldnn``), and the stock ``F.linear``
+    linears     oneDNN's matmul primitive (``ops/onednn_linear.py``), the brgemm linear (``ops/brgemm_linear.py``:
+                the engine's, the MLP's SiLU in its gate|up call), torch's packed linear, the stock ``F.linear``
 
-Which is fastest depends on the machine: on a Zen 4 with AVX512-BF16, v7 beat SDPA; on a Xeon
-with AMX, SDPA beat v7 by 4x at 2,048 tokens (and v8 beat SDPA). So no CPU flag and no preference written here
-picks one. ``dispatch_tuning.measure`` first checks every candidate against its oracle on
-this machine (a failure, or one that can't run here, is out, with the reason), then times the
-rest on the model's own shapes for a few step shapes (``BUCKETS``), and the fastest of each
-family in each bucket is what the engine runs:
+Which is fastest depends on the machine: on a Zen 4 with AVX512-BF16, v7 beat SDPA; on a Xeon with
+AMX, SDPA beat v7 by 4x at 2,048 tokens (and v8 beat SDPA). So no CPU flag and no preference written
+here picks one. ``dispatch_tuning.measure`` checks every candidate against its oracle here (one that
+fails or can't run is out, with the reason), times the rest on the model's own shapes for a few step
+shapes (``BUCKETS``), and the fastest of each family in each bucket is what the engine runs:
 
     step  ->  bucket_of(step)  ->  table.choice(bucket, family)  ->  the implementation
 
@@ -47,8 +46,7 @@ COMPILED_CANDIDATES = (V7, V7_TILES)  # the engine's C++ kernel (``engine/ops/cs
 V8 = "v8 brgemm"  # bf16 or fp32: the engine's C++ softmax between two matmuls on oneDNN's brgemm micro-kernel
 ROWS_CANDIDATES = (V7, V7_TILES, V8)  # C++ ops over the whole step: q read from the q|k|v rows, K/V from the cache through the slots
 ATTENTION_CANDIDATES = (V7, V7_TILES, V8, "v6 loop, fp32 decodes", "v2 loop", "v3 packed")
-ONEDNN, TORCH_PACKED, STOCK = "oneDNN matmul", "torch packed", "stock"
-BRGEMM_LINEAR = "brgemm linear"  # the engine's C++ linear on oneDNN's brgemm micro-kernel, a gated MLP's SiLU in its epilogue
+ONEDNN, BRGEMM_LINEAR, TORCH_PACKED, STOCK = "oneDNN matmul", "brgemm linear", "torch packed", "stock"  # brgemm: the engine's own
 LINEAR_CANDIDATES = (ONEDNN, BRGEMM_LINEAR, TORCH_PACKED, STOCK)
 CANDIDATES = {ATTENTION: ATTENTION_CANDIDATES, LINEARS: LINEAR_CANDIDATES}
 KINDS = {V7: "C++", V7_TILES: "C++", V8: "brgemm", "v6 loop, fp32 decodes": "SDPA", "v2 loop": "SDPA", "v3 packed": "SDPA"}  # a caption compares across kinds

@@ -49,7 +49,7 @@ def stacked(weights: list[torch.Tensor]) -> torch.Tensor:
 
 def linear_of(weights: list[torch.Tensor], implementation: str, biases: list[torch.Tensor | None] | None = None, gated: bool = False) -> _Linear:
     """One projection (or several stacked) as the engine's forward runs it with ``implementation``
-    (the measured dispatch times it through here too, ``dispatch_tuning.linear_layer``).
+    (the measured dispatch times it through here too, ``linear_checks.linear_layer``).
 
     ``gated``: the weights are a gated MLP's [gate, up]; where the implementation packs that into
     one call returning silu(gate) * up (and there is no bias), the result ``activates``."""

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from prefillviz.engine.devices import dtype_name
-from prefillviz.engine.ops.engine_ops import BrgemmLinear
+from prefillviz.engine.ops.brgemm_linear import BrgemmLinear
 from prefillviz.engine.ops.onednn_linear import onednn_linear, onednn_runs
 from prefillviz.engine.shared_settings import shared_setting
 

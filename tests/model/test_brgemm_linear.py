@@ -2,7 +2,7 @@
 product as F.linear, each output within the bound of its dtype and length (tests/tolerances.py), at row
 counts that take one call, several calls, one group of rows per thread and more groups than threads;
 a width that is not a multiple of its 64-column slabs; the gated MLP's silu(x G^T) * (x U^T) within the
-bound that follows from the two products' (dispatch_tuning.activation_bound); two threads on one
+bound that follows from the two products' (linear_checks.activation_bound); two threads on one
 weight; and a clear refusal where it can't run (bf16 below AMX, an odd bf16 width)."""
 
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prefillviz.engine import dispatch_tuning
-from prefillviz.engine.ops.engine_ops import BrgemmLinear, brgemm_linear_why
+from prefillviz.engine import linear_checks
+from prefillviz.engine.ops.brgemm_linear import BrgemmLinear, brgemm_linear_why
 from tests.tolerances import assert_linear_close, assert_linear_close_from_two_threads
 
 ROWS = [1, 2, 7, 33, 255, 256, 300, 513, 1100]  # 1,100 rows: 3 groups of rows on 2 threads (at most 512 a group)
@@ -60,7 +60,7 @@ def test_gated_is_silu_of_gate_times_up_within_the_bound_of_both_products(compil
         assert (linear.in_features, linear.out_features) == (64, intermediate)
         for rows in (1, 33, 300, 1100):
             x = torch.randn(rows, 64, generator=generator).to(dtype)
-            want, bound = dispatch_tuning.activation_bound(F.linear(x.float(), weight.float()), dispatch_tuning.linear_tolerance(x, weight), dtype)
+            want, bound = linear_checks.activation_bound(F.linear(x.float(), weight.float()), linear_checks.linear_tolerance(x, weight), dtype)
             got = linear(x)
             assert got.shape == (rows, intermediate) and got.dtype == dtype
             excess = (got.float() - want).abs() - bound

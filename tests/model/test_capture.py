@@ -15,7 +15,7 @@ from prefillviz.analysis.first_token import first_token_view
 from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.errors import ConfigError
-from prefillviz.engine.ops.engine_ops import BRGEMM_SCOPE
+from prefillviz.engine.ops.brgemm_linear import BRGEMM_SCOPE
 from prefillviz.engine.packed_weights import ONEDNN_SCOPE
 from prefillviz.engine.request import SamplingParams
 from prefillviz.instrument.capture import run_captured

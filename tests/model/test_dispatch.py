@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from prefillviz import cli
-from prefillviz.engine import dispatch, dispatch_tables, dispatch_tuning
+from prefillviz.engine import dispatch, dispatch_tables, dispatch_tuning, linear_checks
 from prefillviz.engine.attention import ENGINE_KERNELS
 from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.dispatch import (
@@ -205,17 +205,17 @@ def test_the_linears_are_timed_as_the_engine_runs_them(tiny_llama, candidate):
 
     if dispatch_tuning.candidate_statuses(tiny_llama)[LINEARS][candidate]:
         pytest.skip(dispatch_tuning.candidate_statuses(tiny_llama)[LINEARS][candidate])
-    groups = dispatch_tuning.layer_linears(tiny_llama)
+    groups = linear_checks.layer_linears(tiny_llama)
     attn, mlp = tiny_llama.model.layers[0].self_attn, tiny_llama.model.layers[0].mlp
     assert [[w.data_ptr() for w in g] for g in groups] == [
         [m.weight.data_ptr() for m in ms] for ms in ([attn.q_proj, attn.k_proj, attn.v_proj], [attn.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj])
     ]
     engine_layer = llama_weights(tiny_llama, candidate).layers[0]
-    inputs = dispatch_tuning.linear_inputs(groups, 9)
-    timed = dispatch_tuning.linear_layer(groups, candidate)(inputs)
+    inputs = linear_checks.linear_inputs(groups, 9)
+    timed = linear_checks.linear_layer(groups, candidate)(inputs)
     gate_up = engine_layer[4](inputs[2])
     assert gate_up.shape[-1] == mlp.up_proj.out_features * (1 if engine_layer[4].activates else 2)  # silu(gate) * up, or [gate | up]
-    activation = gate_up if engine_layer[4].activates else dispatch_tuning._silu_mul(gate_up)(gate_up)  # the forward's silu_mul
+    activation = gate_up if engine_layer[4].activates else linear_checks.silu_mul_for(gate_up)(gate_up)  # the forward's silu_mul
     engine = [engine_layer[1](inputs[0]), engine_layer[2](inputs[1]), activation, engine_layer[5](inputs[3])]
     assert engine_layer[4].activates == (candidate == BRGEMM_LINEAR)  # the one pack that fuses the SiLU
     assert all(torch.equal(a, b) for a, b in zip(timed, engine))  # the same calls: the same bits

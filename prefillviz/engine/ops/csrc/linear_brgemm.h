@@ -2,7 +2,7 @@
 // fp32: y = x W^T, or, for a gated MLP's stacked [gate; up] weight, y = silu(x G^T) * (x U^T) in one
 // pass. Included by engine_ops.cpp after attention_brgemm.h (cpublas, Vec, kW, load_pair, store_pair).
 //
-// The weight is packed once (engine_ops.py's BrgemmLinear) into slabs of 64 output columns, each
+// The weight is packed once (brgemm_linear.py's BrgemmLinear) into slabs of 64 output columns, each
 // [K, 64]: VNNI [K / 2][64][2] in bf16, plain in fp32, columns past N zero. A task is one slab (for the
 // gated weight, a gate slab and its up slab) over one group of rows; each micro-kernel call takes up to
 // 256 rows of x against the whole slab, and the fp32 sums are rounded (bf16) or activated in the

@@ -1,4 +1,4 @@
-"""The engine's brgemm linear (prefillviz/engine/ops/csrc/linear_brgemm.h, engine_ops.BrgemmLinear): the same
+"""The engine's brgemm linear (prefillviz/engine/ops/csrc/linear_brgemm.h, ops/brgemm_linear.py's BrgemmLinear): the same
 product as F.linear, each output within the bound of its dtype and length (tests/tolerances.py), at row
 counts that take one call, several calls, one group of rows per thread and more groups than threads;
 a width that is not a multiple of its 64-column slabs; the gated MLP's silu(x G^T) * (x U^T) within the
@@ -42,11 +42,12 @@ def test_leading_dimensions_and_a_strided_input(compiled_ops):
     runs_here(compiled_ops, torch.float32, 16)
     generator = torch.Generator().manual_seed(1)
     weight = torch.randn(24, 16, generator=generator)
+    linear = BrgemmLinear(weight)
     x = torch.randn(2, 3, 16, generator=generator)
-    assert BrgemmLinear(weight)(x).shape == (2, 3, 24)
-    assert_linear_close(BrgemmLinear(weight)(x), x, weight)
+    assert linear(x).shape == (2, 3, 24)
+    assert_linear_close(linear(x), x, weight)
     strided = torch.randn(5, 32, generator=generator)[:, ::2]
-    assert_linear_close(BrgemmLinear(weight)(strided), strided, weight)
+    assert_linear_close(linear(strided), strided, weight)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])

@@ -241,6 +241,9 @@ void add_rms_norm_impl(const at::Tensor& x, at::Tensor& residual, const at::Tens
   });
 }
 
+// silu(x) = x / (1 + e^-x) in fp32 vectors: silu_mul's, and the brgemm linear's gated epilogue's
+inline Vec silu(const Vec& x) { return x / (Vec(1.f) + x.neg().exp_u20()); }
+
 // silu(gate) rounded to T, times up, rounded to T: as torch computes F.silu(gate) * up
 template <typename T, typename R>
 void silu_mul_impl(const at::Tensor& gate_up, at::Tensor& out) {
@@ -254,7 +257,7 @@ void silu_mul_impl(const at::Tensor& gate_up, at::Tensor& out) {
         for (int64_t i = 0; i < width; i += 2 * kW) {
           auto [g0, g1] = load_pair(g + i);
           auto [u0, u1] = load_pair(g + width + i);
-          auto [s0, s1] = round_pair<T, R>(g0 / (Vec(1.f) + g0.neg().exp_u20()), g1 / (Vec(1.f) + g1.neg().exp_u20()));
+          auto [s0, s1] = round_pair<T, R>(silu(g0), silu(g1));
           store_pair<R>(op + r * width + i, s0 * u0, s1 * u1);
         }
       }
@@ -268,7 +271,7 @@ void silu_mul_impl(const at::Tensor& gate_up, at::Tensor& out) {
       const T* g = gp + r * 2 * width;
       to_float(g, gate.data(), width);
       to_float(g + width, up.data(), width);
-      map2(gate.data(), gate.data(), gate.data(), width, [](Vec x, Vec) { return x / (Vec(1.f) + x.neg().exp_u20()); });
+      map2(gate.data(), gate.data(), gate.data(), width, [](Vec x, Vec) { return silu(x); });
       round_as(gate.data(), width, tmp);
       map2(gate.data(), up.data(), gate.data(), width, [](Vec a, Vec b) { return a * b; });
       from_float(gate.data(), op + r * width, width);

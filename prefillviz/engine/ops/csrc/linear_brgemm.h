@@ -20,9 +20,6 @@ constexpr int64_t kCallRows = 256;   // rows of x per micro-kernel call
 constexpr int64_t kGroupRows = 128;  // a thread takes a group of rows of its own from 2 x this many rows
 constexpr int64_t kMaxGroupRows = 512;  // and more groups than threads past this many rows a thread
 
-// silu(g) * u, the fp32 arithmetic of silu_mul_impl without its roundings in between
-inline Vec silu_times(const Vec& g, const Vec& u) { return g / (Vec(1.f) + g.neg().exp_u20()) * u; }
-
 template <typename T, typename R>
 void brgemm_linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t n, bool gated, at::Tensor& out) {
   const int64_t m = x.size(0), k = x.size(1), units = gated ? packed.size(0) / 2 : packed.size(0);
@@ -56,9 +53,9 @@ void brgemm_linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t n
           int64_t j = 0;
           for (; j + 2 * kW <= width; j += 2 * kW) {
             Vec g0 = Vec::loadu(g + j), g1 = Vec::loadu(g + j + kW);
-            if (gated) {
-              g0 = silu_times(g0, Vec::loadu(u + j));
-              g1 = silu_times(g1, Vec::loadu(u + j + kW));
+            if (gated) {  // silu_mul_impl's arithmetic without its roundings in between
+              g0 = silu(g0) * Vec::loadu(u + j);
+              g1 = silu(g1) * Vec::loadu(u + j + kW);
             }
             store_pair<R>(y + j, g0, g1);
           }

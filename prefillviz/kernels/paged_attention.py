@@ -141,7 +141,10 @@ def paged_flex(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: 
 
     num_queries, num_keys = q.shape[1], k.shape[1]
     block_mask = create_block_mask(same_request_causal, None, None, num_queries, num_keys, device=q.device, BLOCK_SIZE=FLEX_BLOCK)
-    out = _compiled_flex()(q[None], k[None], v[None], block_mask=block_mask, scale=scale, enable_gqa=q.shape[0] != k.shape[0])
+    # on CUDA, a step of fewer than 128 queries would go to inductor's flex-decoding kernel, which found no
+    # valid tile for a GQA step on an H200 (torch 2.11: NoValidChoicesError); the main kernel serves any step
+    options = {"FORCE_USE_FLEX_ATTENTION": True} if q.is_cuda else None
+    out = _compiled_flex()(q[None], k[None], v[None], block_mask=block_mask, scale=scale, enable_gqa=q.shape[0] != k.shape[0], kernel_options=options)
     return out[0]
 
 

@@ -58,6 +58,9 @@ RuntimeError.
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import torch
 
 try:
@@ -79,10 +82,25 @@ _DOT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 if triton is not None:
-    from prefillviz.kernels.paged_attention_triton_jit import _INTERPRETED, _paged_prefill_kernel
+    from prefillviz.kernels.paged_attention_triton_jit import _INTERPRETED, _loop_to_loaded_bound, _paged_prefill_kernel
 else:
-    _paged_prefill_kernel = None
+    _paged_prefill_kernel = _loop_to_loaded_bound = None
     _INTERPRETED = False
+
+
+@functools.cache
+def _interpreter_status() -> tuple[bool, str]:
+    """Whether this triton's interpreter runs the kernel's one sensitive construct (a loop to a bound
+    loaded from memory), probed once per process on a 3-step loop."""
+    n, count = torch.tensor([3], dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    try:
+        _loop_to_loaded_bound[(1,)](n, count)
+    except Exception as error:  # noqa: BLE001 -- said as the reason; the compiled CUDA path is another matter
+        return False, (f"triton {triton.__version__}'s interpreter can't loop to a bound loaded from memory "
+                       f"(numpy {np.__version__}: {type(error).__name__}: {error}); triton 3.9's can")
+    if int(count.item()) != 3:
+        return False, f"triton {triton.__version__}'s interpreter ran a 3-step loop {int(count.item())} times"
+    return True, "triton interpreter"
 
 
 def available(device: torch.device | str) -> tuple[bool, str]:
@@ -91,7 +109,7 @@ def available(device: torch.device | str) -> tuple[bool, str]:
     if triton is None:
         return False, _TRITON_IMPORT_ERROR or "triton is not installed"
     if _INTERPRETED:  # decorated under TRITON_INTERPRET=1: numpy runs it (any device's tensors)
-        return True, "triton interpreter"
+        return _interpreter_status()
     device = torch.device(device)
     if device.type == "cuda":
         if torch.cuda.is_available():

@@ -133,3 +133,15 @@ def _paged_prefill_kernel(
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 _INTERPRETED = type(_paged_prefill_kernel).__name__ == "InterpretedFunction"
+
+
+@triton.jit
+def _loop_to_loaded_bound(n_ptr, out_ptr):
+    """The kernel's loop over key blocks in miniature: ``range`` to a bound loaded from memory. Triton
+    3.6's interpreter takes that bound with ``int()`` of a one-element numpy array, which numpy 2.4 and
+    later refuse; ``available`` runs this under the interpreter to say so before the kernel fails."""
+    n = tl.load(n_ptr)
+    count = n * 0
+    for _ in range(0, n, 1):
+        count += 1
+    tl.store(out_ptr, count)

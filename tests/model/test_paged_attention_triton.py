@@ -149,7 +149,7 @@ def _interpreter_main():
     """Run in the TRITON_INTERPRET=1 subprocess: every case, JSON on the last line."""
     torch.set_num_threads(1)
     result = {"available_cpu": list(pat.available("cpu")), "cases": {}}
-    for name in CASES:
+    for name in CASES if result["available_cpu"][0] else ():  # else its reason is the tests' skip
         try:
             result["cases"][name] = run_case(name)
         except Exception as exc:  # reported to the parent test, which fails with it
@@ -171,11 +171,18 @@ def interpreted():
 
 
 def test_available_under_interpreter(interpreted):
-    assert interpreted["available_cpu"] == [True, "triton interpreter"]
+    ok, reason = interpreted["available_cpu"]
+    if not ok:  # the probe's refusal names the interpreter's version and error (triton 3.6 with numpy 2.4+)
+        assert "interpreter can't loop to a bound loaded from memory" in reason, reason
+        pytest.skip(reason)
+    assert reason == "triton interpreter"
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_reference_under_interpreter(interpreted, name):
+    ok, reason = interpreted["available_cpu"]
+    if not ok:
+        pytest.skip(reason)
     result = interpreted["cases"][name]
     assert "exception" not in result, result.get("exception")
     assert result["finite"], "NaN/inf in the output (a masked slot leaked?)"

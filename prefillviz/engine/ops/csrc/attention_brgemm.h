@@ -315,10 +315,40 @@ void brgemm_paged_impl(const at::Tensor& q, const at::Tensor& key_cache, const a
   const int64_t q_stride = q.stride(0);
   const bool native = bf16_dot_enabled();  // AVX512-BF16's rounding instruction for P, where the CPU has it
   const float log2_scale = static_cast<float>(scale) * 1.4426950408889634f;  // exp(s * scale) = 2^(s * log2_scale)
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+  // each thread a run of tasks of about equal cost (a task's rows times the keys they see, plus a 64 x 64
+  // block's worth for its calls): split by count, one thread got a head's late (long) query blocks and the
+  // other its early ones. Runs, not one queue: a thread then mostly reads the K and V it packed itself.
+  // A thread done with its run takes the next tasks of the others' (a core of a busy host can fall behind).
+  const int64_t count = static_cast<int64_t>(tasks.size()), threads = std::min<int64_t>(at::get_num_threads(), count);
+  std::vector<int64_t> bounds(threads + 1, count);
+  {
+    std::vector<double> before(count + 1, 0.);
+    for (int64_t z = 0; z < count; ++z) {
+      const auto [r, head, first] = tasks[z];
+      const int64_t rows = std::min(kQRows, m[4 * r + 1] - first);
+      before[z + 1] = before[z] + static_cast<double>(rows * (m[4 * r + 2] + first + rows) + kPack * kPack);
+    }
+    for (int64_t t = 0, z = 0; t < threads; ++t) {
+      while (z < count && before[z] < before[count] * t / threads) ++z;
+      bounds[t] = z;
+    }
+  }
+  struct alignas(64) Taken {
+    std::atomic<int64_t> tasks{0};
+  };
+  std::vector<Taken> taken(threads);  // per run, how many of its tasks the threads have taken, from its front
+  // the next task for the thread that owns run `own`: its own run's, then the others' in turn (-1: none left)
+  auto next_task = [&](int64_t own, int64_t& turn) -> int64_t {
+    for (; turn < threads; ++turn) {
+      const int64_t from = (own + turn) % threads, z = bounds[from] + taken[from].tasks++;
+      if (z < bounds[from + 1]) return z;
+    }
+    return -1;
+  };
+  at::parallel_for(0, threads, 1, [&](int64_t own, int64_t) {
     std::vector<float> scores(kQRows * kKeyBlock), acc(kQRows * dim), top(kQRows), total(kQRows);
     std::vector<T> probs(kQRows * kKeyBlock);
-    for (int64_t z = begin; z < end; ++z) {
+    for (int64_t turn = 0, z; (z = next_task(own, turn)) >= 0;) {
       const auto [r, head, first] = tasks[z];
       const int64_t start = m[4 * r], cached = m[4 * r + 2], rows = std::min(kQRows, m[4 * r + 1] - first), h = head / group, pad = padded[r];
       const T* qrows = qd + (start + first) * q_stride + head * dim;
@@ -350,9 +380,10 @@ void brgemm_paged_impl(const at::Tensor& q, const at::Tensor& key_cache, const a
           cpublas::brgemm(rows, kPack, padded_cols, kKeyBlock, kPack, dim, key > 0, probs.data(), head_v + c * pad + key * kPack, acc.data() + c);
       }
       for (int64_t i = 0; i < rows; ++i) {
-        const float inv = 1.f / total[i];
-        T* o = od + (start + first + i) * heads * dim + head * dim;
-        for (int64_t d = 0; d < dim; ++d) o[d] = T(acc[i * dim + d] * inv);
+        float* a = acc.data() + i * dim;
+        const Vec inv(1.f / total[i]);
+        for (int64_t d = 0; d < dim; d += kW) (Vec::loadu(a + d) * inv).store(a + d);
+        from_float(a, od + (start + first + i) * heads * dim + head * dim, dim);  // rounded to nearest even, as T(x) was
       }
     }
     // each thread lets go of its AMX tiles, as torch's flash attention does: cpublas keeps a per-thread

@@ -131,7 +131,7 @@ def assert_same_greedy_generation(model: torch.nn.Module, prompt: list[int], gen
 # --------------------------------------------------------------------------- linears
 def linear_difference_bound(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Per output of ``x @ weight.T (+ bias)``: how far two kernels in x's dtype may differ from each other
-    or from the fp32 product. ``dispatch_tuning.linear_tolerance`` (each output rounded once, the
+    or from the fp32 product. ``linear_checks.linear_tolerance`` (each output rounded once, the
     fp32 sum's worst case K x eps_fp32, twice over), plus a step of the dtype at |bias| for its add."""
     from prefillviz.engine.linear_checks import linear_tolerance  # here: the unit tier imports this file without the engine
 

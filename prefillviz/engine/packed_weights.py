@@ -136,7 +136,7 @@ def pack_weight(weight: torch.Tensor, implementation: str | None = None, gated: 
     Args:
         implementation: ``"oneDNN matmul"`` (``prefillviz/engine/ops/onednn_linear.py``'s ``Linear``: oneDNN's
             matmul primitive, kept per row count, as vLLM's CPU backend runs it),
-            ``"brgemm linear"`` (``engine_ops.BrgemmLinear``: the engine's C++ linear on oneDNN's brgemm
+            ``"brgemm linear"`` (``brgemm_linear.BrgemmLinear``: the engine's C++ linear on oneDNN's brgemm
             micro-kernel) or ``"torch packed"`` (an opaque tensor for ``torch.ops.mkldnn._linear_pointwise``);
             None: oneDNN's matmul where it runs here, else torch's packed linear (what the peaks and
             the dtype speed time).

@@ -64,22 +64,30 @@ def test_a_compiled_kernel_that_fails_to_build_is_skipped_with_its_reason(monkey
 
 def test_clocks_compare_the_events_with_the_scopes_device_span_where_there_is_one():
     """Like with like: on a GPU the profiler side is each ``layers.i`` scope's device-side span (launch
-    gaps included, as CUDA events count them), not its kernels' busy time; on a CPU, the scope's span."""
+    gaps included, as CUDA events count them), from its first kernel, or its nested scopes', to the
+    last one's end; not its kernels' busy time, and not the trace's own annotation of ``layers.i``,
+    which spans only the kernels launched outside its nested scopes. On a CPU, the scope's span."""
     import gzip
 
     from prefillviz.measure.gpu_check import scope_spans_s
 
     events = [
         {"cat": "user_annotation", "name": "layers.0", "ts": 0, "dur": 900},
+        {"cat": "user_annotation", "name": "layers.0.attention", "ts": 100, "dur": 500},
         {"cat": "user_annotation", "name": "layers.1", "ts": 900, "dur": 800},
-        {"cat": "gpu_user_annotation", "name": "layers.0", "ts": 50, "dur": 1000},
+        # as an H200's trace had it: the layer's own annotation begins with the residual add, after the
+        # norm's and the attention's kernels, which only their own annotations cover
+        {"cat": "gpu_user_annotation", "name": "layers.0.input_layernorm", "ts": 50, "dur": 100},
+        {"cat": "gpu_user_annotation", "name": "layers.0.attention", "ts": 160, "dur": 600},
+        {"cat": "gpu_user_annotation", "name": "layers.0", "ts": 800, "dur": 250},
         {"cat": "gpu_user_annotation", "name": "layers.1", "ts": 1050, "dur": 1100},
-        {"cat": "gpu_user_annotation", "name": "layers.1.mlp", "ts": 1500, "dur": 400},  # a sub-scope is not the layer
+        {"cat": "gpu_user_annotation", "name": "layers.1.mlp", "ts": 1500, "dur": 400},  # inside the layer's own
+        {"cat": "gpu_user_annotation", "name": "layers.10", "ts": 5000, "dur": 400},  # another layer
         {"cat": "kernel", "name": "layers.0", "ts": 60, "dur": 10},
     ]
     trace = gzip.decompress(gzip.compress(json.dumps({"traceEvents": events}).encode()))
     assert scope_spans_s(trace, 2) == ([1000e-6, 1100e-6], "gpu_user_annotation")
-    cpu_only = json.dumps({"traceEvents": events[:2]}).encode()
+    cpu_only = json.dumps({"traceEvents": events[:3]}).encode()
     assert scope_spans_s(cpu_only, 2) == ([900e-6, 800e-6], "user_annotation")
 
 

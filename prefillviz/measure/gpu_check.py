@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import os
 import statistics
 import sys
@@ -226,7 +227,7 @@ def clock_agreement(name: str, model, tokenizer, n: int, device: torch.device, p
         "across_passes_ratio": _median_ratio(timing_events, spans),
         "kernel_busy_layers_ms": sum(busy) * 1e3,
         "idle_share_timing_passes": idle(timing_events), "idle_share_profile_passes": idle(spans),
-        "ok": ratio == ratio and (not cuda or CLOCKS_AGREE[0] <= ratio <= CLOCKS_AGREE[1]),
+        "ok": not math.isnan(ratio) and (not cuda or CLOCKS_AGREE[0] <= ratio <= CLOCKS_AGREE[1]),
     })
 
 

@@ -46,6 +46,7 @@ from prefillviz.instrument.capture import run_captured
 from prefillviz.kernels import paged_attention as paged
 from prefillviz.measure.kernel_bench import run_kernel_benchmark
 from prefillviz.measure.peaks import measure_matmul_gflops
+from prefillviz.measure.trace_spans import median_per_layer, median_ratio, scope_spans_s
 
 LLAMA_3_2_1B = dict(  # meta-llama/Llama-3.2-1B's config.json, the shape only (random weights)
     hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
@@ -126,34 +127,6 @@ def prefill_figures(name: str, model, tokenizer, sizes, device, peak_gflops: flo
     return records
 
 
-def scope_spans_s(chrome_trace: bytes, num_layers: int) -> tuple[list[float], str]:
-    """Each ``layers.i`` scope's span in the profiler's Chrome trace of one step: (seconds per layer, which span).
-
-    On a GPU, the device-side span of the scope: from the first kernel of ``layers.i`` or of any
-    scope nested in it (``layers.i.attention``, ...) to the last one's end, launch gaps included, as
-    CUDA events count them. The trace's own ``gpu_user_annotation`` of ``layers.i`` is not that: it
-    spans only the kernels launched in the scope itself, outside its nested scopes (on an H200 it
-    began after the attention's kernels, with the residual add). Where there is no device side (a
-    CPU), the scope's CPU span, which holds its nested scopes.
-    """
-    events = json.loads(chrome_trace).get("traceEvents", [])
-    extents: dict[str, dict[int, tuple[float, float]]] = {"gpu_user_annotation": {}, "user_annotation": {}}
-    for event in events:
-        category, name = event.get("cat"), event.get("name", "")
-        if category not in extents or not name.startswith("layers.") or "dur" not in event:
-            continue
-        layer = name.split(".")[1]
-        if not layer.isdigit():
-            continue
-        start = float(event["ts"])
-        end = start + float(event["dur"])
-        low, high = extents[category].get(int(layer), (start, end))
-        extents[category][int(layer)] = (min(low, start), max(high, end))
-    category = "gpu_user_annotation" if extents["gpu_user_annotation"] else "user_annotation"
-    spans = extents[category]
-    return [(spans[i][1] - spans[i][0]) / 1e6 if i in spans else 0.0 for i in range(num_layers)], category
-
-
 @contextmanager
 def _stock_forward():
     """Every engine built inside runs the stock transformers forward (``PREFILLVIZ_STOCK_FORWARD``, read at build)."""
@@ -166,15 +139,6 @@ def _stock_forward():
             os.environ.pop(STOCK_FORWARD_ENV, None)
         else:
             os.environ[STOCK_FORWARD_ENV] = before
-
-
-def _median_per_layer(passes: list[list[float]]) -> list[float]:
-    return [statistics.median(values) for values in zip(*passes)]
-
-
-def _median_ratio(numerators: list[float], denominators: list[float]) -> float:
-    ratios = [a / b for a, b in zip(numerators, denominators) if b > 0]
-    return statistics.median(ratios) if ratios else float("nan")
 
 
 def clock_agreement(name: str, model, tokenizer, n: int, device: torch.device, profile_dir: str, passes: int = CLOCK_PASSES) -> dict:
@@ -198,7 +162,7 @@ def clock_agreement(name: str, model, tokenizer, n: int, device: torch.device, p
         timing = [_prefill_s(name, model, tokenizer, token_ids, device, "timing")[1].steps[0].layer_times for _ in range(passes)]
         profiled = [_prefill_s(name, model, tokenizer, token_ids, device, "profile", profile_dir)[1] for _ in range(passes)]
     num_layers = len(timing[0].layer_s)
-    timing_events = _median_per_layer([t.layer_s for t in timing])
+    timing_events = median_per_layer([t.layer_s for t in timing])
     pass_events, pass_spans, pass_busy, same_pass = [], [], [], []
     for trace in profiled:
         events = trace.steps[0].layer_times.layer_s
@@ -208,8 +172,8 @@ def clock_agreement(name: str, model, tokenizer, n: int, device: torch.device, p
         pass_events.append(events)
         pass_spans.append(spans)
         pass_busy.append(busy)
-        same_pass.append(_median_ratio(events, spans))
-    spans, busy = _median_per_layer(pass_spans), _median_per_layer(pass_busy)
+        same_pass.append(median_ratio(events, spans))
+    spans, busy = median_per_layer(pass_spans), median_per_layer(pass_busy)
     ratio = statistics.median(same_pass)
     cuda = device.type == "cuda"
 
@@ -224,7 +188,7 @@ def clock_agreement(name: str, model, tokenizer, n: int, device: torch.device, p
         "profile_pass_event_layers_ms": [sum(e) * 1e3 for e in pass_events],
         "profile_pass_span_layers_ms": [sum(s) * 1e3 for s in pass_spans],
         "timing_pass_event_layers_ms": [sum(t.layer_s) * 1e3 for t in timing],
-        "across_passes_ratio": _median_ratio(timing_events, spans),
+        "across_passes_ratio": median_ratio(timing_events, spans),
         "kernel_busy_layers_ms": sum(busy) * 1e3,
         "idle_share_timing_passes": idle(timing_events), "idle_share_profile_passes": idle(spans),
         "ok": not math.isnan(ratio) and (not cuda or CLOCKS_AGREE[0] <= ratio <= CLOCKS_AGREE[1]),

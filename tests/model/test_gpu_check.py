@@ -69,7 +69,7 @@ def test_clocks_compare_the_events_with_the_scopes_device_span_where_there_is_on
     which spans only the kernels launched outside its nested scopes. On a CPU, the scope's span."""
     import gzip
 
-    from prefillviz.measure.gpu_check import scope_spans_s
+    from prefillviz.measure.trace_spans import scope_spans_s
 
     events = [
         {"cat": "user_annotation", "name": "layers.0", "ts": 0, "dur": 900},

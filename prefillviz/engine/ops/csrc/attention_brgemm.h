@@ -221,12 +221,23 @@ inline float row_exp2(const float* row, int64_t n, float a, float b, c10::BFloat
 }
 
 // fp32: p[c] = 2^(row[c] * a - b) for c < n, to fp32's precision (AVX-512: the fit above; else Sleef's
-// exp2, 1 ulp); returns their sum
+// exp2, 1 ulp); returns their sum. Two vectors at a time without masks, their sum added once, as the
+// bf16 loop does: a masked vector at a time, each added to the running sum, took v8 at 512 tokens
+// 0.11 ms a layer longer (1.74 against 1.63 ms, A/B in one process, the Xeon with AMX), the adds'
+// chain being the bound; the same loop keeping that order gained 0.02.
 template <typename R>
 inline float row_exp2(const float* row, int64_t n, float a, float b, float* p) {
 #if defined(CPU_CAPABILITY_AVX512)
   __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), sum = _mm512_setzero_ps();
-  for (int64_t c = 0; c < n; c += 16) {
+  int64_t c = 0;
+  for (; c + 32 <= n; c += 32) {
+    const __m512 e0 = exp2_fit(_mm512_fmsub_ps(_mm512_loadu_ps(row + c), va, vb), kExp2Fp32);
+    const __m512 e1 = exp2_fit(_mm512_fmsub_ps(_mm512_loadu_ps(row + c + 16), va, vb), kExp2Fp32);
+    sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
+    _mm512_storeu_ps(p + c, e0);
+    _mm512_storeu_ps(p + c + 16, e1);
+  }
+  for (; c < n; c += 16) {
     __mmask16 lanes = first_lanes(n - c);
     __m512 e = _mm512_maskz_mov_ps(lanes, exp2_fit(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(lanes, row + c), va, vb), kExp2Fp32));
     sum = _mm512_add_ps(sum, e);

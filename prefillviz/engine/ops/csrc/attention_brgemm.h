@@ -29,9 +29,9 @@ constexpr int64_t kPack = 64;       // keys per packed K block, and columns per 
 constexpr int64_t kQRows = 64;      // query rows per task
 constexpr int64_t kKeyBlock = 256;  // keys per softmax block
 
-// Keys row[0 .. rows) of one KV head (rows <= 64; each row's D values contiguous) as the micro-kernel's
-// B for Q K^T: K^T [D, 64] in VNNI, [D / 2][64][2], keys past `rows` zero. A pair of D values is one
-// 32-bit word, so this is a transpose of 32-bit words.
+// Keys row[0 .. rows) of one KV head (rows <= 64; each row's D values contiguous) as 64 columns of the
+// micro-kernel's B for Q K^T: K^T [D, ld] in VNNI, [D / 2][ld][2] (ld: the packed block's keys, 64 or 256),
+// keys past `rows` zero. A pair of D values is one 32-bit word, so this is a transpose of 32-bit words.
 inline void pack_keys(const c10::BFloat16* const* row, int64_t rows, int64_t dim, c10::BFloat16* out, int64_t ld = kPack) {
   uint32_t* o = reinterpret_cast<uint32_t*>(out);
   for (int64_t r = 0; r < rows; ++r)
@@ -65,7 +65,7 @@ inline void pack_values(const c10::BFloat16* const* row, int64_t rows, int64_t c
   }
 }
 
-// fp32 needs no VNNI: K^T [D, 64] plain, and V's 64-column slice [64 keys, 64] plain; keys past `rows` zero.
+// fp32 needs no VNNI: 64 columns of K^T [D, ld] plain, and V's 64-column slice [64 keys, 64] plain; keys past `rows` zero.
 inline void pack_keys(const float* const* row, int64_t rows, int64_t dim, float* out, int64_t ld = kPack) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t d = 0; d < dim; ++d) out[d * ld + r] = row[r][d];
@@ -388,8 +388,8 @@ void brgemm_paged_impl(const at::Tensor& q, const at::Tensor& key_cache, const a
         // the block's softmax in three passes over its rows, each row's work independent of the other rows'
         // in a pass, so that the CPU overlaps them: each row's max, its exponentials and their sum, then the
         // running max and sum and the accumulator's rescaling. One pass a row (max, exp, then the rest)
-        // waited on each row's chain of reductions: v8 at 512 tokens took 0.04-0.05 ms a layer longer (bf16
-        // and fp32, A/B in one process, the Xeon with AMX)
+        // waited on each row's chain of reductions: v8 at 512 tokens took 0.03 (bf16) and 0.05 (fp32) ms a
+        // layer longer (A/B in one process, the Xeon with AMX)
         std::array<int64_t, kQRows> live;
         std::array<float, kQRows> high, sum;
         for (int64_t i = 0; i < rows; ++i) {
@@ -403,7 +403,8 @@ void brgemm_paged_impl(const at::Tensor& q, const at::Tensor& key_cache, const a
           std::fill(p + live[i], p + padded_cols, T(0.f));
         }
         for (int64_t i = 0; i < rows; ++i) {
-          // 2^(top - high): 0 for the first block (top is -inf), 1 where the max did not move (exp2's own values)
+          // 2^(top - high): 0 for the first block (top is -inf), 1 where the max did not move: exp2's own
+          // values there, without its call
           const float shrink = top[i] == high[i] ? 1.f : top[i] == kNegInf ? 0.f : std::exp2(top[i] - high[i]);
           total[i] = total[i] * shrink + sum[i];
           top[i] = high[i];

@@ -24,7 +24,6 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
-import numpy as np
 import torch
 
 from prefillviz.engine.devices import dtype_name
@@ -32,6 +31,7 @@ from prefillviz.engine.errors import ConfigError
 from prefillviz.engine.kv_cache import kv_bytes_per_token
 from prefillviz.engine.timers import SpanClock
 from prefillviz.engine.trace import CAPTURE_LEVELS, CapturedQK, KVWriteRecord, LayerTimes, ProfileRecord, StepRecord, Trace
+from prefillviz.instrument.capture_buffers import Rows, StepNorms
 from prefillviz.instrument.model_parts import SUB_LAYER_KINDS, model_parts
 
 
@@ -48,7 +48,7 @@ class Capture:
         self.clock = SpanClock(engine.device)
         self.profiler = None
         self._scopes: dict[str, torch.autograd.profiler.record_function] = {}
-        self._norms: _StepNorms | None = None  # this step's per-token norms (inspect)
+        self._norms: StepNorms | None = None  # this step's per-token norms (inspect)
         self._kv_step_meta = None
         self._qk: dict[str, dict] = {}
 
@@ -100,9 +100,9 @@ class Capture:
         """Inspect: the norm of each token's residual stream (T, hidden) after the embedding (0) or layer index - 1."""
         self._step_norms(hidden.shape[0]).keep_hidden(index, hidden.float().norm(dim=-1))  # (T,)
 
-    def _step_norms(self, tokens: int) -> _StepNorms:
+    def _step_norms(self, tokens: int) -> StepNorms:
         if self._norms is None:
-            self._norms = _StepNorms(self.engine.info.num_layers, self.engine.info.num_kv_heads, tokens)
+            self._norms = StepNorms(self.engine.info.num_layers, self.engine.info.num_kv_heads, tokens)
         return self._norms
 
     def _observe_attention(self, layer_idx, module, query, key, value, meta) -> None:
@@ -111,7 +111,7 @@ class Capture:
         self._step_norms(key.shape[2]).keep_kv(layer_idx, key[0].float().norm(dim=-1), value[0].float().norm(dim=-1))  # (KVH, T)
         for r, request_id in enumerate(meta.request_ids):
             start, end = meta.query_start_loc[r], meta.query_start_loc[r + 1]
-            store = self._qk.setdefault(request_id, {"positions": [], "scaling": {}, "q": _Rows(), "k": _Rows(), "v": _Rows()})
+            store = self._qk.setdefault(request_id, {"positions": [], "scaling": {}, "q": Rows(), "k": Rows(), "v": Rows()})
             if layer_idx == 0:
                 store["positions"].append(meta.positions[start:end].clone())
             store["scaling"][layer_idx] = float(module.scaling)
@@ -245,80 +245,6 @@ class Capture:
         rows.sort(key=lambda row: row["self_time_s"] + row["device_time_s"], reverse=True)
         activities = ["cpu"] + (["cuda"] if self.engine.device.type == "cuda" else [])
         return ProfileRecord(op_table=rows, chrome_trace_path=path, activities=activities, chrome_trace_gz=gzip.compress(chrome_trace, 6))
-
-
-class _StepNorms:
-    """One step's per-token norms (K and V per KV head and layer, the residual stream after the embedding
-    and each layer), written into buffers made at the step's first call, before its layers' activations.
-
-    Small tensors kept per layer, between the forward's freed activations, kept glibc's heap from
-    reusing them: in a 4,096-token fp32 inspect pass its free memory grew ~16 MB a layer, and the peak
-    RSS was 2.85-3.06 GB with the norms and the q/k/v copies kept per layer, 2.85-2.99 with the q/k/v
-    in ``_Rows``, 2.50-2.52 with the norms here too (the pass without capture: 2.11)."""
-
-    def __init__(self, num_layers: int, num_kv_heads: int, tokens: int) -> None:
-        self.keys = torch.zeros(num_layers, num_kv_heads, tokens)  # in call order: layers[i]'s (KVH, T)
-        self.values = torch.zeros(num_layers, num_kv_heads, tokens)
-        self.layers: list[int] = []
-        self.hidden = torch.zeros(num_layers + 1, tokens)
-        self.hidden_seen: set[int] = set()
-
-    def keep_kv(self, layer: int, key_norms: torch.Tensor, value_norms: torch.Tensor) -> None:
-        if len(self.layers) == self.keys.shape[0]:  # more calls than layers: room for as many again
-            self.keys, self.values = (torch.cat([t, torch.zeros_like(t)]) for t in (self.keys, self.values))
-        self.keys[len(self.layers)] = key_norms
-        self.values[len(self.layers)] = value_norms
-        self.layers.append(layer)
-
-    def keep_hidden(self, index: int, norms: torch.Tensor) -> None:
-        self.hidden[index] = norms
-        self.hidden_seen.add(index)
-
-    def kv_array(self, buffer: torch.Tensor) -> np.ndarray:
-        """(calls, T, KVH), as the step's calls wrote it"""
-        return np.ascontiguousarray(buffer[: len(self.layers)].transpose(1, 2).numpy())
-
-    def hidden_array(self) -> np.ndarray:
-        """(indices seen, T), in index order"""
-        return self.hidden[sorted(self.hidden_seen)].numpy()
-
-
-class _Rows:
-    """One request's captured q, k or v: every layer's (heads, tokens, D) in one buffer (layers, heads,
-    capacity, D), filled in step order; a chunk's rows are copied in as each layer's observer sees them.
-
-    One buffer, not a copy per layer and step: at 4,096 tokens in fp32 the copies (9.4 + 2 x 3.1 MB a
-    layer, below glibc's mmap threshold: from the heap) sat between the forward's freed activations,
-    as the norms did (``_StepNorms`` says what that cost). A buffer this large (283 MB of q) is mapped
-    on its own, outside the heap; a short prompt's is one block of it.
-    """
-
-    def __init__(self) -> None:
-        self.buffer: torch.Tensor | None = None
-        self.filled: dict[int, int] = {}  # layer -> tokens kept
-
-    def keep(self, layer: int, rows: torch.Tensor, num_layers: int, capacity: int) -> None:
-        """Append ``rows`` (heads, q, D) to ``layer``'s tokens; the buffer is made for ``capacity`` tokens
-        (grown, doubling, when a run feeds more: a recompute after preemption, say)."""
-        start = self.filled.get(layer, 0)
-        end = start + rows.shape[1]
-        if self.buffer is None or end > self.buffer.shape[2]:
-            grown = torch.empty((num_layers, rows.shape[0], max(capacity, end, 2 * start), rows.shape[2]), dtype=rows.dtype)
-            if self.buffer is not None:
-                grown[:, :, : self.buffer.shape[2]] = self.buffer
-            self.buffer = grown
-        self.buffer[layer, :, start:end] = rows
-        self.filled[layer] = end
-
-    def arrays(self, layers: list[int]) -> list[np.ndarray]:
-        """Each layer's (heads, tokens, D), contiguous: views of the buffer where it is full, else copies."""
-        return [np.ascontiguousarray(_to_numpy(self.buffer[layer, :, : self.filled[layer]])) for layer in layers]
-
-
-def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: keep it exact in fp32
-        tensor = tensor.float()
-    return tensor.numpy()
 
 
 def capture(engine, level: str = "timing", profile_dir: str | None = None):

@@ -1,13 +1,13 @@
-"""The inspect capture's buffers (instrument/capture.py): what goes in comes out, in order, past their first size."""
+"""The inspect capture's buffers (instrument/capture_buffers.py): what goes in comes out, in order, past their first size."""
 
 import numpy as np
 import torch
 
-from prefillviz.instrument.capture import _Rows, _StepNorms
+from prefillviz.instrument.capture_buffers import Rows, StepNorms
 
 
 def test_rows_keep_every_chunk_in_order_and_grow_past_their_capacity():
-    rows, chunks = _Rows(), {layer: [] for layer in range(3)}
+    rows, chunks = Rows(), {layer: [] for layer in range(3)}
     generator = torch.Generator().manual_seed(0)
     for size in (5, 1, 1, 4):  # a prefill chunk, two decodes, then more than the capacity of 8 allows (a recompute)
         for layer in range(3):
@@ -22,7 +22,7 @@ def test_rows_keep_every_chunk_in_order_and_grow_past_their_capacity():
 
 
 def test_rows_of_a_full_buffer_are_views_and_bf16_comes_back_as_fp32():
-    rows = _Rows()
+    rows = Rows()
     chunk = torch.randn(3, 6, 2).to(torch.bfloat16)
     rows.keep(0, chunk, num_layers=1, capacity=6)
     (array,) = rows.arrays([0])
@@ -31,7 +31,7 @@ def test_rows_of_a_full_buffer_are_views_and_bf16_comes_back_as_fp32():
 
 
 def test_step_norms_keep_the_calls_order_and_more_calls_than_layers():
-    norms = _StepNorms(num_layers=2, num_kv_heads=3, tokens=4)
+    norms = StepNorms(num_layers=2, num_kv_heads=3, tokens=4)
     written = []
     for call, layer in enumerate((0, 1, 1)):  # a third call: past the buffer's two layers
         key, value = torch.full((3, 4), float(call)), torch.full((3, 4), float(10 + call))

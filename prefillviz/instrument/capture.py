@@ -111,19 +111,23 @@ class Capture:
         self._step_norms(key.shape[2]).keep_kv(layer_idx, key[0].float().norm(dim=-1), value[0].float().norm(dim=-1))  # (KVH, T)
         for r, request_id in enumerate(meta.request_ids):
             start, end = meta.query_start_loc[r], meta.query_start_loc[r + 1]
-            store = self._qk.setdefault(request_id, {"positions": [], "scaling": {}, "q": Rows(), "k": Rows(), "v": Rows()})
+            if request_id not in self._qk:
+                self._qk[request_id] = self._new_store(request_id)
+            store = self._qk[request_id]
             if layer_idx == 0:
                 store["positions"].append(meta.positions[start:end].clone())
             store["scaling"][layer_idx] = float(module.scaling)
-            capacity = self._capacity(request_id)
-            store["q"].keep(layer_idx, query[0, :, start:end].detach(), self.engine.info.num_layers, capacity)  # (H, q, D)
-            store["k"].keep(layer_idx, key[0, :, start:end].detach(), self.engine.info.num_layers, capacity)  # (KVH, q, D)
-            store["v"].keep(layer_idx, value[0, :, start:end].detach(), self.engine.info.num_layers, capacity)  # (KVH, q, D)
+            store["q"].keep(layer_idx, query[0, :, start:end].detach())  # (H, q, D)
+            store["k"].keep(layer_idx, key[0, :, start:end].detach())  # (KVH, q, D)
+            store["v"].keep(layer_idx, value[0, :, start:end].detach())  # (KVH, q, D)
 
-    def _capacity(self, request_id: str) -> int:
-        """The most tokens a request feeds the model: its prompt and every new token but the last (0: unknown)."""
+    def _new_store(self, request_id: str) -> dict:
+        """A request's captures, its q/k/v buffers made for the most tokens it feeds the model: its prompt
+        and every new token but the last (as many as its first chunk where the request is unknown)."""
         request = self.engine.scheduler.requests.get(request_id)
-        return request.num_prompt_tokens + request.sampling_params.max_new_tokens - 1 if request is not None else 0
+        capacity = request.num_prompt_tokens + request.sampling_params.max_new_tokens - 1 if request is not None else 0
+        num_layers = self.engine.info.num_layers
+        return {"positions": [], "scaling": {}, **{kind: Rows(num_layers, capacity) for kind in ("q", "k", "v")}}
 
     # ---------------------------------------------------------------- the engine's RunObserver
     @contextmanager

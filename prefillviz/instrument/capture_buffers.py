@@ -56,17 +56,19 @@ class Rows:
     on its own, outside the heap; a short prompt's is one block of it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, num_layers: int, capacity: int) -> None:
+        """``capacity``: the tokens the buffer is first made for (0: as many as the first chunk)."""
+        self.num_layers, self.capacity = num_layers, capacity
         self.buffer: torch.Tensor | None = None
         self.filled: dict[int, int] = {}  # layer -> tokens kept
 
-    def keep(self, layer: int, rows: torch.Tensor, num_layers: int, capacity: int) -> None:
-        """Append ``rows`` (heads, q, D) to ``layer``'s tokens; the buffer is made for ``capacity`` tokens
-        (grown, doubling, when a run feeds more: a recompute after preemption, say)."""
+    def keep(self, layer: int, rows: torch.Tensor) -> None:
+        """Append ``rows`` (heads, q, D) to ``layer``'s tokens (the buffer grows, doubling, when a run feeds
+        more than its capacity: a recompute after preemption, say)."""
         start = self.filled.get(layer, 0)
         end = start + rows.shape[1]
         if self.buffer is None or end > self.buffer.shape[2]:
-            grown = torch.empty((num_layers, rows.shape[0], max(capacity, end, 2 * start), rows.shape[2]), dtype=rows.dtype)
+            grown = torch.empty((self.num_layers, rows.shape[0], max(self.capacity, end, 2 * start), rows.shape[2]), dtype=rows.dtype)
             if self.buffer is not None:
                 grown[:, :, : self.buffer.shape[2]] = self.buffer
             self.buffer = grown

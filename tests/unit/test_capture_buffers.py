@@ -7,13 +7,13 @@ from prefillviz.instrument.capture_buffers import Rows, StepNorms
 
 
 def test_rows_keep_every_chunk_in_order_and_grow_past_their_capacity():
-    rows, chunks = Rows(), {layer: [] for layer in range(3)}
+    rows, chunks = Rows(num_layers=3, capacity=8), {layer: [] for layer in range(3)}
     generator = torch.Generator().manual_seed(0)
     for size in (5, 1, 1, 4):  # a prefill chunk, two decodes, then more than the capacity of 8 allows (a recompute)
         for layer in range(3):
             chunk = torch.randn(2, size, 4, generator=generator)
             chunks[layer].append(chunk)
-            rows.keep(layer, chunk.transpose(0, 1).contiguous().transpose(0, 1), num_layers=3, capacity=8)  # a strided view, as the forward's q
+            rows.keep(layer, chunk.transpose(0, 1).contiguous().transpose(0, 1))  # a strided view, as the forward's q
     arrays = rows.arrays([0, 1, 2])
     for layer, array in enumerate(arrays):
         assert array.flags["C_CONTIGUOUS"] and array.shape == (2, 11, 4)
@@ -22,9 +22,9 @@ def test_rows_keep_every_chunk_in_order_and_grow_past_their_capacity():
 
 
 def test_rows_of_a_full_buffer_are_views_and_bf16_comes_back_as_fp32():
-    rows = Rows()
+    rows = Rows(num_layers=1, capacity=6)
     chunk = torch.randn(3, 6, 2).to(torch.bfloat16)
-    rows.keep(0, chunk, num_layers=1, capacity=6)
+    rows.keep(0, chunk)
     (array,) = rows.arrays([0])
     assert array.dtype == np.float32
     np.testing.assert_array_equal(array, chunk.float().numpy())

@@ -77,10 +77,10 @@ class Rows:
 
     def arrays(self, layers: list[int]) -> list[np.ndarray]:
         """Each layer's (heads, tokens, D), contiguous: views of the buffer where it is full, else copies."""
-        return [np.ascontiguousarray(to_numpy(self.buffer[layer, :, : self.filled[layer]])) for layer in layers]
+        return [np.ascontiguousarray(_to_numpy(self.buffer[layer, :, : self.filled[layer]])) for layer in layers]
 
 
-def to_numpy(tensor: torch.Tensor) -> np.ndarray:
+def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: keep it exact in fp32
         tensor = tensor.float()
     return tensor.numpy()

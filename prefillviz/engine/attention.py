@@ -69,6 +69,24 @@ class AttentionMetadata:
         """``engine_ops.step_meta`` of the step, for v7, v7 tiles and v8: made once, read by every layer."""
         return step_meta(self.paged_step)
 
+    def last_rows_step(self, keep: list[int]) -> PagedStep | None:
+        """The step cut to the batch rows ``keep``, where each is the last row of its request (as the
+        runner keeps a sampling request's logits): per such request one query, the last, over its whole
+        context in the cache; the other requests left out. None where a kept row is not its request's
+        last. A forward's last layer needs attention at these rows only (the K/V of every row are
+        written before): at 512 tokens that is one query row where there were 512."""
+        step = self.paged_step
+        last = {self.query_start_loc[r + 1] - 1: r for r in range(step.num_requests)}  # a request's last row -> the request
+        if not keep or any(row not in last for row in keep):
+            return None
+        requests = [last[row] for row in keep]
+        return PagedStep(
+            list(range(len(keep) + 1)),
+            [step.context_len(r) - 1 for r in requests],
+            self.slot_mapping[torch.tensor(keep, device=self.slot_mapping.device)],
+            [step.slots(r) for r in requests],
+        )
+
 
 def compiled_attention_status(device: torch.device | str, dtype: torch.dtype, head_dim: int) -> tuple[object | None, str]:
     """(the engine's C++ ops when v7 runs this head size and dtype here, else None; why not)."""
@@ -102,10 +120,12 @@ def attend(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cac
 
 
 def step_attention(meta: AttentionMetadata, layer_idx: int, module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   scale: float, rows: torch.Tensor | None = None, written: bool = False) -> torch.Tensor:
+                   scale: float, rows: torch.Tensor | None = None, written: bool = False, keep: torch.Tensor | None = None) -> torch.Tensor:
     """One layer's attention in an engine step, whichever forward runs it: the step's new K/V
     into the paged cache (unless ``written``), the instruments' observers, then the step's
-    measured attention (``meta.choice``). q (T, H, D), k and v (T, KVH, D) -> (T, H D).
+    measured attention (``meta.choice``). q (T, H, D), k and v (T, KVH, D) -> (T, H D); with
+    ``keep`` (batch rows, each its request's last: the forward's last layer) -> (kept, H D),
+    computed at those rows only (``AttentionMetadata.last_rows_step``).
 
     The observers see (layer, module, q (1, H, T, D), k, v (1, KVH, T, D), metadata), as the
     stock forward's attention function shows them.
@@ -116,8 +136,15 @@ def step_attention(meta: AttentionMetadata, layer_idx: int, module: torch.nn.Mod
     for observer in meta.observers:
         observer(layer_idx, module, q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], meta)
     choice = meta.choice.attention
-    return attend(choice, q, k, v, cache.key_cache[layer_idx], cache.value_cache[layer_idx], meta.paged_step, scale,
-                  meta.compiled_meta if choice in ROWS_CANDIDATES else None, rows)
+    step, compiled_meta = meta.paged_step, meta.compiled_meta if choice in ROWS_CANDIDATES else None
+    if keep is not None:
+        kept = meta.last_rows_step(keep.tolist())
+        if kept is None:  # a kept row inside a request: every row, then the kept ones
+            return step_attention(meta, layer_idx, module, q, k, v, scale, rows, True).index_select(0, keep)
+        q, k, v = q.index_select(0, keep), k.index_select(0, keep), v.index_select(0, keep)
+        rows = rows.index_select(0, keep) if rows is not None else None
+        step, compiled_meta = kept, step_meta(kept) if choice in ROWS_CANDIDATES else None
+    return attend(choice, q, k, v, cache.key_cache[layer_idx], cache.value_cache[layer_idx], step, scale, compiled_meta, rows)
 
 
 def paged_attention_forward(

@@ -180,8 +180,8 @@ class LlamaForward:
         cos, sin = ops.rotary(cos[0], sin[0])
         heads = (weights.num_heads, weights.num_kv_heads, weights.head_dim)
         keep = inputs["logits_to_keep"]
-        # past the last layer's K/V writes and attention only the rows whose logits are kept are needed: the
-        # rest of the step's rows feed nothing (as llama.cpp's last layer), unless an instrument reads them
+        # past the last layer's K/V writes only the rows whose logits are kept are needed, its attention included:
+        # the rest of the step's rows feed nothing (as llama.cpp's last layer), unless an instrument reads them
         prune_at = len(weights.layers) - 1 if hidden is None and keep.numel() < h.shape[0] else None
         mlp_out = None  # the previous layer's MLP output, not yet added to h
         for index, (norm_in, qkv_proj, o_proj, norm_post, gate_up_proj, down_proj, scale) in enumerate(weights.layers):
@@ -192,9 +192,10 @@ class LlamaForward:
                     hidden(index, h)  # the previous layer's output, now that its MLP is added
                 with span(f"layers.{index}.attention"):
                     q, k, v, rows, written = ops.rope_qkv(qkv_proj(x), cos, sin, meta, index, heads)
-                    out = step_attention(meta, index, weights.attention_modules[index], q, k, v, scale, rows, written)  # (T, H D)
+                    kept = keep if index == prune_at else None  # the last layer: attention at the kept rows only
+                    out = step_attention(meta, index, weights.attention_modules[index], q, k, v, scale, rows, written, kept)  # (T or kept, H D)
                     if index == prune_at:
-                        out, h = out.index_select(0, keep), h.index_select(0, keep)  # (kept, ...) from here on
+                        h = h.index_select(0, keep)  # (kept, ...) from here on
                         keep = torch.arange(keep.numel(), device=keep.device)
                     attended = o_proj(out)
                 with span(f"layers.{index}.post_attention_layernorm"):

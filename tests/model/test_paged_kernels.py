@@ -287,3 +287,37 @@ def test_flexattention_probe_says_whether_it_runs_and_if_so_it_is_right():
     inputs = random_step([(20, 1), (0, 23), (31, 12)], 9, 3, 64, seed=4)
     difference, _ = check_paged(FLEX, inputs)
     assert difference <= allowed_for(inputs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("candidate", ATTENTION_CANDIDATES)
+def test_the_last_layers_attention_at_the_kept_rows_is_the_whole_steps_there(candidate, dtype, request):
+    """The forward's last layer computes attention at the rows whose logits are kept (each its request's last
+    row): a decode, a fresh prompt and a decode sample, a chunk that does not is left out. Against the whole
+    step's attention at those rows; a kept row inside a request (none the runner keeps) gets the whole step's."""
+    from types import SimpleNamespace
+
+    from prefillviz.engine.attention import AttentionMetadata, step_attention
+    from prefillviz.engine.dispatch import ROWS_CANDIDATES, STOCK, V8, StepChoice
+
+    if candidate in ROWS_CANDIDATES:
+        request.getfixturevalue("compiled_ops")
+    if candidate == V8:
+        brgemm_runs(dtype)
+    inputs = random_step([(20, 1), (0, 23), (31, 12), (64, 1)], 9, 3, 64, block_size=16, dtype=dtype, seed=5)
+    step = inputs.step
+    meta = AttentionMetadata(SimpleNamespace(key_cache=[inputs.key_cache], value_cache=[inputs.value_cache]), step.slot_mapping,
+                             step.query_start_loc, step.num_computed, step.context_slots, choice=StepChoice("test", candidate, STOCK))
+    q, k, v = (t.transpose(0, 1) for t in (inputs.q, inputs.k_new, inputs.v_new))  # (T, heads, D)
+    rows = torch.cat([t.reshape(t.shape[0], -1) for t in (q, k, v)], dim=1)  # the q|k|v rows v7 and v8 read q from
+
+    def attention(keep=None):
+        return step_attention(meta, 0, None, q, k, v, inputs.scale, rows if candidate in ROWS_CANDIDATES else None, True, keep)
+
+    whole = attention()
+    keep = torch.tensor([0, 23, 36])  # the last rows of requests 0, 1 and 3
+    assert meta.last_rows_step(keep.tolist()).query_start_loc == [0, 1, 2, 3]
+    assert_within(attention(keep), whole[keep], allowed_for(inputs))
+    inside = torch.tensor([5, 36])
+    assert meta.last_rows_step(inside.tolist()) is None
+    assert torch.equal(attention(inside), whole[inside])

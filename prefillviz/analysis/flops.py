@@ -90,7 +90,7 @@ class ModelCost:
 
     Every decoder layer has the same shape, so ``layer_ops`` holds one layer's ops and the
     totals multiply them by ``num_layers``; ``last_layer_ops``, when set, is the last layer's,
-    which the engine runs past its attention for the kept rows only. ``lm_head`` covers
+    where the engine runs attention and what follows it for the kept rows only. ``lm_head`` covers
     ``num_logit_rows`` rows only (the engine passes ``logits_to_keep``, so a prefill computes
     logits for its last token).
     """
@@ -197,7 +197,7 @@ def _linear(name: str, n: int, in_features: int, out_features: int, bias: bool, 
 
 
 def layer_op_costs(
-    info_or_config: Any, num_new_tokens: int, context_len: int, dtype_bytes: int | None = None, rows_after_attention: int | None = None
+    info_or_config: Any, num_new_tokens: int, context_len: int, dtype_bytes: int | None = None, kept_rows: int | None = None
 ) -> list[OpCost]:
     """Costs of every op of one decoder layer for one step.
 
@@ -207,8 +207,9 @@ def layer_op_costs(
         context_len: keys the last new token attends to, including the new ones (C >= N).
         dtype_bytes: bytes per element of weights, activations and K/V; None takes the
             model's (not known for a bare config).
-        rows_after_attention: rows that go on to o_proj, the second norm and the MLP (None:
-            all N; the engine's last layer: only the rows whose logits are kept).
+        kept_rows: the step's last rows, the only ones whose attention, o_proj, second norm and MLP
+            run (None: all N; the engine's last layer: the rows whose logits are kept). Every row's
+            q, k and v are projected, and its K/V written.
 
     Returns:
         Ops in execution order: q/k/v/o_proj, attn_scores, attn_values, the MLP
@@ -227,10 +228,12 @@ def layer_op_costs(
     ]
     attention_flops_per_pair = 2 * q_width  # 2 * heads * head_dim
     kv_traffic = (c + n) * kv_width * b  # read the whole context, write the new tokens
+    m = n if kept_rows is None else kept_rows
+    if m < n:  # the last m queries only
+        pairs = causal_pairs(m, c)
     for name in ("attn_scores", "attn_values"):  # QK^T, then PV: the same work
-        causal, all_pairs = attention_flops_per_pair * pairs, attention_flops_per_pair * n * c
-        ops.append(OpCost(name, causal, 0, n * q_width * b, kv_traffic, "attention", all_pairs))
-    m = n if rows_after_attention is None else rows_after_attention
+        causal, all_pairs = attention_flops_per_pair * pairs, attention_flops_per_pair * m * c
+        ops.append(OpCost(name, causal, 0, m * q_width * b, kv_traffic, "attention", all_pairs))
     ops.append(_linear("o_proj", m, q_width, hidden, shape.o_bias, b))
     inter = shape.intermediate_size
     if shape.family == "gpt2":
@@ -264,8 +267,8 @@ def model_costs(
         context_len: keys the last new token attends to, including the new ones (C >= N).
         dtype_bytes: bytes per element; None takes the model's.
         num_logit_rows: rows the lm_head computes (1: the engine keeps only the logits it samples from).
-        engine: what the engine's own forward runs: only those rows go on past the last layer's
-            attention (o_proj, MLP, norms). False: every row, as the plain (HF) forward.
+        engine: what the engine's own forward runs: only those rows attend in the last layer and go on
+            (attention, o_proj, MLP, norms). False: every row, as the plain (HF) forward.
 
     Returns:
         The ``ModelCost``. The embedding is a gather (0 FLOPs, N rows read; GPT-2 adds its position

@@ -80,7 +80,7 @@ def ridge_point(peaks: MachinePeaks) -> float:
 
 
 def predict_layer_times(
-    info: Any, num_new_tokens: int, context_len: int, dtype_bytes: int | None, peaks: MachinePeaks, rows_after_attention: int | None = None
+    info: Any, num_new_tokens: int, context_len: int, dtype_bytes: int | None, peaks: MachinePeaks, kept_rows: int | None = None
 ) -> list[dict]:
     """Roofline prediction of each op of one decoder layer.
 
@@ -90,7 +90,7 @@ def predict_layer_times(
         context_len: keys the last token attends to (C >= N).
         dtype_bytes: bytes per element; None takes the model's.
         peaks: the machine's measured peaks.
-        rows_after_attention: rows that go on past attention (None: all; the engine's last layer: the kept ones).
+        kept_rows: the last rows, the only ones that attend and go on (None: all; the engine's last layer: the kept ones).
 
     Returns:
         One dict per op: ``op``, ``flops``, ``bytes``, ``intensity``, ``predicted_s`` =
@@ -98,7 +98,7 @@ def predict_layer_times(
         whichever term is larger).
     """
     predictions = []
-    for op in layer_op_costs(info, num_new_tokens, context_len, dtype_bytes, rows_after_attention):
+    for op in layer_op_costs(info, num_new_tokens, context_len, dtype_bytes, kept_rows):
         compute_s = op.flops / (peaks.matmul_gflops * 1e9)
         memory_s = op.bytes / (peaks.memory_gb_s * 1e9)
         predictions.append(

@@ -115,13 +115,13 @@ def predicted_vs_measured(
     bytes / bandwidth) grouped like the timers: attention = q/k/v/o projections + QK^T +
     PV (the attention module's clock also covers RoPE and the KV write), MLP = its
     matrices, norms = both norms. ``*_ratio`` = measured / predicted: the gap, shown.
-    ``last_layer_rows``: the rows the last layer runs past its attention (the engine's own
+    ``last_layer_rows``: the rows the last layer runs attention and what follows for (the engine's own
     forward keeps only the row it samples from there; None: every row, as the stock forward).
     """
     groups = {"attention": ATTENTION_OPS, "mlp": MLP_OPS, "norms": ("norms",)}
 
-    def prediction(rows_after_attention: int | None) -> tuple[dict, dict]:
-        ops = predict_layer_times(info, num_tokens, num_tokens, None, peaks, rows_after_attention)
+    def prediction(kept_rows: int | None) -> tuple[dict, dict]:
+        ops = predict_layer_times(info, num_tokens, num_tokens, None, peaks, kept_rows)
         predicted, bound = {}, {}
         for group, names in groups.items():
             members = [op for op in ops if op["op"] in names]

@@ -82,7 +82,7 @@ class KernelTimingsResult:
     info: ModelShape  # the model's shape, which the roofline prediction reads
     peaks: MachinePeaks  # the best of this machine's measured peaks when the prediction was made
     predicted: list[dict]  # predicted vs measured, one row per layer, from ``peaks``
-    last_layer_rows: int | None  # rows the timing passes' last layer ran past attention (1: the engine's own forward; None: all)
+    last_layer_rows: int | None  # rows the timing passes' last layer ran attention and what follows for (1: the engine's own forward; None: all)
     kernel_layer: int
     kernel_num_tokens: int  # the first tokens of the prompt the kernels ran on (all, unless the oracle can't fit)
     kernel_results: list[KernelResult]  # kernels on the captured q/k/v of kernel_layer

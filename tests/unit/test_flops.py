@@ -88,17 +88,19 @@ def test_llama_linear_flops_are_two_per_parameter_per_token():
         assert cost.total_flops == cost.linear_flops + cost.attention_flops + cost.norm_flops + cost.lm_head.flops
 
 
-def test_the_engines_last_layer_runs_only_the_kept_row_past_attention():
-    """The engine's own forward takes only the row whose logits are kept past the last layer's attention
-    (its K/V are written for every row first): o_proj, the second norm, the MLP and the final norm run on
-    one row there, so an N-token prefill costs (N - 1) rows of those less than the plain forward."""
+def test_the_engines_last_layer_runs_only_the_kept_row_from_its_attention_on():
+    """The engine's own forward runs the last layer's attention for the row whose logits are kept only (every
+    row's K/V are written first), and o_proj, the second norm, the MLP and the final norm on that row: an
+    N-token prefill costs (N - 1) rows of those less than the plain forward, and N(N + 1)/2 - N pairs of attention."""
     torch.manual_seed(0)
     model = LlamaForCausalLM(TINY)
     n, hidden, inter = 7, TINY.hidden_size, TINY.intermediate_size
     plain, engine = model_costs(model, n, n), engine_step_costs(model, n, n)
     assert engine.linear_flops == plain.linear_flops - 2 * (n - 1) * (hidden * hidden + 3 * hidden * inter)  # o_proj + gate, up, down
     assert engine.norm_flops == plain.norm_flops - 2 * 4 * (n - 1) * hidden  # the post-attention and the final norm
-    assert engine.attention_flops == plain.attention_flops and engine.lm_head.flops == plain.lm_head.flops
+    q_width = TINY.num_attention_heads * (TINY.hidden_size // TINY.num_attention_heads)
+    assert engine.attention_flops == plain.attention_flops - 2 * 2 * q_width * (n * (n + 1) // 2 - n)  # QK^T and PV: the last query's n pairs
+    assert engine.lm_head.flops == plain.lm_head.flops
     assert [name for name, _ in engine.all_ops] == [name for name, _ in plain.all_ops]
     assert engine_step_costs(model, 1, 9).total_flops == model_costs(model, 1, 9).total_flops  # a decode: nothing to leave out
     assert model_costs(model, n, n, num_logit_rows=n, engine=True).linear_flops == plain.linear_flops  # every row's logits kept

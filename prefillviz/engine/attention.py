@@ -137,14 +137,13 @@ def step_attention(meta: AttentionMetadata, layer_idx: int, module: torch.nn.Mod
         observer(layer_idx, module, q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], meta)
     choice = meta.choice.attention
     step, compiled_meta = meta.paged_step, meta.compiled_meta if choice in ROWS_CANDIDATES else None
-    if keep is not None:
-        kept = meta.last_rows_step(keep.tolist())
-        if kept is None:  # a kept row inside a request: every row, then the kept ones
-            return step_attention(meta, layer_idx, module, q, k, v, scale, rows, True).index_select(0, keep)
+    kept = meta.last_rows_step(keep.tolist()) if keep is not None else None
+    if kept is not None:
         q, k, v = q.index_select(0, keep), k.index_select(0, keep), v.index_select(0, keep)
         rows = rows.index_select(0, keep) if rows is not None else None
         step, compiled_meta = kept, step_meta(kept) if choice in ROWS_CANDIDATES else None
-    return attend(choice, q, k, v, cache.key_cache[layer_idx], cache.value_cache[layer_idx], step, scale, compiled_meta, rows)
+    out = attend(choice, q, k, v, cache.key_cache[layer_idx], cache.value_cache[layer_idx], step, scale, compiled_meta, rows)
+    return out.index_select(0, keep) if keep is not None and kept is None else out  # a kept row inside a request: every row's, then those
 
 
 def paged_attention_forward(

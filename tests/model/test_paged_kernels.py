@@ -320,4 +320,6 @@ def test_the_last_layers_attention_at_the_kept_rows_is_the_whole_steps_there(can
     assert_within(attention(keep), whole[keep], allowed_for(inputs))
     inside = torch.tensor([5, 36])
     assert meta.last_rows_step(inside.tolist()) is None
-    assert torch.equal(attention(inside), whole[inside])
+    seen = []
+    meta.observers.append(lambda layer, *_: seen.append(layer))
+    assert torch.equal(attention(inside), whole[inside]) and seen == [0]  # the observers once, as for any step

@@ -7,7 +7,8 @@ The engine has several correct implementations of two op families:
                 tiles where the CPU has them), v6 loop with fp32 decodes, v2 loop and v3 packed (torch's SDPA inside;
                 on a CPU its bf16 flash attention calls oneDNN's gemm a block at a time)
     linears     oneDNN's matmul primitive (``ops/onednn_linear.py``), the brgemm linear (``ops/brgemm_linear.py``:
-                the engine's, the MLP's SiLU in its gate|up call), torch's packed linear, the stock ``F.linear``
+                the engine's, the MLP's SiLU in its gate|up call), the slab linear (the same in fp32 on the
+                engine's own AVX-512 micro-kernel), torch's packed linear, the stock ``F.linear``
 
 Which is fastest depends on the machine: on a Zen 4 with AVX512-BF16, v7 beat SDPA; on a Xeon with
 AMX, SDPA beat v7 by 4x at 2,048 tokens (and v8 beat SDPA). So no CPU flag and no preference written
@@ -47,7 +48,8 @@ V8 = "v8 brgemm"  # bf16 or fp32: the engine's C++ softmax between two matmuls o
 ROWS_CANDIDATES = (V7, V7_TILES, V8)  # C++ ops over the whole step: q read from the q|k|v rows, K/V from the cache through the slots
 ATTENTION_CANDIDATES = (V7, V7_TILES, V8, "v6 loop, fp32 decodes", "v2 loop", "v3 packed")
 ONEDNN, BRGEMM_LINEAR, TORCH_PACKED, STOCK = "oneDNN matmul", "brgemm linear", "torch packed", "stock"  # brgemm: the engine's own
-LINEAR_CANDIDATES = (ONEDNN, BRGEMM_LINEAR, TORCH_PACKED, STOCK)
+SLAB_LINEAR = "slab linear"  # fp32: the brgemm linear's packs on the engine's own micro-kernel (AVX-512 builds)
+LINEAR_CANDIDATES = (ONEDNN, BRGEMM_LINEAR, SLAB_LINEAR, TORCH_PACKED, STOCK)
 CANDIDATES = {ATTENTION: ATTENTION_CANDIDATES, LINEARS: LINEAR_CANDIDATES}
 KINDS = {V7: "C++", V7_TILES: "C++", V8: "brgemm", "v6 loop, fp32 decodes": "SDPA", "v2 loop": "SDPA", "v3 packed": "SDPA"}  # a caption compares across kinds
 BUSY_PERCENT = 10.0  # other processes' share of the cores above which a measurement is taken again (stricter than a page's 25%)
@@ -62,6 +64,7 @@ PLAIN_NAMES = {  # what a caption calls each candidate
     "v3 packed": "torch's SDPA (v3: one packed call)",
     ONEDNN: "oneDNN matmul primitives",
     BRGEMM_LINEAR: "the engine's linear on oneDNN's brgemm micro-kernel, SiLU fused into gate|up",
+    SLAB_LINEAR: "the engine's linear on its own fp32 micro-kernel, the next weights fetched as it multiplies, SiLU fused into gate|up",
     TORCH_PACKED: "torch's packed linear",
     STOCK: "stock F.linear",
 }

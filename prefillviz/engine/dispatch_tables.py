@@ -28,7 +28,7 @@ from prefillviz.engine.devices import cache_root, machine_slug
 from prefillviz.engine.dispatch import ATTENTION, BUCKETS, LINEARS, DispatchTable, StepChoice
 from prefillviz.engine.dispatch_tuning import candidate_statuses, fingerprint
 
-FORMAT = 6  # in the cache file's name and content (an older table is measured again); 2: stock linears timed as the engine calls them; 3: timed under the engine's allocator; 4: v8 a candidate (an fp32 table says why it is out); 5: v8 runs fp32 too; 6: the brgemm linear a candidate, gate|up timed with its SiLU
+FORMAT = 7  # in the cache file's name and content (an older table is measured again); 2: stock linears timed as the engine calls them; 3: timed under the engine's allocator; 4: v8 a candidate (an fp32 table says why it is out); 5: v8 runs fp32 too; 6: the brgemm linear a candidate, gate|up timed with its SiLU; 7: the slab linear a candidate
 MAX_AGE = datetime.timedelta(days=7)
 
 

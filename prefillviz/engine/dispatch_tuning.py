@@ -5,7 +5,8 @@ For one model, device, dtype and thread count:
 1. **Which candidates run here.** v7 and v7 tiles need the engine's C++ ops for this CPU and head size;
    v8 needs them, bf16, a head size that is a multiple of 64 and oneDNN's bf16 brgemm here (tried);
    oneDNN's matmul needs Debian's oneDNN and a JIT kernel for the dtype; the brgemm linear needs
-   the C++ ops and the same brgemm micro-kernel as v8; torch's packed linear needs a CPU whose
+   the C++ ops and the same brgemm micro-kernel as v8; the slab linear fp32 and the C++ ops built for
+   AVX-512 (its micro-kernel is the engine's own); torch's packed linear needs a CPU whose
    oneDNN packs the dtype. Each says why not (``candidate_statuses``).
 2. **Each passes its oracle on this machine** or is out: attention against v1, the naive fp32
    oracle, on a step with a fresh prompt, a chunk after cached context and a decode; the
@@ -15,7 +16,7 @@ For one model, device, dtype and thread count:
    the model's heads, and layer 0's four linears (q|k|v, o, gate|up, down) on its own weights,
    each candidate as the engine calls it (stock: q, k and v each its own ``F.linear``, the outputs
    concatenated, as ``llama_weights`` runs them; gate|up with the SiLU after it, which the brgemm
-   linear computes in the same call and the others in ``silu_mul``), under the allocator the engine sets
+   and slab linears compute in the same call and the others in ``silu_mul``), under the allocator the engine sets
    (``host_memory``: without it, glibc hands a 2,048-token linear's ~12 MB outputs back between
    calls and some calls fault in fresh pages, 34 against 6 ms a layer in one table here). A race
    keeps it short: every candidate runs once; one over ``RACE_FACTOR`` times the best on that
@@ -47,7 +48,7 @@ from prefillviz.engine.host_memory import keep_freed_memory
 from prefillviz.engine.linear_checks import check_linears, input_widths, layer_linears, linear_inputs, linear_layer
 from prefillviz.engine.machine_load import MachineLoad
 from prefillviz.engine.model_shape import model_shape
-from prefillviz.engine.ops.brgemm_linear import brgemm_linear_why
+from prefillviz.engine.ops.brgemm_linear import brgemm_linear_why, slab_linear_why
 from prefillviz.engine.ops.engine_ops import brgemm_why, step_meta
 from prefillviz.engine.ops.paged_check import KernelCheckError, check_paged, random_step
 from prefillviz.engine.timers import calls_per_run, run_seconds
@@ -85,7 +86,7 @@ def candidate_statuses(model: torch.nn.Module, parameter: torch.Tensor | None = 
     if not on_cpu:
         attention["v6 loop, fp32 decodes"] = "the same as v2 off a CPU"
     linears = {name: "" for name in dispatch.LINEAR_CANDIDATES}
-    packs = (ONEDNN, dispatch.BRGEMM_LINEAR, TORCH_PACKED)
+    packs = (ONEDNN, dispatch.BRGEMM_LINEAR, dispatch.SLAB_LINEAR, TORCH_PACKED)
     if not _has_linears(model):
         linears.update(dict.fromkeys(packs, "the model's layers have no nn.Linear to pack"))
     elif not on_cpu:
@@ -96,6 +97,7 @@ def candidate_statuses(model: torch.nn.Module, parameter: torch.Tensor | None = 
         if packed_weights.onednn_linear(dtype) is None:  # through the module, so a test's stand-in CPU applies here too
             linears[ONEDNN] = packed_weights.onednn_runs(dtype)[1] or "oneDNN's matmul does not run this dtype here"
         linears[dispatch.BRGEMM_LINEAR] = next(filter(None, (brgemm_linear_why(device, dtype, width) for width in input_widths(model))), "")
+        linears[dispatch.SLAB_LINEAR] = slab_linear_why(device, dtype)
         runs, why = packed_weights.cpu_runs_packed_linear(dtype)
         if not runs:
             linears[TORCH_PACKED] = why

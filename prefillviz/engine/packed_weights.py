@@ -48,11 +48,12 @@ PACKABLE_DTYPES = (torch.bfloat16, torch.float32)
 FORCE_STOCK_ENV = "PREFILLVIZ_STOCK_LINEARS"
 ONEDNN_SCOPE = "onednn::matmul"  # the profiler's name for a call of prefillviz/engine/ops/onednn_linear.py's Linear
 BRGEMM_LINEAR = "brgemm linear"  # dispatch.BRGEMM_LINEAR
+SLAB_LINEAR = "slab linear"  # dispatch.SLAB_LINEAR: the brgemm linear's packs and op, the engine's fp32 micro-kernel
 
 
 def gated_packs(implementation: str) -> bool:
     """Whether ``implementation`` packs a gated MLP's [gate; up] into one call that returns the activation."""
-    return implementation == BRGEMM_LINEAR
+    return implementation in (BRGEMM_LINEAR, SLAB_LINEAR)
 
 
 _active = threading.local()  # .packs: {Linear: packed weight} while packed_linears runs in this thread
@@ -137,15 +138,15 @@ def pack_weight(weight: torch.Tensor, implementation: str | None = None, gated: 
         implementation: ``"oneDNN matmul"`` (``prefillviz/engine/ops/onednn_linear.py``'s ``Linear``: oneDNN's
             matmul primitive, kept per row count, as vLLM's CPU backend runs it),
             ``"brgemm linear"`` (``brgemm_linear.BrgemmLinear``: the engine's C++ linear on oneDNN's brgemm
-            micro-kernel) or ``"torch packed"`` (an opaque tensor for ``torch.ops.mkldnn._linear_pointwise``);
+            micro-kernel), ``"slab linear"`` (the same, fp32, on the engine's own micro-kernel) or ``"torch packed"`` (an opaque tensor for ``torch.ops.mkldnn._linear_pointwise``);
             None: oneDNN's matmul where it runs here, else torch's packed linear (what the peaks and
             the dtype speed time).
             The engine runs whichever the measured dispatch chose (``dispatch.py``).
         gated: ``weight`` is a gated MLP's [gate; up], and the pack returns silu(x G^T) * (x U^T)
-            (the brgemm linear only: ``gated_packs``).
+            (the brgemm and slab linears only: ``gated_packs``).
     """
-    if implementation == BRGEMM_LINEAR:
-        return BrgemmLinear(weight.detach(), gated)
+    if implementation in (BRGEMM_LINEAR, SLAB_LINEAR):
+        return BrgemmLinear(weight.detach(), gated, own=implementation == SLAB_LINEAR)
     if gated:
         raise ValueError(f"{implementation} has no gated pack")
     onednn = onednn_linear(weight.dtype) if implementation in (None, "oneDNN matmul") else None

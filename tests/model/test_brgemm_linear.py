@@ -1,9 +1,10 @@
-"""The engine's brgemm linear (prefillviz/engine/ops/csrc/linear_brgemm.h, ops/brgemm_linear.py's BrgemmLinear): the same
-product as F.linear, each output within the bound of its dtype and length (tests/tolerances.py), at row
+"""The engine's brgemm linear (prefillviz/engine/ops/csrc/linear_brgemm.h, ops/brgemm_linear.py's BrgemmLinear), and the
+slab linear (the same op and packs in fp32 on the engine's own micro-kernel, ``own``): the same product as F.linear, each output within the bound of its dtype and length (tests/tolerances.py), at row
 counts that take one call, several calls, one group of rows per thread and more groups than threads;
 a width that is not a multiple of its 64-column slabs; the gated MLP's silu(x G^T) * (x U^T) within the
 bound that follows from the two products' (linear_checks.activation_bound); two threads on one
-weight; and a clear refusal where it can't run (bf16 below AMX, an odd bf16 width)."""
+weight; and a clear refusal where it can't run (bf16 below AMX, an odd bf16 width; the slab linear in bf16
+or on a build without AVX-512)."""
 
 
 import pytest
@@ -11,25 +12,32 @@ import torch
 import torch.nn.functional as F
 
 from prefillviz.engine import linear_checks
-from prefillviz.engine.ops.brgemm_linear import BrgemmLinear, brgemm_linear_why
+from prefillviz.engine.ops.brgemm_linear import BrgemmLinear, brgemm_linear_why, slab_linear_why
 from tests.tolerances import assert_linear_close, assert_linear_close_from_two_threads
 
 ROWS = [1, 2, 7, 33, 255, 256, 300, 513, 1100]  # 1,100 rows: 3 groups of rows on 2 threads (at most 512 a group)
 
 
-def runs_here(compiled_ops, dtype, width):
-    why = brgemm_linear_why("cpu", dtype, width)
+KERNELS = [  # (dtype, own): oneDNN's micro-kernel in both dtypes, the engine's (the slab linear) in fp32
+    pytest.param(torch.float32, False, id="float32"),
+    pytest.param(torch.bfloat16, False, id="bfloat16"),
+    pytest.param(torch.float32, True, id="float32-slab"),
+]
+
+
+def runs_here(compiled_ops, dtype, width, own=False):
+    why = slab_linear_why("cpu", dtype) if own else brgemm_linear_why("cpu", dtype, width)
     if why:
         pytest.skip(why)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_matches_f_linear_at_every_row_count_and_width(compiled_ops, dtype):
-    runs_here(compiled_ops, dtype, 48)
+@pytest.mark.parametrize("dtype,own", KERNELS)
+def test_matches_f_linear_at_every_row_count_and_width(compiled_ops, dtype, own):
+    runs_here(compiled_ops, dtype, 48, own)
     generator = torch.Generator().manual_seed(0)
     for out_features in (64, 100, 192):  # a whole slab, a part of the last one, several
         weight = torch.randn(out_features, 48, generator=generator).to(dtype)
-        linear = BrgemmLinear(weight)
+        linear = BrgemmLinear(weight, own=own)
         for rows in ROWS:
             x = torch.randn(rows, 48, generator=generator).to(dtype)
             got = linear(x)
@@ -50,14 +58,14 @@ def test_leading_dimensions_and_a_strided_input(compiled_ops):
     assert_linear_close(linear(strided), strided, weight)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_gated_is_silu_of_gate_times_up_within_the_bound_of_both_products(compiled_ops, dtype):
-    runs_here(compiled_ops, dtype, 64)
+@pytest.mark.parametrize("dtype,own", KERNELS)
+def test_gated_is_silu_of_gate_times_up_within_the_bound_of_both_products(compiled_ops, dtype, own):
+    runs_here(compiled_ops, dtype, 64, own)
     generator = torch.Generator().manual_seed(2)
     for intermediate in (96, 128):
         gate, up = (torch.randn(intermediate, 64, generator=generator).to(dtype) for _ in range(2))
         weight = torch.cat([gate, up])
-        linear = BrgemmLinear(weight, gated=True)
+        linear = BrgemmLinear(weight, gated=True, own=own)
         assert (linear.in_features, linear.out_features) == (64, intermediate)
         for rows in (1, 33, 300, 1100):
             x = torch.randn(rows, 64, generator=generator).to(dtype)
@@ -71,10 +79,11 @@ def test_gated_is_silu_of_gate_times_up_within_the_bound_of_both_products(compil
             assert float(((F.silu(g) * u).float() - want).abs().sub(bound).max()) <= 0
 
 
-def test_two_threads_on_one_weight(compiled_ops):
-    runs_here(compiled_ops, torch.float32, 128)
+@pytest.mark.parametrize("own", [False, True], ids=["brgemm", "slab"])
+def test_two_threads_on_one_weight(compiled_ops, own):
+    runs_here(compiled_ops, torch.float32, 128, own)
     weight = torch.randn(256, 128)
-    linear = BrgemmLinear(weight)
+    linear = BrgemmLinear(weight, own=own)
     assert_linear_close_from_two_threads(linear, weight, (1, 17, 300, 3), loops=20)
 
 
@@ -85,6 +94,16 @@ def test_what_it_refuses_says_why(compiled_ops):
     if not brgemm_linear_why("cpu", torch.float32, 48):
         linear = BrgemmLinear(torch.randn(64, 48))
         with pytest.raises(RuntimeError, match="packed for 48 inputs"):
-            compiled_ops.brgemm_linear(torch.randn(3, 40), linear.packed, 64, False)
+            compiled_ops.brgemm_linear(torch.randn(3, 40), linear.packed, 64, False, False)
         with pytest.raises(RuntimeError, match="one dtype"):
             linear(torch.randn(3, 48).to(torch.bfloat16))
+    assert "fp32 only" in slab_linear_why("cpu", torch.bfloat16)
+    if compiled_ops.vector_width() < 16:  # a build for AVX2 or plain C++ (the ISA caps run one): no micro-kernel of its own
+        assert "AVX-512" in slab_linear_why("cpu", torch.float32)
+    assert "CPU path" in slab_linear_why("meta", torch.float32)
+    if not brgemm_linear_why("cpu", torch.bfloat16, 48):
+        with pytest.raises(RuntimeError, match="fp32 only"):
+            BrgemmLinear(torch.randn(64, 48).to(torch.bfloat16), own=True)
+        packed = BrgemmLinear(torch.randn(64, 48).to(torch.bfloat16)).packed
+        with pytest.raises(RuntimeError, match="fp32 on an AVX-512 build only"):  # the op refuses too
+            compiled_ops.brgemm_linear(torch.randn(3, 48).to(torch.bfloat16), packed, 64, False, True)

@@ -15,7 +15,7 @@ from prefillviz.analysis.first_token import first_token_view
 from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.errors import ConfigError
-from prefillviz.engine.ops.brgemm_linear import BRGEMM_SCOPE
+from prefillviz.engine.ops.brgemm_linear import BRGEMM_SCOPE, SLAB_SCOPE
 from prefillviz.engine.packed_weights import ONEDNN_SCOPE
 from prefillviz.engine.request import SamplingParams
 from prefillviz.instrument.capture import run_captured
@@ -127,7 +127,7 @@ def test_profile_level_has_scopes_op_table_and_a_chrome_trace(bundled, tmp_path)
     linears = sum(type(m) is torch.nn.Linear for m in bundled.model.modules())
     chosen = trace.steps[0].dispatch["linears"]  # what the measured dispatch ran for this step's shape
     if chosen != "stock":  # the engine's packed linears, as they ran on a CPU that packs
-        packed_op = {"oneDNN matmul": ONEDNN_SCOPE, "brgemm linear": BRGEMM_SCOPE}.get(chosen, "mkldnn::_linear_pointwise")
+        packed_op = {"oneDNN matmul": ONEDNN_SCOPE, "brgemm linear": BRGEMM_SCOPE, "slab linear": SLAB_SCOPE}.get(chosen, "mkldnn::_linear_pointwise")
         assert ops[packed_op]["calls"] == linears
     else:  # stock linears where the probe said no (F.linear: addmm/mm/linear in the op table)
         assert "mkldnn::_linear_pointwise" not in ops and sum(ops.get(op, {}).get("calls", 0) for op in ("aten::mm", "aten::addmm")) >= linears

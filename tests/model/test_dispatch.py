@@ -27,6 +27,7 @@ from prefillviz.engine.dispatch import (
     LINEAR_CANDIDATES,
     LINEARS,
     ONEDNN,
+    SLAB_LINEAR,
     STOCK,
     TORCH_PACKED,
     V7,
@@ -217,7 +218,7 @@ def test_the_linears_are_timed_as_the_engine_runs_them(tiny_llama, candidate):
     assert gate_up.shape[-1] == mlp.up_proj.out_features * (1 if engine_layer[4].activates else 2)  # silu(gate) * up, or [gate | up]
     activation = gate_up if engine_layer[4].activates else linear_checks.silu_mul_for(gate_up)(gate_up)  # the forward's silu_mul
     engine = [engine_layer[1](inputs[0]), engine_layer[2](inputs[1]), activation, engine_layer[5](inputs[3])]
-    assert engine_layer[4].activates == (candidate == BRGEMM_LINEAR)  # the one pack that fuses the SiLU
+    assert engine_layer[4].activates == (candidate in (BRGEMM_LINEAR, SLAB_LINEAR))  # the packs that fuse the SiLU
     assert all(torch.equal(a, b) for a, b in zip(timed, engine))  # the same calls: the same bits
 
 

@@ -16,7 +16,7 @@
 //   brgemm_paged      v8: a paged step's bf16 or fp32 attention, its two matmuls on oneDNN's brgemm
 //                     micro-kernel (AMX where the CPU has it), the softmax between them in fp32
 //                     (attention_brgemm.h)
-//   brgemm_linear     x W^T (bf16 or fp32) on the same micro-kernel, from a weight packed in slabs of
+//   brgemm_linear     x W^T (bf16 or fp32) on the same micro-kernel (fp32: or the engine's own, the slab linear), from a weight packed in slabs of
 //                     64 columns; a gated MLP's silu(x G^T) * (x U^T) in one pass (linear_brgemm.h)
 //
 // Vectors are ATen's at::vec::Vectorized<float>: 16 lanes where torch's probe of the CPU says
@@ -800,6 +800,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("brgemm_paged", &brgemm_paged);
   m.def("brgemm_problem", &brgemm_problem);
   m.def("brgemm_linear", &brgemm_linear);
+  m.def("slab_kernel_built", &slab_kernel_built);
   m.def("vector_width", &vector_width);
   m.def("bf16_dot_products", &bf16_dot_products);
   m.def("set_bf16_dot_products", &set_bf16_dot_products);

@@ -6,9 +6,8 @@ The engine has several correct implementations of two op families:
                 engine's softmax between Q K^T and P V on oneDNN's brgemm micro-kernel, bf16 on AMX
                 tiles where the CPU has them), v6 loop with fp32 decodes, v2 loop and v3 packed (torch's SDPA inside;
                 on a CPU its bf16 flash attention calls oneDNN's gemm a block at a time)
-    linears     oneDNN's matmul primitive (``ops/onednn_linear.py``), the brgemm linear (``ops/brgemm_linear.py``:
-                the engine's, the MLP's SiLU in its gate|up call), the slab linear (the same in fp32 on the
-                engine's own AVX-512 micro-kernel), torch's packed linear, the stock ``F.linear``
+    linears     oneDNN's matmul primitive (``ops/onednn_linear.py``), the brgemm and slab linears (``ops/brgemm_linear.py``:
+                the engine's, SiLU in gate|up; slab: its own fp32 micro-kernel), torch's packed linear, ``F.linear``
 
 Which is fastest depends on the machine: on a Zen 4 with AVX512-BF16, v7 beat SDPA; on a Xeon with
 AMX, SDPA beat v7 by 4x at 2,048 tokens (and v8 beat SDPA). So no CPU flag and no preference written
@@ -36,8 +35,7 @@ import torch
 
 from prefillviz.engine.errors import ConfigError
 
-ATTENTION = "attention"
-LINEARS = "linears"
+ATTENTION, LINEARS = "attention", "linears"
 FAMILIES = (ATTENTION, LINEARS)
 FORCE_ENV = {ATTENTION: "PREFILLVIZ_ATTENTION", LINEARS: "PREFILLVIZ_LINEARS"}
 
@@ -47,9 +45,8 @@ COMPILED_CANDIDATES = (V7, V7_TILES)  # the engine's C++ kernel (``engine/ops/cs
 V8 = "v8 brgemm"  # bf16 or fp32: the engine's C++ softmax between two matmuls on oneDNN's brgemm micro-kernel
 ROWS_CANDIDATES = (V7, V7_TILES, V8)  # C++ ops over the whole step: q read from the q|k|v rows, K/V from the cache through the slots
 ATTENTION_CANDIDATES = (V7, V7_TILES, V8, "v6 loop, fp32 decodes", "v2 loop", "v3 packed")
-ONEDNN, BRGEMM_LINEAR, TORCH_PACKED, STOCK = "oneDNN matmul", "brgemm linear", "torch packed", "stock"  # brgemm: the engine's own
-SLAB_LINEAR = "slab linear"  # fp32: the brgemm linear's packs on the engine's own micro-kernel (AVX-512 builds)
-LINEAR_CANDIDATES = (ONEDNN, BRGEMM_LINEAR, SLAB_LINEAR, TORCH_PACKED, STOCK)
+ONEDNN, BRGEMM_LINEAR, SLAB_LINEAR, TORCH_PACKED, STOCK = "oneDNN matmul", "brgemm linear", "slab linear", "torch packed", "stock"
+LINEAR_CANDIDATES = (ONEDNN, BRGEMM_LINEAR, SLAB_LINEAR, TORCH_PACKED, STOCK)  # brgemm, slab: the engine's own (slab: fp32, AVX-512)
 CANDIDATES = {ATTENTION: ATTENTION_CANDIDATES, LINEARS: LINEAR_CANDIDATES}
 KINDS = {V7: "C++", V7_TILES: "C++", V8: "brgemm", "v6 loop, fp32 decodes": "SDPA", "v2 loop": "SDPA", "v3 packed": "SDPA"}  # a caption compares across kinds
 BUSY_PERCENT = 10.0  # other processes' share of the cores above which a measurement is taken again (stricter than a page's 25%)

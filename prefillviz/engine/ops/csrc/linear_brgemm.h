@@ -145,8 +145,8 @@ void brgemm_linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t n
       const int64_t first_row = group * group_rows, last = std::min(m, (group + 1) * group_rows);
       // the next slab (gated: the next gate slab, its up slab units further), spread over the group's rows
       const int64_t lines = k * kSlab * static_cast<int64_t>(sizeof(T)) / 64;
-      const char* next = !own && last - first_row >= kPrefetchRows && s + 1 < units ? reinterpret_cast<const char*>(b + (s + 1) * k * kSlab) : nullptr;
-      const T* ahead = s + 1 < units ? b + (s + 1) * k * kSlab : nullptr;  // the own kernel's: the next slab (gated: its gate slab)
+      const T* ahead = s + 1 < units ? b + (s + 1) * k * kSlab : nullptr;  // the own kernel asks for it as it multiplies, else the epilogue
+      const char* next = !own && last - first_row >= kPrefetchRows ? reinterpret_cast<const char*>(ahead) : nullptr;
       const int64_t per_row = std::min(kPrefetchLines, (lines + last - first_row - 1) / (last - first_row));
       const int64_t up_bytes = units * k * kSlab * static_cast<int64_t>(sizeof(T));  // gate slab -> its up slab
       for (int64_t r0 = first_row; r0 < last; r0 += kCallRows) {

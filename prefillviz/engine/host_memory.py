@@ -15,16 +15,33 @@ same reason; this is the same policy, set through glibc's ``mallopt``:
 
 Elsewhere (macOS, musl, a GPU's memory) nothing is changed; ``PREFILLVIZ_STOCK_MALLOC=1`` leaves
 glibc's defaults (to measure the difference). ``status()`` says what was done.
+
+``huge_page_empty`` gives the brgemm and slab linears' packed weights memory of their own, 2 MiB aligned and
+marked for transparent huge pages (``madvise(MADV_HUGEPAGE)``, Linux). A forward reads every layer's
+weights once, from beyond L2: on 4 KiB pages that is a TLB miss every 4 KiB, and the hardware's
+prefetchers stop at each page's end. Measured on the Xeon with AMX, bf16, the weights moved between
+plain and huge-page memory in one process (alternating pairs, paired medians): a 512-token prefill
+-2.1 and -2.4 ms of 81-84, a one-token step -2.0 ms of 16.3; 2,048 tokens within the noise
+(+2.2 ms of 387, quartiles -4.2, +12.0). Where the kernel has THP off (``never``) or no such advice
+exists, the memory is plain pages: the same numbers either way. ``PREFILLVIZ_NO_HUGE_PAGES=1`` leaves
+them on the heap (to measure the difference).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import math
+import mmap
 import os
 import threading
 
+import torch
+
 STOCK_ENV = "PREFILLVIZ_STOCK_MALLOC"
+NO_HUGE_PAGES_ENV = "PREFILLVIZ_NO_HUGE_PAGES"
+HUGE_PAGE_BYTES = 2 << 20  # x86-64's and arm64's (4 KiB granule) transparent huge page
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024  # glibc's largest: HEAP_MAX_SIZE / 2 on 64-bit
 TRIM_THRESHOLD_BYTES = 256 * 1024 * 1024  # 64 MiB was enough for no faults at 2,048 tokens; the most a peak RSS can grow by
@@ -65,3 +82,56 @@ def _apply() -> str:
         f"glibc {version} malloc keeps freed memory for reuse (blocks up to {MMAP_THRESHOLD_BYTES >> 20} MiB from its heap, "
         f"up to {TRIM_THRESHOLD_BYTES >> 20} MiB of it kept), so a step's tensors don't fault in fresh pages"
     )
+
+
+_arena = threading.local()  # .room: [the region (uint8), its next free offset, its size] while huge_page_arena runs
+
+
+@contextlib.contextmanager
+def huge_page_arena(region_bytes: int = 32 << 20):
+    """While active in this thread, ``huge_page_empty`` carves tensors one after another (4 KiB apart)
+    out of shared 2 MiB-aligned regions of ``region_bytes``, a new region when one is full: weights
+    of 0.6-2 MiB then lie on huge pages too, without a huge page each. A region lives while any
+    tensor carved from it does (the engine's packs of one model: made, used and freed together)."""
+    outer = getattr(_arena, "room", None)
+    _arena.room = [None, 0, region_bytes]
+    try:
+        yield
+    finally:
+        _arena.room = outer
+
+
+def _advised_region(nbytes: int) -> torch.Tensor | None:
+    """nbytes of fresh memory (uint8) starting on a 2 MiB boundary, advised MADV_HUGEPAGE; None where refused."""
+    try:
+        region = mmap.mmap(-1, nbytes + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        region.madvise(mmap.MADV_HUGEPAGE)
+    except (OSError, ValueError):
+        return None
+    raw = torch.frombuffer(region, dtype=torch.uint8)  # keeps `region` mapped as long as a view of it lives
+    start = -raw.data_ptr() % HUGE_PAGE_BYTES
+    return raw[start : start + nbytes]  # the untouched rest of the map is never committed
+
+
+def huge_page_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, bool]:
+    """(an uninitialised CPU tensor, whether its memory is advised for transparent huge pages).
+
+    Inside ``huge_page_arena``: carved from the thread's current region. Outside: a region of its
+    own when it is at least a huge page's worth. Elsewhere (smaller tensors outside an arena, a
+    system without the advice, a refused map, ``PREFILLVIZ_NO_HUGE_PAGES=1``): ``torch.empty``, and False.
+    """
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    room = getattr(_arena, "room", None)
+    carve = room is not None and nbytes <= room[2]
+    if not hasattr(mmap, "MADV_HUGEPAGE") or os.environ.get(NO_HUGE_PAGES_ENV, "").strip() not in ("", "0") or not (carve or nbytes >= HUGE_PAGE_BYTES):
+        return torch.empty(shape, dtype=dtype), False
+    if not carve:
+        raw = _advised_region(nbytes)
+        return (torch.empty(shape, dtype=dtype), False) if raw is None else (raw.view(dtype).view(shape), True)
+    if room[0] is None or room[1] + nbytes > room[2]:
+        room[0], room[1] = _advised_region(room[2]), 0
+        if room[0] is None:
+            return torch.empty(shape, dtype=dtype), False
+    start = room[1]
+    room[1] = start + -(-nbytes // 4096) * 4096
+    return room[0][start : start + nbytes].view(dtype).view(shape), True

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from prefillviz.engine.host_memory import huge_page_arena
 from prefillviz.engine.packed_weights import gated_packs, pack_weight, packed_linear
 
 _models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {linear implementation: LlamaWeights}
@@ -73,6 +74,10 @@ class LlamaWeights:
     """The model's weights as the engine's forward reads them (stacked, packed where the CPU can)."""
 
     def __init__(self, model: torch.nn.Module, implementation: str) -> None:
+        with huge_page_arena():  # the brgemm and slab linears' packs side by side on 2 MiB pages (host_memory)
+            self._make(model, implementation)
+
+    def _make(self, model: torch.nn.Module, implementation: str) -> None:
         decoder = model.model
         self.implementation = implementation
         self.key = _weights_key(model)

@@ -107,3 +107,25 @@ def test_what_it_refuses_says_why(compiled_ops):
         packed = BrgemmLinear(torch.randn(64, 48).to(torch.bfloat16)).packed
         with pytest.raises(RuntimeError, match="fp32 on an AVX-512 build only"):  # the op refuses too
             compiled_ops.brgemm_linear(torch.randn(3, 48).to(torch.bfloat16), packed, 64, False, True)
+
+
+def test_packs_made_in_an_arena_share_its_huge_page_region_and_still_match(compiled_ops, monkeypatch):
+    import mmap
+
+    from prefillviz.engine.host_memory import NO_HUGE_PAGES_ENV, huge_page_arena
+
+    runs_here(compiled_ops, torch.float32, 64)
+    monkeypatch.delenv(NO_HUGE_PAGES_ENV, raising=False)
+    generator = torch.Generator().manual_seed(5)
+    weights = [torch.randn(out, 64, generator=generator) for out in (64, 100, 192)]
+    with huge_page_arena():  # as LlamaWeights packs a model's linears
+        linears = [BrgemmLinear(weight) for weight in weights]
+    advised = hasattr(mmap, "MADV_HUGEPAGE")
+    assert [linear.huge_pages for linear in linears] == [advised] * 3
+    if advised:  # one region, each pack on a 4 KiB boundary of it
+        assert len({linear.packed.untyped_storage().data_ptr() for linear in linears}) == 1
+        assert all(linear.packed.data_ptr() % 4096 == 0 for linear in linears)
+    x = torch.randn(33, 64, generator=generator)
+    for linear, weight in zip(linears, weights):
+        assert_linear_close(linear(x), x, weight)
+    assert not BrgemmLinear(weights[0]).huge_pages  # outside an arena, a pack under 2 MiB stays on the heap

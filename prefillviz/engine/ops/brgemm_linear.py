@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from prefillviz.engine.host_memory import huge_page_empty
 from prefillviz.engine.ops.engine_ops import BRGEMM_DTYPES, brgemm_problem, compiled_status, engine_ops, engine_ops_status
 
 SLAB = 64  # output columns per packed slab of a weight (csrc/linear_brgemm.h)
@@ -76,7 +77,10 @@ class BrgemmLinear:
         with torch.no_grad():
             parts = weight.chunk(2) if gated else (weight,)
             self.out_features = parts[0].shape[0]
-            self.packed = torch.cat([pack_slabs(part) for part in parts])
+            slabs = [pack_slabs(part) for part in parts]
+            # on memory of its own, marked for 2 MiB pages (host_memory.huge_page_empty says why)
+            self.packed, self.huge_pages = huge_page_empty((sum(s.shape[0] for s in slabs), slabs[0].shape[1]), weight.dtype)
+            torch.cat(slabs, out=self.packed)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and x.is_contiguous():  # the engine's forward: (T, K) rows, taken as they are

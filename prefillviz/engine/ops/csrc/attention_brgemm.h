@@ -267,12 +267,18 @@ inline float row_exp2(const float* row, int64_t n, float a, float b, float* p) {
 #endif
 }
 
-// Room for a step's packed K and V, kept by the calling thread and reused at every layer (grown when a
-// step needs more; freed when the thread ends). A tensor per call was freed between the captures an
-// inspection pass keeps, and the heap (its freed memory kept for reuse: engine/host_memory.py) did not
-// reuse the holes: a 4,096-token fp32 inspection's peak RSS grew from 2.6 to 3.8 GB.
-template <typename T>
-T* packing_buffer(int64_t elements) {
+// Room for `elements` of T kept by the calling thread between calls, one buffer per Slot, cache-line
+// aligned, its contents whatever the last call left (grown when a call needs more; freed when the thread
+// ends). Slot 0: a step's packed K and V (the calling thread's, reused at every layer): a tensor per call
+// was freed between the captures an inspection pass keeps, and the heap (its freed memory kept for reuse:
+// engine/host_memory.py) did not reuse the holes: a 4,096-token fp32 inspection's peak RSS grew from 2.6
+// to 3.8 GB. The other slots: each thread's scratch in v8 and the brgemm linear (16-128 KB), which had been
+// vectors made and zeroed per parallel region, ~420 a 512-token prefill: perf put glibc's malloc, free and
+// memset at ~1.3 ms of its main thread. Kept instead (the Xeon with AMX, A/B in one process, alternating
+// pairs, paired medians): bf16 512 tokens 83.9 -> 80.9 ms, 2,048 tokens -14.7 ms of ~400, fp32 512 tokens
+// -8.3 ms of ~348; a one-token step the same.
+template <typename T, int Slot = 0>
+T* thread_buffer(int64_t elements) {
   constexpr int64_t kAlign = 64 / sizeof(T);  // a cache line
   thread_local std::vector<T> buffer;
   if (static_cast<int64_t>(buffer.size()) < elements + kAlign) {
@@ -282,6 +288,7 @@ T* packing_buffer(int64_t elements) {
   const auto address = reinterpret_cast<std::uintptr_t>(buffer.data());
   return buffer.data() + (kAlign - address / sizeof(T) % kAlign) % kAlign;
 }
+enum ThreadBufferSlot { kPackedKV = 0, kScores, kAccumulator, kProbabilities, kLinearSums };
 
 // A paged step's attention in T (bf16 or fp32): q (T, H D) rows (unit inner stride), the caches
 // (blocks, block size, KVH, D), every request's context slots one after another, and per request
@@ -312,7 +319,7 @@ void brgemm_paged_impl(const at::Tensor& q, const at::Tensor& key_cache, const a
     for (int64_t head = 0; head < heads; ++head)
       for (int64_t first = 0; first < queries; first += kQRows) tasks.push_back({r, head, first});
   }
-  T* pk = packing_buffer<T>(2 * base[requests]);  // per 64 keys: K^T [D, 64] (VNNI in bf16)
+  T* pk = thread_buffer<T, kPackedKV>(2 * base[requests]);  // per 64 keys: K^T [D, 64] (VNNI in bf16)
   T* pv = pk + base[requests];                    // per 64 columns of D: V [padded, 64] (VNNI in bf16)
   const T* kc = key_cache.data_ptr<T>();
   const T* vc = value_cache.data_ptr<T>();
@@ -370,8 +377,10 @@ void brgemm_paged_impl(const at::Tensor& q, const at::Tensor& key_cache, const a
     return -1;
   };
   at::parallel_for(0, threads, 1, [&](int64_t own, int64_t) {
-    std::vector<float> scores(kQRows * kKeyBlock), acc(kQRows * dim), top(kQRows), total(kQRows);
-    std::vector<T> probs(kQRows * kKeyBlock);
+    float* const scores = thread_buffer<float, kScores>(kQRows * kKeyBlock);
+    float* const acc = thread_buffer<float, kAccumulator>(kQRows * dim);
+    T* const probs = thread_buffer<T, kProbabilities>(kQRows * kKeyBlock);
+    std::array<float, kQRows> top, total;
     for (int64_t turn = 0, z; (z = next_task(own, turn)) >= 0;) {
       const auto [r, head, first] = tasks[z];
       const int64_t start = m[4 * r], cached = m[4 * r + 2], rows = std::min(kQRows, m[4 * r + 1] - first), h = head / group, pad = padded[r];
@@ -384,7 +393,7 @@ void brgemm_paged_impl(const at::Tensor& q, const at::Tensor& key_cache, const a
       for (int64_t key = 0; key < seen; key += kKeyBlock) {
         const int64_t cols = std::min(kKeyBlock, seen - key), padded_cols = (cols + kPack - 1) / kPack * kPack;
         for (int64_t b = 0; b < padded_cols; b += kblock)  // kblock divides kKeyBlock: key starts a packed block
-          cpublas::brgemm(rows, std::min(kblock, padded_cols - b), dim, q_stride, kblock, kKeyBlock, false, qrows, head_k + (key + b) * dim, scores.data() + b);
+          cpublas::brgemm(rows, std::min(kblock, padded_cols - b), dim, q_stride, kblock, kKeyBlock, false, qrows, head_k + (key + b) * dim, scores + b);
         // the block's softmax in three passes over its rows, each row's work independent of the other rows'
         // in a pass, so that the CPU overlaps them: each row's max, its exponentials and their sum, then the
         // running max and sum and the accumulator's rescaling. One pass a row (max, exp, then the rest)
@@ -394,11 +403,11 @@ void brgemm_paged_impl(const at::Tensor& q, const at::Tensor& key_cache, const a
         std::array<float, kQRows> high, sum;
         for (int64_t i = 0; i < rows; ++i) {
           live[i] = std::max<int64_t>(0, std::min(cols, cached + first + i + 1 - key));  // keys row i sees here
-          high[i] = live[i] > 0 ? std::max(top[i], row_max(scores.data() + i * kKeyBlock, live[i]) * log2_scale) : top[i];
+          high[i] = live[i] > 0 ? std::max(top[i], row_max(scores + i * kKeyBlock, live[i]) * log2_scale) : top[i];
         }
         for (int64_t i = 0; i < rows; ++i) {
-          const float* row = scores.data() + i * kKeyBlock;
-          T* p = probs.data() + i * kKeyBlock;
+          const float* row = scores + i * kKeyBlock;
+          T* p = probs + i * kKeyBlock;
           sum[i] = live[i] == 0 ? 0.f : native ? row_exp2<NATIVE_ROUND>(row, live[i], log2_scale, high[i], p) : row_exp2<AtenRound>(row, live[i], log2_scale, high[i], p);
           std::fill(p + live[i], p + padded_cols, T(0.f));
         }
@@ -409,15 +418,15 @@ void brgemm_paged_impl(const at::Tensor& q, const at::Tensor& key_cache, const a
           total[i] = total[i] * shrink + sum[i];
           top[i] = high[i];
           if (key > 0 && shrink != 1.f) {
-            float* a = acc.data() + i * dim;
+            float* a = acc + i * dim;
             for (int64_t d = 0; d < dim; d += kW) (Vec::loadu(a + d) * Vec(shrink)).store(a + d);
           }
         }
         for (int64_t c = 0; c < dim; c += kPack)
-          cpublas::brgemm(rows, kPack, padded_cols, kKeyBlock, kPack, dim, key > 0, probs.data(), head_v + c * pad + key * kPack, acc.data() + c);
+          cpublas::brgemm(rows, kPack, padded_cols, kKeyBlock, kPack, dim, key > 0, probs, head_v + c * pad + key * kPack, acc + c);
       }
       for (int64_t i = 0; i < rows; ++i) {  // out = acc / total, rounded to nearest even (as T(x)) in the same pass
-        const float* a = acc.data() + i * dim;
+        const float* a = acc + i * dim;
         const Vec inv(1.f / total[i]);
         T* o = od + (start + first + i) * heads * dim + head * dim;
         for (int64_t d = 0; d < dim; d += 2 * kW) store_pair<AtenRound>(o + d, Vec::loadu(a + d) * inv, Vec::loadu(a + d + kW) * inv);

@@ -137,8 +137,7 @@ void brgemm_linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t n
     cpublas::brgemm(rows, kSlab, k, k, kSlab, ldc, false, xr, slab, c, vnni);
   };
   at::parallel_for(0, groups * units, 1, [&](int64_t begin, int64_t end) {  // group-major: a thread keeps its rows
-    std::vector<float> sums((gated ? 2 : 1) * kCallRows * kSlab);
-    float* cg = sums.data();
+    float* cg = thread_buffer<float, kLinearSums>((gated ? 2 : 1) * kCallRows * kSlab);
     float* cu = gated ? cg + kCallRows * kSlab : nullptr;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t group = item / units, s = item % units, col = s * kSlab, width = std::min(kSlab, n - col);

@@ -94,7 +94,8 @@ class CompiledOps:
         return cos.contiguous(), sin.contiguous()  # (T, D)
 
     def add_rms_norm(self, residual: torch.Tensor | None, h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        return self.ops.rms_norm(h, weight, eps) if residual is None else self.ops.add_rms_norm(residual, h, weight, eps)
+        # the norm over `residual` (a linear's output, dead after the add, still in L2), as vLLM's fused_add_rms_norm
+        return self.ops.rms_norm(h, weight, eps) if residual is None else self.ops.add_rms_norm(residual, h, weight, eps, True)
 
     def rope_qkv(self, qkv: torch.Tensor, cos, sin, meta, index: int, heads: tuple[int, int, int]):
         """q and k rotated in place, k and v written to the cache in the same call."""
@@ -105,7 +106,7 @@ class CompiledOps:
         return rows[:, :H], rows[:, H : H + KVH], rows[:, H + KVH :], qkv, True
 
     def final_norm(self, residual: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, keep: torch.Tensor) -> torch.Tensor:
-        return self.ops.add_rms_norm(residual, h, weight, eps).index_select(0, keep)
+        return self.ops.add_rms_norm(residual, h, weight, eps, True).index_select(0, keep)
 
 
 class _NoSpans:

@@ -195,10 +195,13 @@ def test_ops_match_plain_torch_on_their_one_pass_and_general_paths(compiled_ops,
     generator = torch.Generator().manual_seed(0)
     x, residual = (torch.randn(33, width, generator=generator).to(dtype) for _ in range(2))
     weight = torch.randn(width, generator=generator).to(dtype)
-    summed = residual + x
+    summed, before = residual + x, residual.clone()
     normed = compiled_ops.add_rms_norm(x, residual, weight, 1e-5)
     assert torch.equal(residual, summed)  # h += x, rounded once, as torch's add
     assert_within(normed, rms_norm(summed, weight, 1e-5), allowed_difference(dtype, normed, OP_STEPS), "add_rms_norm")
+    over, again = x.clone(), before.clone()  # in place (the forward's): the same bits, written over x
+    assert compiled_ops.add_rms_norm(over, again, weight, 1e-5, True).data_ptr() == over.data_ptr()
+    assert torch.equal(over, normed) and torch.equal(again, summed)
     gate_up = (3 * torch.randn(33, 2 * width, generator=generator)).to(dtype)
     got = compiled_ops.silu_mul(gate_up)
     assert_within(got, silu_mul(gate_up), allowed_difference(dtype, got, OP_STEPS), "silu_mul")

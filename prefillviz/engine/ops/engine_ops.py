@@ -123,6 +123,9 @@ def _check_ops(ops, dtype: torch.dtype, generator: torch.Generator) -> str:
     summed = residual + x
     if not close(ops.add_rms_norm(x, residual, weight, 1e-5), rms_norm(summed, weight, 1e-5)) or not close(residual, summed):
         return f"add_rms_norm, {dtype}"
+    over = x.clone()  # in_place: the norm written over x (the forward's), the residual added as before
+    if ops.add_rms_norm(over, summed.clone(), weight, 1e-5, True).data_ptr() != over.data_ptr() or not close(over, rms_norm(summed + x, weight, 1e-5)):
+        return f"add_rms_norm in place, {dtype}"
     for width in (48, 64):  # the general path and the one-pass path (whole pairs of vectors)
         gate_up = torch.randn(5, 2 * width, generator=generator).to(dtype)
         if not close(ops.silu_mul(gate_up), silu_mul(gate_up)):

@@ -2,7 +2,7 @@
 //
 // One op per step of a decoder layer that plain torch runs as several:
 //   rms_norm          RMSNorm of each row, in fp32, rounded as transformers rounds it
-//   add_rms_norm      residual += x, then RMSNorm of the new residual (vLLM's fused_add_rms_norm)
+//   add_rms_norm      residual += x, then RMSNorm of the new residual (vLLM's fused_add_rms_norm), new or over x
 //   silu_mul          silu(gate) * up over the stacked [gate | up] projection
 //   rope_write_kv     RoPE on the q and k of the stacked [q | k | v] projection, in place, and
 //                     the step's K and V written into the paged cache through the slot mapping
@@ -728,11 +728,15 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return out;
 }
 
-at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
+// in_place: the norm is written over x (vLLM's fused_add_rms_norm), which each row reads whole before its
+// norm is written. The forward's x is a linear's output, dead after the add and still in L2, where a fresh
+// tensor's lines come from beyond it. On the Xeon with AMX, A/B in one process (alternating pairs, paired
+// medians): bf16 512 tokens -0.5 and -0.6 ms of 78, 2,048 tokens -3.4 of 371; fp32 512 tokens -3.4 of 326.
+at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps, bool in_place) {
   check_dtype(x, "x");
   TORCH_CHECK(x.is_contiguous() && residual.is_contiguous() && weight.is_contiguous(), "add_rms_norm: contiguous tensors");
   TORCH_CHECK(residual.scalar_type() == x.scalar_type() && weight.scalar_type() == x.scalar_type() && residual.sizes() == x.sizes(), "add_rms_norm: one dtype and shape");
-  at::Tensor out = at::empty_like(x);
+  at::Tensor out = in_place ? x : at::empty_like(x);
   by_dtype_and_rounding(x.scalar_type(), [&](auto t, auto r) { add_rms_norm_impl<decltype(t), decltype(r)>(x, residual, weight, out, eps); });
   return out;
 }
@@ -793,7 +797,7 @@ void set_bf16_dot_products(bool on) { bf16_dot = on; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm);
-  m.def("add_rms_norm", &add_rms_norm);
+  m.def("add_rms_norm", &add_rms_norm, pybind11::arg("x"), pybind11::arg("residual"), pybind11::arg("weight"), pybind11::arg("eps"), pybind11::arg("in_place") = false);
   m.def("silu_mul", &silu_mul);
   m.def("rope_write_kv", &rope_write_kv);
   m.def("paged_attention", &paged_attention);

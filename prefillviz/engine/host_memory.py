@@ -16,15 +16,16 @@ same reason; this is the same policy, set through glibc's ``mallopt``:
 Elsewhere (macOS, musl, a GPU's memory) nothing is changed; ``PREFILLVIZ_STOCK_MALLOC=1`` leaves
 glibc's defaults (to measure the difference). ``status()`` says what was done.
 
-``huge_page_empty`` gives the brgemm and slab linears' packed weights memory of their own, 2 MiB aligned and
-marked for transparent huge pages (``madvise(MADV_HUGEPAGE)``, Linux). A forward reads every layer's
-weights once, from beyond L2: on 4 KiB pages that is a TLB miss every 4 KiB, and the hardware's
-prefetchers stop at each page's end. Measured on the Xeon with AMX, bf16, the weights moved between
-plain and huge-page memory in one process (alternating pairs, paired medians): a 512-token prefill
--2.1 and -2.4 ms of 81-84, a one-token step -2.0 ms of 16.3; 2,048 tokens within the noise
-(+2.2 ms of 387, quartiles -4.2, +12.0). Where the kernel has THP off (``never``) or no such advice
-exists, the memory is plain pages: the same numbers either way. ``PREFILLVIZ_NO_HUGE_PAGES=1`` leaves
-them on the heap (to measure the difference).
+``huge_page_arena`` and ``huge_page_empty`` put the brgemm and slab linears' packed weights on memory
+of their own, advised for transparent huge pages (``madvise(MADV_HUGEPAGE)``, Linux): a model's packs
+carved side by side out of 2 MiB-aligned regions, so packs under 2 MiB lie on huge pages too. A
+forward reads every layer's weights once, from beyond L2. Measured on the Xeon with AMX, the packs
+moved between huge-page and plain memory in one process (alternating pairs, paired medians): bf16 512
+tokens -1.65 to -2.35 ms of 75-84 in four runs, a one-token step -2.0 of 15.6; bf16 2,048 tokens and
+fp32 512 within their noise (quartiles from -5 to +12 ms). In separate processes, with the weights
+undisturbed between prefills, no difference within a ±3 ms spread. Where the kernel has THP off
+(``never``), or the system has no such advice, the memory is plain pages. ``PREFILLVIZ_NO_HUGE_PAGES=1``
+leaves the packs on the heap (to measure the difference).
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def huge_page_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.T
     own when it is at least a huge page's worth. Elsewhere (smaller tensors outside an arena, a
     system without the advice, a refused map, ``PREFILLVIZ_NO_HUGE_PAGES=1``): ``torch.empty``, and False.
     """
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     room = getattr(_arena, "room", None)
     carve = room is not None and nbytes <= room[2]
     if not hasattr(mmap, "MADV_HUGEPAGE") or os.environ.get(NO_HUGE_PAGES_ENV, "").strip() not in ("", "0") or not (carve or nbytes >= HUGE_PAGE_BYTES):

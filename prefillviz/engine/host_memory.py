@@ -122,17 +122,24 @@ def huge_page_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.T
     system without the advice, a refused map, ``PREFILLVIZ_NO_HUGE_PAGES=1``): ``torch.empty``, and False.
     """
     nbytes = math.prod(shape) * dtype.itemsize
-    room = getattr(_arena, "room", None)
-    carve = room is not None and nbytes <= room[2]
-    if not hasattr(mmap, "MADV_HUGEPAGE") or os.environ.get(NO_HUGE_PAGES_ENV, "").strip() not in ("", "0") or not (carve or nbytes >= HUGE_PAGE_BYTES):
+    raw = None
+    if hasattr(mmap, "MADV_HUGEPAGE") and os.environ.get(NO_HUGE_PAGES_ENV, "").strip() in ("", "0"):
+        room = getattr(_arena, "room", None)
+        if room is not None and nbytes <= room[2]:
+            raw = _carve(room, nbytes)
+        elif nbytes >= HUGE_PAGE_BYTES:
+            raw = _advised_region(nbytes)
+    if raw is None:
         return torch.empty(shape, dtype=dtype), False
-    if not carve:
-        raw = _advised_region(nbytes)
-        return (torch.empty(shape, dtype=dtype), False) if raw is None else (raw.view(dtype).view(shape), True)
+    return raw.view(dtype).view(shape), True
+
+
+def _carve(room: list, nbytes: int) -> torch.Tensor | None:
+    """nbytes (uint8) from the arena's current region, on a 4 KiB boundary; a new region when it is full."""
     if room[0] is None or room[1] + nbytes > room[2]:
         room[0], room[1] = _advised_region(room[2]), 0
         if room[0] is None:
-            return torch.empty(shape, dtype=dtype), False
+            return None
     start = room[1]
     room[1] = start + -(-nbytes // 4096) * 4096
-    return room[0][start : start + nbytes].view(dtype).view(shape), True
+    return room[0][start : start + nbytes]

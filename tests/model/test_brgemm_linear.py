@@ -87,6 +87,34 @@ def test_two_threads_on_one_weight(compiled_ops, own):
     assert_linear_close_from_two_threads(linear, weight, (1, 17, 300, 3), loops=20)
 
 
+@pytest.mark.parametrize("threads", [1, 3, 5])
+@pytest.mark.parametrize("dtype,own", KERNELS)
+def test_the_thread_counts_of_other_machines(compiled_ops, dtype, own, threads):
+    """A machine with more cores than CI's two splits the rows into more groups (one a thread, each of
+    at least 128 rows), and each thread's run of tasks may start in the middle of a group's slabs; one
+    thread runs every task. Each output still comes from one micro-kernel call over the whole of K, so
+    the slab linear (K in order) gives the same bits as on two threads, and oneDNN's within the bound."""
+    runs_here(compiled_ops, dtype, 64, own)
+    generator = torch.Generator().manual_seed(6)
+    weight, gate_up = torch.randn(200, 64, generator=generator).to(dtype), torch.randn(256, 64, generator=generator).to(dtype)
+    plain, gated = BrgemmLinear(weight, own=own), BrgemmLinear(gate_up, gated=True, own=own)
+    xs = [torch.randn(rows, 64, generator=generator).to(dtype) for rows in (5, 300, 700, 1100)]
+    on_two = [(plain(x), gated(x)) for x in xs]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        on_these = [(plain(x), gated(x)) for x in xs]
+    finally:
+        torch.set_num_threads(before)
+    for x, (got, got_gated), (want, want_gated) in zip(xs, on_these, on_two):
+        assert_linear_close(got, x, weight)
+        if own:
+            assert torch.equal(got, want) and torch.equal(got_gated, want_gated)
+        else:
+            wanted, bound = linear_checks.activation_bound(F.linear(x.float(), gate_up.float()), linear_checks.linear_tolerance(x, gate_up), dtype)
+            assert float(((got_gated.float() - wanted).abs() - bound).max()) <= 0
+
+
 def test_what_it_refuses_says_why(compiled_ops):
     assert "odd" in brgemm_linear_why("cpu", torch.bfloat16, 47)
     assert "bf16 and fp32 only" in brgemm_linear_why("cpu", torch.float16, 48)

@@ -155,6 +155,26 @@ def test_brgemm_kernel_matches_the_oracle(compiled_ops, requests, heads, block_s
     assert difference > 0 or dtype == torch.float32
 
 
+@pytest.mark.parametrize("threads", [1, 3, 5])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_brgemm_kernel_at_the_thread_counts_of_other_machines(compiled_ops, threads, dtype):
+    """A machine with more cores than CI's two splits v8's tasks into more runs (a thread done with its
+    own takes from the others'); one thread runs them all. A task (a request's head and 64 query rows)
+    is one thread's whole, in the same calls whoever runs it: the same bits as on two threads."""
+    brgemm_runs(dtype)
+    inputs = random_step([(0, 200), (64, 150), (30, 1)], 9, 3, 64, block_size=16, dtype=dtype, seed=6)
+    on_two = BRGEMM(*inputs.arguments())
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        difference, allowed = check_paged(BRGEMM, inputs)
+        got = BRGEMM(*inputs.arguments())
+    finally:
+        torch.set_num_threads(before)
+    assert difference <= min(allowed, allowed_for(inputs))
+    assert torch.equal(got, on_two)
+
+
 def test_brgemm_kernel_refuses_what_it_cannot_run(compiled_ops, tiny_llama):
     from prefillviz.engine import dispatch_tuning
 

@@ -93,20 +93,20 @@ def test_the_thread_counts_of_other_machines(compiled_ops, dtype, own, threads):
     """A machine with more cores than CI's two splits the rows into more groups (one a thread, each of
     at least 128 rows), and each thread's run of tasks may start in the middle of a group's slabs; one
     thread runs every task. Each output still comes from one micro-kernel call over the whole of K, so
-    the slab linear (K in order) gives the same bits as on two threads, and oneDNN's within the bound."""
+    the slab linear (K in order) gives the same bits as at the default count, and oneDNN's within the bound."""
     runs_here(compiled_ops, dtype, 64, own)
     generator = torch.Generator().manual_seed(6)
     weight, gate_up = torch.randn(200, 64, generator=generator).to(dtype), torch.randn(256, 64, generator=generator).to(dtype)
     plain, gated = BrgemmLinear(weight, own=own), BrgemmLinear(gate_up, gated=True, own=own)
     xs = [torch.randn(rows, 64, generator=generator).to(dtype) for rows in (5, 300, 700, 1100)]
-    on_two = [(plain(x), gated(x)) for x in xs]
+    by_default = [(plain(x), gated(x)) for x in xs]  # CI's two threads; a test machine's own count
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
         on_these = [(plain(x), gated(x)) for x in xs]
     finally:
         torch.set_num_threads(before)
-    for x, (got, got_gated), (want, want_gated) in zip(xs, on_these, on_two):
+    for x, (got, got_gated), (want, want_gated) in zip(xs, on_these, by_default):
         assert_linear_close(got, x, weight)
         if own:
             assert torch.equal(got, want) and torch.equal(got_gated, want_gated)

@@ -160,10 +160,10 @@ def test_brgemm_kernel_matches_the_oracle(compiled_ops, requests, heads, block_s
 def test_brgemm_kernel_at_the_thread_counts_of_other_machines(compiled_ops, threads, dtype):
     """A machine with more cores than CI's two splits v8's tasks into more runs (a thread done with its
     own takes from the others'); one thread runs them all. A task (a request's head and 64 query rows)
-    is one thread's whole, in the same calls whoever runs it: the same bits as on two threads."""
+    is one thread's whole, in the same calls whoever runs it: the same bits as at the default count."""
     brgemm_runs(dtype)
     inputs = random_step([(0, 200), (64, 150), (30, 1)], 9, 3, 64, block_size=16, dtype=dtype, seed=6)
-    on_two = BRGEMM(*inputs.arguments())
+    by_default = BRGEMM(*inputs.arguments())  # CI's two threads; a test machine's own count
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
@@ -172,7 +172,7 @@ def test_brgemm_kernel_at_the_thread_counts_of_other_machines(compiled_ops, thre
     finally:
         torch.set_num_threads(before)
     assert difference <= min(allowed, allowed_for(inputs))
-    assert torch.equal(got, on_two)
+    assert torch.equal(got, by_default)
 
 
 def test_brgemm_kernel_refuses_what_it_cannot_run(compiled_ops, tiny_llama):

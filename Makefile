@@ -9,9 +9,9 @@
 # make vllm       - real vLLM in .venv-vllm of its own, for the side-by-side views, tests and bench (~6 min, once)
 # make space-venv - the Space simulation's venv, .venv-space: requirements.txt only (~1.5 min, once per requirements.txt)
 # make vllm-serve - real `vllm serve` with the bundled model on http://127.0.0.1:8000, for the "Your server" page and probe-server
-# make ops        - the engine's C++ CPU ops for this CPU (prefillviz/engine/ops/engine_ops.py; ~40 s once, every target above runs it;
+# make ops        - the engine's C++ CPU ops for this CPU (prefillviz/backends/ops/engine_ops.py; ~40 s once, every target above runs it;
 #                   where it can't build, the engine runs plain torch ops and says why), and its linears on
-#                   oneDNN's matmul primitive (prefillviz/engine/ops/onednn_linear.py; Debian's libdnnl-dev, installed as root; ~30 s)
+#                   oneDNN's matmul primitive (prefillviz/backends/ops/onednn_linear.py; Debian's libdnnl-dev, installed as root; ~30 s)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -38,14 +38,14 @@ install: $(STAMP) ops
 # a failed build is not an error: the engine runs the same forward with plain torch ops, and
 # packs its linears with torch's op where oneDNN's matmul is missing. Debian's oneDNN
 # (libdnnl-dev, ~7 MB) is installed here where make runs as root with apt-get; elsewhere
-# install it yourself (prefillviz/engine/ops/onednn_linear.py says why it is not used).
+# install it yourself (prefillviz/backends/ops/onednn_linear.py says why it is not used).
 ops: $(STAMP)
-	-$(PY) -m prefillviz.engine.ops.engine_ops --build
+	-$(PY) -m prefillviz.backends.ops.engine_ops --build
 	-@test -e /usr/include/oneapi/dnnl/dnnl.hpp || ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] || \
 		{ echo "installing Debian's oneDNN (libdnnl-dev) for the engine's matmuls"; \
 		  apt-get install -y -qq --no-install-recommends libdnnl-dev >/dev/null 2>&1 || \
 		  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends libdnnl-dev >/dev/null 2>&1; }; }
-	-$(PY) -m prefillviz.engine.ops.onednn_linear --build
+	-$(PY) -m prefillviz.backends.ops.onednn_linear --build
 
 run: install
 	$(PY) -m streamlit run app.py

@@ -7,7 +7,7 @@ prints the attention-kernel benchmark, time and peak memory vs N for every kerne
 ``prefillviz/kernels/`` (see ``experiments/kernel_bench.py``). ``probe-server`` measures an
 OpenAI-compatible server from outside (see ``probe/``). ``tune`` times the engine's
 candidate implementations on this machine and prints the measured dispatch
-(``engine/dispatch.py``); ``--again`` measures even when a fresh table is cached.
+(``backends/dispatch.py``); ``--again`` measures even when a fresh table is cached.
 
 Every size option is checked before the work starts (against the model's context right after it
 loads): a bad one is one ``error:`` line naming the option, the value and the limit, exit status 2.
@@ -53,8 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--top-p", type=float, default=1.0)
         command.add_argument("--seed", type=int, default=None)
         command.add_argument(
+            "--backend", default="measured", choices=["measured", "torch"],
+            help="measured: the fastest kernels this machine ran (prefillviz/backends); torch: the textbook's plain torch ops",
+        )
+        command.add_argument(
             "--pack-weights", default="auto", choices=["auto", "on", "off"],
-            help="pre-pack the linear weights on a CPU; auto: only when decoding (--max-new-tokens > 1), since for one forward packing costs more than it saves",
+            help="the measured backend's linears packed once on a CPU; auto: only when decoding (--max-new-tokens > 1), "
+            "since for one forward packing costs more than it saves",
         )
     run.add_argument("--json", action="store_true", help="print one JSON object")
     trace.add_argument("--level", default="inspect", choices=["none", "timing", "inspect", "profile"])
@@ -150,13 +155,12 @@ def _run_prompt(args: argparse.Namespace, capture_level: str = "none", profile_d
             token_budget=args.token_budget,
             enable_prefix_caching=not args.no_prefix_cache,
             enable_chunked_prefill=not args.no_chunking,
-            pack_linear_weights=packs_weights(args),
         )
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
     num_prompt_tokens, context = len(loaded.tokenizer(args.prompt)["input_ids"]), loaded.info.max_context
     with option_named(f"--max-new-tokens {args.max_new_tokens}" if not context or num_prompt_tokens < context else "--prompt"):
         check_context(num_prompt_tokens, args.max_new_tokens, context, loaded.model_id)  # before the engine, which may first measure its dispatch
-    engine = LLMEngine(loaded.model, loaded.tokenizer, config, model_id=loaded.model_id)
+    engine = LLMEngine(loaded.model, loaded.tokenizer, config, model_id=loaded.model_id, backend=backend_of(args))
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
     )
@@ -166,13 +170,23 @@ def _run_prompt(args: argparse.Namespace, capture_level: str = "none", profile_d
 
 def packs_weights(args: argparse.Namespace) -> bool:
     """Whether ``run``/``trace`` pre-pack the linears: packing (a copy of every weight) pays off over many steps, not one."""
-    return args.pack_weights == "on" or (args.pack_weights == "auto" and args.max_new_tokens > 1)
+    return args.backend == "measured" and (args.pack_weights == "on" or (args.pack_weights == "auto" and args.max_new_tokens > 1))
+
+
+def backend_of(args: argparse.Namespace):
+    """The backend ``--backend`` and ``--pack-weights`` ask for."""
+    from prefillviz.backends.measured import MEASURED, STOCK_LINEARS
+    from prefillviz.engine.backend import TorchBackend
+
+    if args.backend == "torch":
+        return TorchBackend()
+    return MEASURED if packs_weights(args) else STOCK_LINEARS
 
 
 def run_command(args: argparse.Namespace) -> dict:
-    from prefillviz.engine.dispatch_tables import summary as dispatch_summary
-    from prefillviz.engine.forward_status import forward_label
-    from prefillviz.engine.packed_weights import linear_weights_label
+    from prefillviz.backends.dispatch_tables import summary as dispatch_summary
+    from prefillviz.backends.labels import forward_label
+    from prefillviz.backends.packed_weights import linear_weights_label
     from prefillviz.measure.dtype_speed import dtype_speed
 
     loaded, trace, request_id = _run_prompt(args)
@@ -188,9 +202,11 @@ def run_command(args: argparse.Namespace) -> dict:
         "first_token_id": first_token_id,
         "time_to_first_token_s": record.time_to_first_token_s,
         "num_steps": trace.num_steps,
-        "linear_layers": linear_weights_label(loaded.model, with_reason=True) if packs_weights(args) else "stock linear layers (--pack-weights off, or auto with one forward)",
-        "forward": forward_label(loaded.model, "none", with_reason=True),
-        "dispatch": dispatch_summary(loaded.model, trace),
+        "backend": args.backend,
+        "linear_layers": linear_weights_label(loaded.model, with_reason=True) if packs_weights(args) else
+        "stock linear layers (--backend torch, --pack-weights off, or auto with one forward)",
+        "forward": forward_label(loaded.model, backend_of(args), with_reason=True),
+        "dispatch": dispatch_summary(loaded.model, trace) if args.backend == "measured" else None,
         "dtype_note": "",
     }
     if args.dtype not in ("auto", "float32") and loaded.device.type == "cpu":  # asked for a 16-bit dtype: is it slow here?
@@ -199,8 +215,8 @@ def run_command(args: argparse.Namespace) -> dict:
 
 
 def tune_command(args: argparse.Namespace) -> dict:
-    from prefillviz.engine.dispatch_tables import summary as dispatch_summary
-    from prefillviz.engine.dispatch_tables import table_for
+    from prefillviz.backends.dispatch_tables import summary as dispatch_summary
+    from prefillviz.backends.dispatch_tables import table_for
     from prefillviz.loading.models import load_model
 
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
@@ -235,7 +251,7 @@ def bench_command(args: argparse.Namespace) -> dict:
 
 
 def kernels_command(args: argparse.Namespace) -> dict:
-    from prefillviz.engine.devices import require_dtype, resolve_device, resolve_dtype
+    from prefillviz.machine.devices import require_dtype, resolve_device, resolve_dtype
     from prefillviz.measure.kernel_bench import benchmark_json, check_sizes, run_kernel_benchmark
 
     try:

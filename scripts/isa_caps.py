@@ -60,7 +60,7 @@ ONEDNN_CAPS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE"
                "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16")
 ATEN_CAPS = ("default", "avx2", "avx512")  # torch's x86 capabilities, lowest first
 ONEDNN_FOR_ATEN = {"default": "AVX", "avx2": "AVX2_VNNI"}  # the most oneDNN a CPU of that level has (no AVX2; no AVX-512) that both oneDNNs know (2.6 ignores AVX2_VNNI_2)
-BUILT_PER_CAPABILITY = {"default": "DEFAULT", "avx2": "AVX2"}  # prefillviz/engine/ops/cpp_build.py's names for a lower cap's build
+BUILT_PER_CAPABILITY = {"default": "DEFAULT", "avx2": "AVX2"}  # prefillviz/backends/ops/cpp_build.py's names for a lower cap's build
 CAP_ENVS = ("DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
 SWITCHES = {  # a switch: what must be on here for it to change anything, and what the engine runs instead
     "PREFILLVIZ_NO_ENGINE_OPS": ("engine_ops", "plain torch ops instead of the engine's C++ ops"),
@@ -69,7 +69,7 @@ SWITCHES = {  # a switch: what must be on here for it to change anything, and wh
     "PREFILLVIZ_STOCK_LINEARS": ("packing", "stock linears instead of packed ones"),
     "PREFILLVIZ_STOCK_FORWARD": ("", "the stock transformers forward instead of the engine's own"),
 }
-FORCE_ENVS = {"attention": "PREFILLVIZ_ATTENTION", "linears": "PREFILLVIZ_LINEARS"}  # prefillviz/engine/dispatch.py's FORCE_ENV
+FORCE_ENVS = {"attention": "PREFILLVIZ_ATTENTION", "linears": "PREFILLVIZ_LINEARS"}  # prefillviz/backends/dispatch.py's FORCE_ENV
 CLEARED_ENVS = (*CAP_ENVS, *SWITCHES, *FORCE_ENVS.values(), "ONEDNN_VERBOSE", "DNNL_VERBOSE")  # no run inherits these
 
 KERNELS = ("tests/model/test_paged_kernels.py", "tests/model/test_onednn_linear.py", "tests/model/test_brgemm_linear.py")
@@ -135,7 +135,7 @@ def probe() -> dict:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from prefillviz.engine.ops import cpp_build, engine_ops, onednn_linear
+    from prefillviz.backends.ops import cpp_build, engine_ops, onednn_linear
 
     def built(folder: str, name: str) -> bool:  # where cpp_build.load looks
         return (cpp_build.BUILD_ROOT / folder / name / f"{name}.so").exists()
@@ -159,7 +159,7 @@ def probe() -> dict:
     found["onednn_linear"] = {"loaded": module is not None, "why": why, "runs": runs, "buildable": buildable,
                               "built": buildable and built(onednn_linear.FOLDER, onednn_linear.build_name(cap))}
     if "--statuses" in sys.argv:  # the forced candidates: which can run here, per dtype (a tiny Llama: nothing loads)
-        from prefillviz.engine import dispatch, dispatch_tuning
+        from prefillviz.backends import dispatch, dispatch_tuning
         from tests.tiny_models import make_tiny_llama
 
         model = make_tiny_llama()
@@ -442,9 +442,9 @@ def builds_needed(found: dict) -> list[str]:
     """The modules a lower ATEN_CPU_CAPABILITY would load but finds unbuilt: python -m targets to build."""
     needed = []
     if not found.get("engine_ops", {}).get("built"):
-        needed.append("prefillviz.engine.ops.engine_ops")
+        needed.append("prefillviz.backends.ops.engine_ops")
     if found.get("onednn_linear", {}).get("buildable") and not found.get("onednn_linear", {}).get("built"):
-        needed.append("prefillviz.engine.ops.onednn_linear")
+        needed.append("prefillviz.backends.ops.onednn_linear")
     return needed
 
 

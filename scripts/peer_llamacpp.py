@@ -30,13 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from prefillviz.engine.config import EngineConfig  # noqa: E402
-from prefillviz.engine.devices import machine_name  # noqa: E402
 from prefillviz.engine.engine import LLMEngine  # noqa: E402
 from prefillviz.engine.request import SamplingParams  # noqa: E402
 from prefillviz.loading.bundled import bundled_cache_dir, bundled_gguf  # noqa: E402
 from prefillviz.loading.model_registry import BUNDLED_MODEL_ID  # noqa: E402
 from prefillviz.loading.models import load_model  # noqa: E402
 from prefillviz.loading.prompts import bench_token_ids  # noqa: E402
+from prefillviz.machine.devices import machine_name  # noqa: E402
 
 
 def f32_copy(llama_cpp, gguf: Path) -> Path:

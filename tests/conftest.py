@@ -67,6 +67,18 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(params=["textbook", "measured"])
+def backend(request):
+    """Each of the engine's backends in turn, for the engines a test makes without naming one: the textbook's
+    plain torch ops (``engine/backend.py``) and the measured backend (``prefillviz/backends``)."""
+    from prefillviz.backends.measured import MEASURED
+    from prefillviz.engine.backend import TorchBackend, using_backend
+
+    chosen = TorchBackend() if request.param == "textbook" else MEASURED
+    with using_backend(chosen):
+        yield chosen
+
+
 @pytest.fixture(scope="session")
 def tiny_llama():
     return make_tiny_llama()
@@ -141,15 +153,15 @@ def built_module(status, disable_env: str, what: str):
 
 @pytest.fixture(scope="session")
 def onednn():
-    """prefillviz/engine/ops/onednn_linear.py's module (`make` installs Debian's oneDNN as root, then builds it)."""
-    from prefillviz.engine.ops.onednn_linear import DISABLE_ENV, onednn_status
+    """prefillviz/backends/ops/onednn_linear.py's module (`make` installs Debian's oneDNN as root, then builds it)."""
+    from prefillviz.backends.ops.onednn_linear import DISABLE_ENV, onednn_status
 
     return built_module(onednn_status, DISABLE_ENV, "oneDNN's matmul")
 
 
 @pytest.fixture(scope="session")
 def compiled_ops():
-    """The engine's C++ ops (prefillviz/engine/ops/engine_ops.py)."""
-    from prefillviz.engine.ops.engine_ops import DISABLE_ENV, engine_ops_status
+    """The engine's C++ ops (prefillviz/backends/ops/engine_ops.py)."""
+    from prefillviz.backends.ops.engine_ops import DISABLE_ENV, engine_ops_status
 
     return built_module(engine_ops_status, DISABLE_ENV, "the engine's C++ ops")

@@ -133,7 +133,7 @@ def linear_difference_bound(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     """Per output of ``x @ weight.T (+ bias)``: how far two kernels in x's dtype may differ from each other
     or from the fp32 product. ``linear_checks.linear_tolerance`` (each output rounded once, the
     fp32 sum's worst case K x eps_fp32, twice over), plus a step of the dtype at |bias| for its add."""
-    from prefillviz.engine.linear_checks import linear_tolerance  # here: the unit tier imports this file without the engine
+    from prefillviz.backends.linear_checks import linear_tolerance  # here: the unit tier imports this file without the engine
 
     with torch.no_grad():
         bound = linear_tolerance(x, weight)

@@ -2,11 +2,11 @@
 
 import streamlit as st
 
-from prefillviz.engine.machine_load import MachineLoad
 from prefillviz.experiments.budget_sweep import budget_sweep, estimated_sweep_steps
 from prefillviz.experiments.chunked import LONG_REQUEST_ID, build_workload, compare_chunking, short_request_id
 from prefillviz.figures import chunked as figures
 from prefillviz.loading.hosted import hosted_policy
+from prefillviz.machine.load import MachineLoad
 from prefillviz.peers.workload import PeerRequest
 from prefillviz.ui.output_checks import same_tokens_block
 from prefillviz.ui.results import downloads, get_result, save_result

@@ -6,8 +6,7 @@ import statistics
 import pandas as pd
 import streamlit as st
 
-from prefillviz.engine import dispatch_tables
-from prefillviz.experiments import timing_rows
+from prefillviz.experiments import timing_rows, tuning
 from prefillviz.figures import kernels as figures
 from prefillviz.kernels.attention import KERNELS
 from prefillviz.kernels.paged_attention import PAGED_KERNELS
@@ -75,9 +74,9 @@ if loaded is not None and st.button("Measure", type="primary", key="kernels_run"
     bar.empty()
 
 # ---------------------------------------------------------------- the measured dispatch
-st.subheader("What the engine runs on this machine")
+st.subheader("What the measured backend runs on this machine")
 if loaded is not None:
-    table = dispatch_tables.table_for(loaded.model)  # measured at the warm-up; read here
+    table = experiments.dispatch_table(loaded.model)  # measured at the warm-up; read here
     st.markdown(
         "The engine has several correct ways to compute attention and the linear layers, and which is fastest depends "
         "on the CPU: on a Zen 4 the engine's own C++ kernel (v7) beat torch's SDPA; on a Xeon with AMX, SDPA (whose "
@@ -94,15 +93,50 @@ if loaded is not None:
     excluded = [f"{name} ({why})" for reasons in table.excluded.values() for name, why in reasons.items()]
     st.caption(
         f"Timings {table.provenance()}; one layer's attention on random q/k/v of the model's heads, and layer 0's four "
-        "linears on its own weights, median of 3 runs (a candidate over 3x the best on its first call is timed once). "
+        "linears on its own weights, "
+        f"median of {experiments.DISPATCH_RUNS} runs (a candidate over 3x the best on its first call is timed once). "
         + (f"Not candidates here: {'; '.join(excluded)}." if excluded else "Every candidate runs here.")
     )
     downloads("kernels_dispatch", "kernels_dispatch_dl", table=dispatch_rows, data=table.as_dict())
     if st.button("Measure again", key="kernels_dispatch_again", disabled=policy.enabled,
                  help="time every candidate again now (a few seconds); the choice is kept per machine and re-measured after a week"):
         with run_guarded("Measuring the dispatch again"), st.spinner("Timing every candidate on every step shape…"):
-            dispatch_tables.table_for(loaded.model, refresh=True)
+            experiments.dispatch_table(loaded.model, refresh=True)
         st.rerun()
+
+# ---------------------------------------------------------------- what tuning buys
+st.subheader("What tuning buys: the textbook ops against the measured backend")
+st.markdown(
+    "The engine runs one forward whatever computes its ops. Its **textbook** backend runs each op in a few lines of "
+    "plain torch (`prefillviz/engine/backend.py`: the model's `nn.Linear`, RMSNorm and RoPE in torch, torch's SDPA "
+    "over the paged cache). The **measured** backend (`prefillviz/backends/`) runs the same ops on C++ kernels and "
+    "oneDNN, each chosen by timing it here. Both prefill your prompt in one step, timing passes in turns."
+)
+if loaded is not None and st.button("Compare the two backends", key="kernels_backends_run"):
+    backends_bar = st.progress(0.0, text="starting")
+    with run_guarded("The comparison of the backends"):
+        save_result("kernels_backends", tuning.compare_backends(
+            loaded, prompt, progress=lambda done, text: backends_bar.progress(min(done, 1.0), text=text)))
+    backends_bar.empty()
+comparison = get_result("kernels_backends")
+if comparison is not None:
+    textbook, tuned = comparison.runs["textbook"], comparison.runs["measured"]
+    columns = st.columns(3)
+    columns[0].metric("Textbook, time to first token", f"{textbook.ttft_s * 1e3:,.1f} ms")
+    columns[1].metric("Measured, time to first token", f"{tuned.ttft_s * 1e3:,.1f} ms")
+    faster = "faster" if comparison.speedup >= 1 else "slower"
+    columns[2].metric("What tuning buys", f"{max(comparison.speedup, 1 / comparison.speedup):.2f}x {faster}")
+    subtitle = f"{comparison.num_tokens:,} tokens, {comparison.model_id} on {comparison.device}, {comparison.dtype}"
+    backends_chart = figures.backends_figure(comparison.rows(), subtitle)
+    st.plotly_chart(backends_chart, key="kernels_backends_chart")
+    ran = [{"backend": run.name, "what its step ran": ", ".join(f"{k}: {v}" for k, v in run.ran.items() if k != "backend"),
+            "median time to first token (ms)": run.ttft_s * 1e3} for run in comparison.runs.values()]
+    st.dataframe(pd.DataFrame(ran), hide_index=True)
+    st.caption(
+        f"Medians of {len(tuned.ttft_runs_s)} timing passes of each backend, taken in turns, after an untimed pass of each; "
+        f"the layers' parts from the median pass's clocks. {comparison.machine_load.label().capitalize()}."
+    )
+    downloads("kernels_backends", "kernels_backends_dl", figure=backends_chart, table=comparison.rows(), data=comparison.as_dict())
 
 result = get_result("kernels")
 if result is None:
@@ -110,8 +144,9 @@ if result is None:
 
 st.caption(
     f"Last run: {result.num_tokens:,} prompt tokens · {result.model_id} on **{result.device}**, {result.dtype}. "
-    "Every pass on this page runs the model's stock matmuls (`aten::mm`, whose FLOPs the profiler counts); "
-    "elsewhere the engine runs them on a CPU with weights packed once for oneDNN, which is faster."
+    "Every pass below runs the engine's own forward on the measured backend with the model's stock matmuls "
+    "(`aten::mm`, whose FLOPs the profiler counts); elsewhere the measured backend runs them on a CPU with weights "
+    "packed once for oneDNN, which is faster."
 )
 
 # ---------------------------------------------------------------- per layer

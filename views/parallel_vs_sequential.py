@@ -7,13 +7,13 @@ import pandas as pd
 import streamlit as st
 
 from prefillviz.analysis.flop_facts import decode_intensity_limit, predicted_quadratic_coefficient, token_by_token_flops
-from prefillviz.engine.devices import dtype_name
 from prefillviz.experiments.length_sweep import DEFAULT_PARALLEL_SIZES, DEFAULT_SEQUENTIAL_SIZES, run_sweep
 from prefillviz.experiments.parallel import run_both_ways
 from prefillviz.experiments.ways import PARALLEL, TOKEN_BY_TOKEN, WAYS
 from prefillviz.figures import parallel as figures
 from prefillviz.loading.hosted import hosted_policy
 from prefillviz.loading.prompts import PRESETS
+from prefillviz.machine.devices import dtype_name
 from prefillviz.measure.roofline import DEFAULT_DECODE_CONTEXTS, DEFAULT_PREFILL_SIZES, run_roofline
 from prefillviz.peers.workload import PeerRequest
 from prefillviz.ui.results import downloads, get_result, save_result

@@ -3,12 +3,12 @@
 import streamlit as st
 
 from prefillviz.analysis.first_token import first_token_view
-from prefillviz.engine.devices import dtype_name
 from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments.prefill import load_prefill_bundle, prefill_bundle, run_prefill
 from prefillviz.figures import prefill as figures
 from prefillviz.loading.hosted import hosted_policy
 from prefillviz.loading.prompts import PRESETS
+from prefillviz.machine.devices import dtype_name
 from prefillviz.ui.presenter import chart
 from prefillviz.ui.results import downloads, get_result, save_result
 from prefillviz.ui.running import measured_once, run_guarded, sharing_note, timing_runs_for

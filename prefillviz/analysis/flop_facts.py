@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefillviz.analysis.flops import model_costs
-from prefillviz.engine.model_shape import model_shape
+from prefillviz.analysis.model_shape import model_shape
 
 
 @dataclass(frozen=True)

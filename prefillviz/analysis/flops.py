@@ -30,7 +30,7 @@ Williams et al. 2009):
   K/V written once. Attention is assumed fused (flash-style): the (N, C) score matrix is
   never written to memory.
 
-The shape comes from ``prefillviz.engine.model_shape`` (Llama-like or GPT-2). GPT-2's
+The shape comes from ``prefillviz.analysis.model_shape`` (Llama-like or GPT-2). GPT-2's
 fused ``c_attn`` is reported as its q/k/v parts and its MLP ``c_fc``/``c_proj`` as
 ``mlp_fc``/``mlp_proj``.
 """
@@ -40,8 +40,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from prefillviz.engine.forward_status import own_forward_status
-from prefillviz.engine.model_shape import ModelShape, model_shape
+from prefillviz.analysis.model_shape import ModelShape, model_shape
+from prefillviz.engine.forward import own_forward_status
 
 _NORM_FLOPS_PER_ELEMENT = {"rmsnorm": 4, "layernorm": 7}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
-from prefillviz.engine.machine_load import BUSY_PERCENT
+from prefillviz.machine.load import BUSY_PERCENT
 
 
 @dataclass

@@ -20,9 +20,9 @@ from typing import Any
 import psutil
 import torch
 
-from prefillviz.engine.devices import dtype_name
+from prefillviz.analysis.model_shape import ModelShape, model_shape
 from prefillviz.engine.kv_cache import kv_bytes_per_token
-from prefillviz.engine.model_shape import ModelShape
+from prefillviz.machine.devices import dtype_name
 
 try:
     import resource
@@ -101,7 +101,7 @@ def kv_memory_report(engine_or_info: Any, dtype: str | torch.dtype | None = None
         The ``KVMemoryReport``.
     """
     engine = None if isinstance(engine_or_info, ModelShape) else engine_or_info
-    info: ModelShape = engine_or_info if engine is None else engine.info
+    info: ModelShape = engine_or_info if engine is None else model_shape(engine.model)
     if engine is None and dtype is None:
         dtype_bytes = info.dtype_bytes
         kv_dtype = {4: "float32", 2: "16-bit", 1: "8-bit"}.get(dtype_bytes, f"{dtype_bytes}-byte")

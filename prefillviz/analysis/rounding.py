@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from prefillviz.engine.devices import dtype_name
+from prefillviz.machine.devices import dtype_name
 
 FP32_EPS = torch.finfo(torch.float32).eps
 TWO_FORWARDS_STEPS = 6

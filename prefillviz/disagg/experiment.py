@@ -21,8 +21,6 @@ import torch
 
 from prefillviz.disagg.launch import DisaggRun, check_workload, run_disaggregated
 from prefillviz.disagg.spec import DisaggTimeouts, available_cores, model_loader, placement_for
-from prefillviz.engine.devices import dtype_name
-from prefillviz.engine.progress import StepProgress
 from prefillviz.engine.trace import Trace
 from prefillviz.experiments.chunked import (
     LONG_REQUEST_ID,
@@ -34,6 +32,8 @@ from prefillviz.experiments.chunked import (
     short_request_ids,
 )
 from prefillviz.experiments.outputs import OutputCheck, compare_outputs
+from prefillviz.machine.devices import dtype_name
+from prefillviz.machine.progress import StepProgress
 
 SETUPS = ("one engine, chunking off", "one engine, chunking on", "disaggregated")
 SETUP_KEYS = dict(zip(SETUPS, ("one_engine_chunking_off", "one_engine_chunking_on", "disaggregated")))

@@ -31,8 +31,6 @@ class EngineConfig:
             at what max_num_running requests of the model's full context could fill.
         num_blocks: if set, the exact number of KV blocks (overrides the memory budget; tests
             use it for tiny caches that evict).
-        pack_linear_weights: on a CPU, run the linear layers with weights packed once for
-            oneDNN (``engine/packed_weights.py``); off runs the stock ``aten::mm`` matmuls.
         max_prompt_tokens: if set, the longest prompt a request may bring (the hosted demo's
             engines set it, ``hosted.HostedPolicy.engine_limits``); None: only the model's
             context and the KV cache limit it.
@@ -46,7 +44,6 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     kv_cache_memory_bytes: int = DEFAULT_KV_CACHE_MEMORY_BYTES
     num_blocks: int | None = None
-    pack_linear_weights: bool = True
     max_prompt_tokens: int | None = None
     max_new_tokens: int | None = None
 

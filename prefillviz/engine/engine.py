@@ -17,24 +17,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict
 
 import torch
 
+from prefillviz.engine.backend import Backend, backend_for
 from prefillviz.engine.block_pool import BlockPool
+from prefillviz.engine.clock import synchronized_time
 from prefillviz.engine.config import EngineConfig
-from prefillviz.engine.devices import dtype_name
 from prefillviz.engine.errors import OutOfMemory, RequestError, is_out_of_memory
-from prefillviz.engine.kv_cache import PagedKVCache
-from prefillviz.engine.model_shape import model_shape
+from prefillviz.engine.kv_cache import PagedKVCache, cache_shape, kv_bytes_per_token
 from prefillviz.engine.observer import RunObserver
-from prefillviz.engine.records import request_record, since
 from prefillviz.engine.request import Request, RequestStatus, SamplingParams
 from prefillviz.engine.request_checks import check_prompt_text, check_request
 from prefillviz.engine.runner import ModelRunner, RunnerOutput
 from prefillviz.engine.scheduler import Scheduler, SchedulerOutput
-from prefillviz.engine.timers import synchronized_time
-from prefillviz.engine.trace import RequestRecord, StepRecord, Trace
+from prefillviz.engine.trace import RequestRecord, StepRecord, Trace, request_record, since
 
 
 class LLMEngine:
@@ -45,31 +42,38 @@ class LLMEngine:
         tokenizer: its tokenizer.
         config: scheduling and KV cache settings.
         model_id: a name for the trace.
+        backend: the ops its steps run (``backend.py``); None: ``backend_for(model)``.
     """
 
-    def __init__(self, model, tokenizer, config: EngineConfig | None = None, model_id: str = "") -> None:
+    def __init__(
+        self, model, tokenizer, config: EngineConfig | None = None, model_id: str = "", backend: Backend | None = None
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config or EngineConfig()
         self.model_id = model_id
-        self.info = model_shape(model)
+        self.backend = backend or backend_for(model)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.kv_bytes_per_token = self.info.kv_bytes_per_token  # the model's dtype is the cache's
-        num_blocks = self.config.num_blocks or self.config.kv_cache_memory_bytes // (self.kv_bytes_per_token * self.config.block_size)
-        if self.config.num_blocks is None and self.info.max_context:  # never more than the running requests can fill
-            num_blocks = min(num_blocks, -(-self.info.max_context // self.config.block_size) * self.config.max_num_running)
+        self.num_layers, self.num_kv_heads, self.head_dim = cache_shape(model.config)
+        self.max_context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+        self.vocab_size = model.config.get_text_config().vocab_size
+        kv_heads, itemsize = self.num_kv_heads, self.dtype.itemsize  # the model's dtype is the cache's
+        self.kv_bytes_per_token = kv_bytes_per_token(self.num_layers, kv_heads, self.head_dim, itemsize)
+        block_bytes = self.kv_bytes_per_token * self.config.block_size
+        num_blocks = self.config.num_blocks or self.config.kv_cache_memory_bytes // block_bytes
+        if self.config.num_blocks is None and self.max_context:  # never more than the running requests can fill
+            num_blocks = min(num_blocks, -(-self.max_context // self.config.block_size) * self.config.max_num_running)
         if num_blocks < 1:
             raise RequestError(
                 f"The KV memory budget ({self.config.kv_cache_memory_bytes:,} bytes) is smaller than one block "
-                f"({self.kv_bytes_per_token * self.config.block_size:,} bytes); raise kv_cache_memory_bytes."
+                f"({block_bytes:,} bytes); raise kv_cache_memory_bytes."
             )
-        self.kv_cache = PagedKVCache(
-            self.info.num_layers, num_blocks, self.config.block_size, self.info.num_kv_heads, self.info.head_dim, self.dtype, self.device
-        )
+        self.kv_cache = PagedKVCache(self.num_layers, num_blocks, self.config.block_size, kv_heads, self.head_dim,
+                                     self.dtype, self.device, self.backend.new_kv_cache)
         self.block_pool = BlockPool(num_blocks, enable_caching=self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_pool)
-        self.runner = ModelRunner(model, self.kv_cache, self.config.block_size, self.config.pack_linear_weights)
+        self.runner = ModelRunner(model, self.kv_cache, self.config.block_size, self.backend)
         self.steps: list[StepRecord] = []
         # every request in arrival order; its record is made when it finishes (None while unfinished)
         self.request_records: dict[str, RequestRecord | None] = {}
@@ -130,10 +134,11 @@ class LLMEngine:
         self._check_request(request_id, token_ids, sampling_params)
         num_prompt_blocks = -(-len(token_ids) // self.config.block_size)
         if not self.block_pool.can_allocate(num_prompt_blocks):
-            raise RequestError(f"No room for {request_id!r}: its {len(token_ids):,}-token prompt needs {num_prompt_blocks} free KV blocks.")
-        request = Request.prefilled(
-            request_id, token_ids, sampling_params, int(first_token_id), self.block_pool.allocate(num_prompt_blocks), arrival_time, first_token_time,
-        )
+            raise RequestError(f"No room for {request_id!r}: its {len(token_ids):,}-token prompt needs "
+                               f"{num_prompt_blocks} free KV blocks.")
+        blocks = self.block_pool.allocate(num_prompt_blocks)
+        request = Request.prefilled(request_id, token_ids, sampling_params, int(first_token_id), blocks, arrival_time,
+                                    first_token_time)
         self.request_records[request_id] = None
         self.scheduler.add_running_request(request)
         return request
@@ -144,7 +149,8 @@ class LLMEngine:
         return self._start_time
 
     def _check_request(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
-        check_request(request_id, token_ids, params, self.config, self.info, self.num_blocks, self.request_records)
+        check_request(request_id, token_ids, params, self.config, self.vocab_size, self.max_context, self.num_blocks,
+                      self.request_records)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request and free its blocks (a no-op once it has finished)."""
@@ -195,7 +201,7 @@ class LLMEngine:
         try:
             inputs = self.runner.prepare(output, requests)
             clock["prepare"] = synchronized_time(self.device)
-            logits = self.runner.forward(inputs)
+            logits = self.runner.forward(inputs, self.observer)
             clock["forward"] = synchronized_time(self.device)
             return self.runner.sample(output, requests, logits)
         except Exception as error:  # free the step's requests, keep the engine usable
@@ -234,7 +240,7 @@ class LLMEngine:
             forward_time_s=clock["forward"] - clock["prepare"],
             sample_time_s=clock["sample"] - clock["forward"],
             update_time_s=clock["update"] - clock["sample"],
-            dispatch=asdict(self.runner.last_choice) if self.runner.last_choice is not None else None,
+            ran=self.runner.last_ran,
         )
 
     def _abort(self, requests: list[Request]) -> None:
@@ -283,7 +289,7 @@ class LLMEngine:
         return Trace(
             model_id=self.model_id,
             device=str(self.device),
-            dtype=dtype_name(self.dtype),
+            dtype=str(self.dtype).removeprefix("torch."),
             engine_config=self.config.as_dict(),
             num_blocks=self.num_blocks,
             kv_cache_bytes=self.kv_cache.num_bytes,

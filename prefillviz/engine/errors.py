@@ -31,7 +31,8 @@ def is_out_of_memory(error: BaseException) -> bool:
     if isinstance(error, torch_oom_types()):
         return True
     message = str(error)
-    return isinstance(error, RuntimeError) and ("can't allocate memory" in message or "out of memory" in message.lower())
+    out_of_memory = "can't allocate memory" in message or "out of memory" in message.lower()
+    return isinstance(error, RuntimeError) and out_of_memory
 
 
 def torch_oom_types() -> tuple[type, ...]:

@@ -1,25 +1,39 @@
 """What an instrument implements to watch the engine: the one way in for everything above the core.
 
-The core never imports an instrument. ``LLMEngine.run(observer=...)`` takes any object with
-these three methods; ``instrument.capture.Capture`` is the one the app uses (its capture
-levels). While installed, an observer may set the runner's three hook points, which the
-engine's forward reads and the core never fills itself:
+The core never imports an instrument. ``LLMEngine.run(observer=...)`` takes any object with these
+methods; ``instrument.capture.Capture`` is the one the app uses (its capture levels). The engine
+tells it of every step, and the forward (``forward.py``) tells it what happens inside one:
 
-    runner.span_clock       a ``timers.SpanClock``: the forward times its named spans on it
-    runner.observers        callables (layer, module, q, k, v, metadata) after each layer's KV write
-    runner.hidden_observer  a callable (index, hidden (T, hidden)) after the embedding and each layer
+    span(name)          a context manager around each named part of the forward (timing, profiling)
+    attention(...)      each layer's q (T, H, D), k and v (T, KVH, D) after its KV write   } only when
+    hidden(i, h)        the residual stream h (T, hidden) after the embedding and layer i-1 } sees_tensors
 """
 
 from __future__ import annotations
 
 from typing import ContextManager, Protocol
 
+import torch
+
 from prefillviz.engine.trace import StepRecord, Trace
+
+Tensor = torch.Tensor
 
 
 class RunObserver(Protocol):
+    sees_tensors: bool  # it reads q/k/v and the residual stream of every row (an inspection pass)
+
     def installed(self) -> ContextManager[object]:
-        """Set the hooks for the run; take every one of them off on exit, even when the run fails."""
+        """Whatever the run needs set up (a profiler, hooks on a stock forward); undone on exit, even on failure."""
+
+    def span(self, name: str) -> ContextManager[object]:
+        """Around one named part of a step's forward."""
+
+    def attention(self, layer: int, module: torch.nn.Module, q: Tensor, k: Tensor, v: Tensor, meta) -> None:
+        """A layer's post-RoPE q, k and v, after the K/V were written to the cache."""
+
+    def hidden(self, index: int, h: Tensor) -> None:
+        """The residual stream after the embedding (0) or after layer ``index - 1``."""
 
     def end_step(self, record: StepRecord) -> None:
         """Add this step's measurements to its record (called after every step)."""

@@ -91,7 +91,8 @@ class Request:
         return cls(
             request_id=request_id, prompt_token_ids=token_ids, sampling_params=params, arrival_time=arrival_time,
             output_token_ids=[first_token_id], status=RequestStatus.RUNNING, num_computed_tokens=len(token_ids),
-            block_table=block_table, first_scheduled_time=arrival_time, first_token_time=first_token_time, token_times=[first_token_time],
+            block_table=block_table, first_scheduled_time=arrival_time, first_token_time=first_token_time,
+            token_times=[first_token_time],
         )
 
     @property

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Container
-from typing import Any
 
 from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.errors import RequestError
@@ -19,7 +18,7 @@ def check_prompt_text(prompt: str) -> None:
         raise RequestError(EMPTY_TEXT)
 
 
-def check_context(num_prompt_tokens: int, max_new_tokens: int, max_context: int | None, model_name: str = "this model") -> None:
+def check_context(num_prompt_tokens: int, max_new_tokens: int, max_context: int | None, model_name: str = "this model"):
     """Raise ``RequestError`` when the prompt and its new tokens pass the model's context (None: no
     limit known). ``check_request`` runs it in the engine; the CLI runs it before building one."""
     total = num_prompt_tokens + max_new_tokens
@@ -36,8 +35,8 @@ def check_context(num_prompt_tokens: int, max_new_tokens: int, max_context: int 
 
 
 def check_request(
-    request_id: str, token_ids: list[int], params: SamplingParams, config: EngineConfig, info: Any, num_blocks: int,
-    known_request_ids: Container[str],
+    request_id: str, token_ids: list[int], params: SamplingParams, config: EngineConfig, vocab_size: int,
+    max_context: int | None, num_blocks: int, known_request_ids: Container[str],
 ) -> None:
     """Raise ``RequestError`` for an empty prompt, a duplicate id, impossible sampling, unknown token ids,
     the hosted limits, a prompt past the model's context, or one the KV cache can't hold."""
@@ -49,15 +48,16 @@ def check_request(
         raise RequestError(f"max_new_tokens must be at least 1, got {params.max_new_tokens}.")
     if params.temperature < 0 or not 0 < params.top_p <= 1 or params.top_k < 0:
         raise RequestError("Sampling needs temperature >= 0, 0 < top_p <= 1 and top_k >= 0.")
-    if min(token_ids) < 0 or max(token_ids) >= info.vocab_size:
-        raise RequestError(f"Token ids must lie in 0..{info.vocab_size - 1}.")
+    if min(token_ids) < 0 or max(token_ids) >= vocab_size:
+        raise RequestError(f"Token ids must lie in 0..{vocab_size - 1}.")
     max_prompt, max_new = config.max_prompt_tokens, config.max_new_tokens
-    if (max_prompt is not None and len(token_ids) > max_prompt) or (max_new is not None and params.max_new_tokens > max_new):
-        limits = [f"prompts of up to {max_prompt:,} tokens"] * (max_prompt is not None) + [f"{max_new} new tokens"] * (max_new is not None)
-        raise RequestError(
-            f"This engine serves {' and '.join(limits)}; this one has {len(token_ids):,} and asks for {params.max_new_tokens}."
-        )
-    check_context(len(token_ids), params.max_new_tokens, info.max_context)
+    too_long = max_prompt is not None and len(token_ids) > max_prompt
+    if too_long or (max_new is not None and params.max_new_tokens > max_new):
+        limits = [f"prompts of up to {max_prompt:,} tokens"] * (max_prompt is not None)
+        limits += [f"{max_new} new tokens"] * (max_new is not None)
+        raise RequestError(f"This engine serves {' and '.join(limits)}; this one has {len(token_ids):,} "
+                           f"and asks for {params.max_new_tokens}.")
+    check_context(len(token_ids), params.max_new_tokens, max_context)
     total = len(token_ids) + params.max_new_tokens
     capacity = num_blocks * config.block_size
     if total > capacity:

@@ -7,11 +7,9 @@ Every scheduled token of every request goes into one (1, T) batch:
     position:     32   33   34   35|  17|  9       (each request's own positions)
     slot:         block_table[p // block_size] * block_size + p % block_size
 
-Which attention and linears a step runs is the measured dispatch's choice for the step's
-bucket (``dispatch.py``); on a CPU the linears it picks may run with weights packed once
-(``packed_weights.py``).
-Logits are computed only at the last row of each request that samples (``logits_to_keep``
-as an index tensor), so a prefill never pays for the lm_head over the whole prompt.
+The engine's backend (``backend.py``) gives the ops that compute the step. Logits are computed
+only at the last row of each request that samples (``logits_to_keep`` as an index tensor), so a
+prefill never pays for the lm_head over the whole prompt.
 """
 
 from __future__ import annotations
@@ -20,11 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from prefillviz.engine import dispatch_tables
-from prefillviz.engine.attention import AttentionMetadata, engine_attention
+from prefillviz.engine.attention import AttentionMetadata
+from prefillviz.engine.backend import Backend
+from prefillviz.engine.errors import ConfigError
+from prefillviz.engine.forward import LlamaForward, own_forward_status
 from prefillviz.engine.kv_cache import PagedKVCache
-from prefillviz.engine.llama_forward import LlamaForward
-from prefillviz.engine.packed_weights import packed_linears
 from prefillviz.engine.request import Request, SampleResult
 from prefillviz.engine.sampler import sample
 from prefillviz.engine.scheduler import SchedulerOutput
@@ -37,18 +35,19 @@ class RunnerOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_cache: PagedKVCache, block_size: int, pack_linear_weights: bool = True) -> None:
+    def __init__(self, model: torch.nn.Module, kv_cache: PagedKVCache, block_size: int, backend: Backend) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
-        self.pack_linear_weights = pack_linear_weights
+        self.backend = backend
         self.device = next(model.parameters()).device
-        self.observers: list = []  # attention observers added by instruments
-        self.own_forward = LlamaForward(model)  # the engine's forward; the stock one under instruments' hooks
-        self.span_clock = None  # a timing or inspection pass's SpanClock, while instrument.capture runs one on the engine's forward
-        self.hidden_observer = None  # an inspection pass's (i, hidden (T, hidden)) callback, likewise
-        self.last_choice: dispatch_tables.StepChoice | None = None  # what the last step ran (the step record keeps it)
-        dispatch_tables.table_for(model)  # measured now (once per machine, model shape and dtype), not inside a timed step
+        known, self.why_stock_forward = own_forward_status(model)
+        self.own_forward = LlamaForward(model) if known else None  # None: the backend's stock forward
+        if not known and not hasattr(backend, "stock_forward"):
+            raise ConfigError(f"The {backend.name} backend runs the engine's own forward only, which does not run "
+                              f"this model ({self.why_stock_forward}); pick the measured backend.")
+        self.last_ran: dict[str, str] | None = None  # what the last step ran (its record keeps it)
+        backend.prepare(model)  # now, not in a timed step (the measured backend times its candidates here, once)
 
     def _slots(self, request: Request, start: int, end: int) -> torch.Tensor:
         positions = torch.arange(start, end)
@@ -82,7 +81,6 @@ class ModelRunner:
             query_start_loc=query_start_loc,
             num_computed_tokens=num_computed,
             context_slots=context_slots,
-            observers=self.observers,
             request_ids=[chunk.request_id for chunk in output.chunks],
             positions=position_ids,
         )
@@ -96,15 +94,15 @@ class ModelRunner:
         return inputs
 
     @torch.inference_mode()
-    def forward(self, inputs: dict) -> torch.Tensor:
+    def forward(self, inputs: dict, observer=None) -> torch.Tensor:
         """One model call over the packed batch; returns logits (num_kept, V) in fp32 on CPU."""
         meta = inputs["prefillviz_metadata"]
-        choice = meta.choice = self.last_choice = dispatch_tables.choose(self.model, meta.paged_step, self.pack_linear_weights)
-        if self.own_forward.usable():
-            return self.own_forward(inputs, choice, self.span_clock, self.hidden_observer).float().cpu()
-        with engine_attention(self.model), packed_linears(self.model, choice.linears != "stock", choice.linears):
-            logits = self.model(**inputs).logits[0]
-        return logits.float().cpu()
+        ops = self.backend.for_step(self.model, meta)
+        if self.own_forward is not None:
+            self.last_ran = ops.ran
+            return self.own_forward(inputs, ops, observer).float().cpu()
+        self.last_ran = {**ops.ran, "linears": "the model's own modules (stock forward)"}
+        return self.backend.stock_forward(self.model, inputs, ops, observer).float().cpu()
 
     def sample(self, output: SchedulerOutput, requests: dict[str, Request], logits: torch.Tensor) -> RunnerOutput:
         samples, first_token_logits = {}, {}

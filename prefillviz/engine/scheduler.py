@@ -59,7 +59,7 @@ class Scheduler:
         self.config = config
         self.block_pool = block_pool
         self.block_size = config.block_size
-        self.requests: dict[str, Request] = {}  # unfinished only: a finished request leaves (the engine keeps its record)
+        self.requests: dict[str, Request] = {}  # unfinished only (the engine keeps a finished one's record)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         # vLLM's prefix-cache counters, in tokens
@@ -192,7 +192,7 @@ class Scheduler:
                 break
             budget -= output.chunks[-1].num_tokens
 
-    def _admit(self, request: Request, budget: int | None, output: SchedulerOutput, now: float, whole: bool = False) -> int:
+    def _admit(self, request: Request, budget: int | None, output: SchedulerOutput, now: float, whole=False) -> int:
         """Move ``request`` from waiting to running with up to ``budget`` tokens; 0 if it can't."""
         hits = self._find_cached_blocks(request) if request.num_computed_tokens == 0 else []
         num_computed = len(hits) * self.block_size

@@ -2,88 +2,22 @@
 
 A ``Trace`` is one ``StepRecord`` per engine step plus one ``RequestRecord`` per request.
 Nothing in it points at a live module: arrays are numpy, and ``trace_io`` saves it as
-JSON plus an NPZ of the arrays.
+JSON plus an NPZ of the arrays. What an instrument adds (``instrument/records.py``: per-layer
+times, the KV write log, captured q/k/v, the profile) hangs on the fields it fills.
+
+The engine makes a finished request's record once, when the scheduler lets it go, and an
+unfinished one's whenever a trace is taken. Times are seconds since the engine's first step.
 """
 
 from __future__ import annotations
 
-import gzip
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from prefillviz.engine.request import Request
 from prefillviz.engine.scheduler import ScheduledChunk
-
-CAPTURE_LEVELS = ("none", "timing", "inspect", "profile")
-"""none: step times only. timing: + per-layer and sub-layer times. inspect: + KV write log,
-queries and keys, hidden-state norms. profile: timing under torch.profiler (slower; its
-numbers are labelled as such)."""
-
-
-@dataclass
-class LayerTimes:
-    """Wall time of each part of one forward (one step), per decoder layer.
-
-    ``other_s`` per layer is the layer's total minus attention, MLP and norms (residual
-    adds, rotary embedding). ``clock`` says how it was read.
-    """
-
-    clock: str  # "perf_counter" (CPU) or "cuda events"
-    attention_s: list[float]  # (L,) attention module: projections, RoPE, KV write, SDPA
-    mlp_s: list[float]  # (L,)
-    norms_s: list[float]  # (L,)
-    layer_s: list[float]  # (L,) whole decoder layer
-    embedding_s: float
-    final_norm_s: float
-    lm_head_s: float
-
-    @property
-    def other_s(self) -> list[float]:
-        return [t - a - m - n for t, a, m, n in zip(self.layer_s, self.attention_s, self.mlp_s, self.norms_s)]
-
-
-@dataclass
-class KVWriteRecord:
-    """What one step wrote into the paged KV cache (the same slots in every layer)."""
-
-    positions: np.ndarray  # (T,) token position within its request
-    slots: np.ndarray  # (T,) cache slot = block * block_size + offset
-    blocks: np.ndarray  # (T,) physical block
-    layers_written: list[int]  # layer indices, in the order they wrote
-    bytes_per_layer: int  # K and V bytes written per layer
-    key_norms: np.ndarray  # (L, T, KVH) L2 norm of each written key vector
-    value_norms: np.ndarray  # (L, T, KVH)
-
-
-@dataclass
-class CapturedQK:
-    """Post-RoPE queries, keys and values of one request, every layer: what attention saw
-    and what was written to the KV cache, for rebuilding attention maps and comparing caches."""
-
-    dtype: str  # what they are stored in
-    positions: np.ndarray  # (N,) positions covered, in order
-    scaling: list[float]  # (L,) the softmax scale each layer used
-    queries: list[np.ndarray]  # L x (H, N, D)
-    keys: list[np.ndarray]  # L x (KVH, N, D)
-    values: list[np.ndarray] = field(default_factory=list)  # L x (KVH, N, D)
-
-
-@dataclass
-class ProfileRecord:
-    """torch.profiler output: one row per op, and the Chrome trace (opens in Perfetto).
-
-    The Chrome trace is kept in memory, gzip-compressed (``chrome_trace_json`` gives the
-    JSON); ``chrome_trace_path`` names a file only when the caller asked for one.
-    """
-
-    op_table: list[dict]  # op, calls, self_time_s, total_time_s, device_time_s (self), device_total_s, flops
-    chrome_trace_path: str
-    activities: list[str]
-    chrome_trace_gz: bytes = b""
-
-    def chrome_trace_json(self) -> bytes:
-        """The Chrome trace as JSON bytes (empty when the run kept none)."""
-        return gzip.decompress(self.chrome_trace_gz) if self.chrome_trace_gz else b""
 
 
 @dataclass
@@ -104,10 +38,10 @@ class StepRecord:
     sample_time_s: float
     update_time_s: float
     capture_level: str = "none"
-    layer_times: LayerTimes | None = None  # timing, inspect, profile
-    kv_writes: KVWriteRecord | None = None  # inspect
+    layer_times: Any = None  # instrument.records.LayerTimes: timing, inspect, profile
+    kv_writes: Any = None  # instrument.records.KVWriteRecord: inspect
     hidden_norms: np.ndarray | None = None  # inspect: (L + 1, T) norm after embedding and each layer
-    dispatch: dict | None = None  # the measured dispatch's choice: {"bucket", "attention", "linears"}
+    ran: dict | None = None  # what the backend ran for this step: {"backend", "attention", "linears", ...}
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -161,21 +95,56 @@ class Trace:
     prefix_cache_queries: int = 0  # tokens looked up (vLLM's counter names)
     prefix_cache_hits: int = 0  # tokens found
     capture_level: str = "none"  # of the last run; each step records its own
-    captured_qk: dict[str, CapturedQK] = field(default_factory=dict)  # inspect
-    profile: ProfileRecord | None = None
+    captured_qk: dict[str, Any] = field(default_factory=dict)  # instrument.records.CapturedQK per request: inspect
+    profile: Any = None  # instrument.records.ProfileRecord: profile
 
     @property
     def num_steps(self) -> int:
         return len(self.steps)
 
-    def summary(self) -> dict:
-        """JSON-ready scalars and lists (no arrays): what the CLI prints."""
-        data = asdict(self)
-        data.pop("captured_qk")
-        for step, record in zip(data["steps"], self.steps):
-            step["num_scheduled_tokens"] = record.num_scheduled_tokens
-            step.pop("kv_writes")
-            step.pop("hidden_norms")
-        for request in data["requests"].values():
-            request.pop("first_token_logits")
-        return data
+
+def since(start_time: float | None, t: float) -> float:
+    """``t`` in seconds since ``start_time`` (0 before the first step has started)."""
+    return t - start_time if start_time is not None else 0.0
+
+
+def ttft_breakdown(request: Request, steps: list[StepRecord], start_time: float | None) -> dict[str, float]:
+    """Where the time to the first token went: tokenize, then every step from arrival to it."""
+    if request.first_token_time is None:
+        return {}
+    parts = {"tokenize_s": request.tokenize_time_s, "schedule_s": 0.0, "forward_s": 0.0, "sample_s": 0.0}
+    arrival, first = since(start_time, request.arrival_time), since(start_time, request.first_token_time)
+    for step in steps:
+        if step.start_time_s + 1e-9 >= arrival and step.start_time_s <= first:
+            parts["schedule_s"] += step.schedule_time_s + step.prepare_time_s
+            parts["forward_s"] += step.forward_time_s
+            parts["sample_s"] += step.sample_time_s
+    parts["detokenize_s"] = request.detokenize_time_s
+    engine_ttft = request.time_to_first_token_s
+    parts["other_s"] = max(0.0, engine_ttft - parts["schedule_s"] - parts["forward_s"] - parts["sample_s"])
+    parts["total_s"] = parts["tokenize_s"] + engine_ttft + parts["detokenize_s"]
+    return parts
+
+
+def request_record(request: Request, steps: list[StepRecord], start_time: float | None) -> RequestRecord:
+    """The request as the trace shows it (``steps``: the engine's steps so far)."""
+    first, logits = request.first_token_sample, request.first_token_logits
+    return RequestRecord(
+        request_id=request.request_id,
+        prompt_token_ids=list(request.prompt_token_ids),
+        output_token_ids=list(request.output_token_ids),
+        status=request.status.value,
+        num_cached_tokens=request.num_cached_tokens,
+        num_preemptions=request.num_preemptions,
+        arrival_time_s=since(start_time, request.arrival_time),
+        tokenize_time_s=request.tokenize_time_s,
+        time_to_first_token_s=request.time_to_first_token_s,
+        inter_token_times_s=request.inter_token_times_s,
+        first_token_top_ids=first.top_token_ids if first else [],
+        first_token_top_probs=first.top_probs if first else [],
+        first_token_entropy_nats=first.entropy_nats if first else None,
+        first_token_text=request.first_token_text,
+        detokenize_time_s=request.detokenize_time_s,
+        first_token_logits=logits.numpy() if logits is not None else None,
+        ttft_breakdown_s=ttft_breakdown(request, steps, start_time),
+    )

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from prefillviz.engine.progress import StepProgress, offset_progress
 from prefillviz.experiments.chunked import ChunkedWorkload, LatencySummary, latency_summary, run_workload
 from prefillviz.experiments.outputs import compare_outputs
 from prefillviz.experiments.warm_up import short_warm_up
+from prefillviz.machine.progress import StepProgress, offset_progress
 
 
 @dataclass

@@ -26,13 +26,13 @@ import numpy as np
 from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.errors import RequestError
-from prefillviz.engine.progress import StepProgress, offset_progress
 from prefillviz.engine.request import SamplingParams
 from prefillviz.engine.trace import StepRecord, Trace
 from prefillviz.experiments.outputs import OutputCheck, compare_outputs
 from prefillviz.experiments.warm_up import short_warm_up
 from prefillviz.loading.hosted import hosted_policy
 from prefillviz.loading.prompts import PRESETS
+from prefillviz.machine.progress import StepProgress, offset_progress
 
 LONG_REQUEST_ID = "long"
 

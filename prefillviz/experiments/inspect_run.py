@@ -25,7 +25,6 @@ import pandas as pd
 
 from prefillviz.analysis.attention_maps import all_head_summaries
 from prefillviz.engine.errors import RequestError
-from prefillviz.engine.progress import StepProgress
 from prefillviz.engine.request import SamplingParams
 from prefillviz.engine.trace import StepRecord, Trace
 from prefillviz.experiments.one_request import one_request_engine
@@ -33,6 +32,7 @@ from prefillviz.experiments.prefill import PrefillResult
 from prefillviz.experiments.prompt_run import PromptRun, prompt_fields
 from prefillviz.instrument.capture import run_captured
 from prefillviz.loading.models import LoadedModel
+from prefillviz.machine.progress import StepProgress
 
 ONE_STEP_BUDGET = 1 << 20  # more tokens than any prompt: the whole prompt runs in one step
 KV_QUANTITIES = {"key_norm": "key norm", "value_norm": "value norm", "bytes": "bytes written"}

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from prefillviz.analysis.memory import KVMemoryReport, kv_memory_report
+from prefillviz.analysis.model_shape import ModelShape
 from prefillviz.engine.errors import RequestError
-from prefillviz.engine.model_shape import ModelShape
 from prefillviz.engine.trace import Trace
 from prefillviz.experiments.inspect_run import InspectionRun, request_token_indices
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from prefillviz.analysis.model_shape import model_shape
 from prefillviz.engine.errors import ConfigError
-from prefillviz.engine.model_shape import model_shape
-from prefillviz.engine.progress import FractionProgress, ProgressCounter
 from prefillviz.experiments.model_setup import device_and_dtype, model_tokenizer_and_id, token_ids_of_length
 from prefillviz.experiments.ways import PARALLEL, TOKEN_BY_TOKEN, run_way, time_to_first_token_s, warm_up_both_ways
+from prefillviz.machine.progress import FractionProgress, ProgressCounter
 
 DEFAULT_PARALLEL_SIZES = (16, 32, 64, 128, 256)
 DEFAULT_SEQUENTIAL_SIZES = (4, 8, 16, 24, 32)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefillviz.engine.devices import dtype_name
 from prefillviz.loading.prompts import bench_token_ids
+from prefillviz.machine.devices import dtype_name
 
 
 def model_tokenizer_and_id(loaded_or_pair: Any) -> tuple[Any, Any, str]:

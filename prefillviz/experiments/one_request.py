@@ -11,17 +11,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from prefillviz.engine.backend import Backend
 from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
-from prefillviz.engine.progress import StepProgress
 from prefillviz.engine.request import SamplingParams
 from prefillviz.engine.trace import Trace
 from prefillviz.instrument.capture import run_captured
 from prefillviz.loading.hosted import hosted_policy
+from prefillviz.machine.progress import StepProgress
 
 
 def one_request_engine(
-    model: Any, tokenizer: Any = None, token_budget: int = 8192, num_tokens: int | None = None, model_id: str = "", **config: Any
+    model: Any, tokenizer: Any = None, token_budget: int = 8192, num_tokens: int | None = None, model_id: str = "",
+    backend: Backend | None = None, **config: Any,
 ) -> LLMEngine:
     """An engine for one request at a time, prefix caching off.
 
@@ -32,12 +34,14 @@ def one_request_engine(
         num_tokens: size the KV cache for one request of this many tokens, prompt and new
             tokens together (+ one block); None sizes it from the memory budget.
         model_id: recorded in the trace.
-        **config: any other ``EngineConfig`` field (e.g. ``pack_linear_weights=False``).
+        backend: the engine's ops (None: the model's, ``engine.backend.backend_for``).
+        **config: any other ``EngineConfig`` field.
     """
     if num_tokens is not None:
         config.setdefault("num_blocks", -(-num_tokens // config.get("block_size", EngineConfig.block_size)) + 1)
     config = {**hosted_policy().engine_limits(), **config}
-    return LLMEngine(model, tokenizer, EngineConfig(token_budget=token_budget, enable_prefix_caching=False, **config), model_id=model_id)
+    config = EngineConfig(token_budget=token_budget, enable_prefix_caching=False, **config)
+    return LLMEngine(model, tokenizer, config, model_id=model_id, backend=backend)
 
 
 class OnePrompt:

@@ -18,12 +18,12 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from prefillviz.analysis.model_shape import model_shape
 from prefillviz.engine.errors import ConfigError
-from prefillviz.engine.model_shape import model_shape
-from prefillviz.engine.progress import FractionProgress, ProgressCounter
 from prefillviz.experiments.model_setup import device_and_dtype, model_tokenizer_and_id, token_ids_of_length
 from prefillviz.experiments.one_request import OnePrompt
 from prefillviz.experiments.warm_up import short_warm_up
+from prefillviz.machine.progress import FractionProgress, ProgressCounter
 
 WHOLE = 0  # the chunk size of "no chunking" in rows and results
 

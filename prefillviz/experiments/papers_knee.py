@@ -27,11 +27,11 @@ import numpy as np
 
 from prefillviz.analysis.flops import model_costs
 from prefillviz.analysis.machine_peaks import MachinePeaks
+from prefillviz.analysis.model_shape import model_shape
 from prefillviz.engine.errors import ConfigError
-from prefillviz.engine.model_shape import model_shape
-from prefillviz.engine.progress import FractionProgress, ProgressCounter
 from prefillviz.experiments.model_setup import device_and_dtype, model_tokenizer_and_id, token_ids_of_length
 from prefillviz.experiments.ways import run_way, time_to_first_token_s, warm_up_both_ways
+from prefillviz.machine.progress import FractionProgress, ProgressCounter
 
 DEFAULT_SIZES = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.errors import RequestError
-from prefillviz.engine.progress import FractionProgress, ProgressCounter
 from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments.model_setup import device_and_dtype, model_tokenizer_and_id, token_ids_of_length
 from prefillviz.experiments.warm_up import short_warm_up
 from prefillviz.loading.hosted import hosted_policy
+from prefillviz.machine.progress import FractionProgress, ProgressCounter
 
 NUM_DECODES = 4  # the decode-only batch (the paper's)
 NUM_PIGGYBACKED = 3  # decodes in the mixed step (the paper's 1021 + 3)

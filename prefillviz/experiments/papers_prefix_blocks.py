@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.errors import ConfigError
-from prefillviz.engine.progress import FractionProgress, ProgressCounter
 from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments import prefix
 from prefillviz.experiments.model_setup import device_and_dtype, model_tokenizer_and_id, token_ids_of_length
 from prefillviz.loading.hosted import hosted_policy
+from prefillviz.machine.progress import FractionProgress, ProgressCounter
 
 SUFFIX_TOKENS = 8  # each request's own tokens after the shared prefix
 

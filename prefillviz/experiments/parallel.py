@@ -20,13 +20,13 @@ from prefillviz.analysis.flops import engine_step_costs
 from prefillviz.analysis.roofline import RooflinePoint
 from prefillviz.analysis.rounding import longest_sum
 from prefillviz.engine.errors import ConfigError, RequestError
-from prefillviz.engine.machine_load import LoadReading, MachineLoad
-from prefillviz.engine.progress import FractionProgress, ProgressCounter, StepProgress
 from prefillviz.engine.request_checks import check_prompt_text
 from prefillviz.engine.trace import Trace
 from prefillviz.experiments.kv_equality import EqualityCheck, compare_inspections
 from prefillviz.experiments.model_setup import device_and_dtype, model_tokenizer_and_id
 from prefillviz.experiments.ways import PARALLEL, REQUEST_ID, TOKEN_BY_TOKEN, run_way, time_to_first_token_s, warm_up_both_ways
+from prefillviz.machine.load import LoadReading, MachineLoad
+from prefillviz.machine.progress import FractionProgress, ProgressCounter, StepProgress
 
 
 @dataclass

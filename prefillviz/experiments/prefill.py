@@ -14,15 +14,15 @@ import dataclasses
 from dataclasses import dataclass
 
 from prefillviz.engine.errors import PrefillVizError
-from prefillviz.engine.machine_load import LoadReading, MachineLoad
 from prefillviz.engine.request import SamplingParams
 from prefillviz.engine.trace import Trace
 from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.experiments.prompt_run import PROMPT_FIELDS, PromptRun, prompt_fields
 from prefillviz.instrument.bundle import bundle_bytes, read_bundle
 from prefillviz.instrument.capture import run_captured
-from prefillviz.instrument.passes import median_of_passes
+from prefillviz.instrument.passes import median_of_passes, ops_label
 from prefillviz.loading.models import LoadedModel
+from prefillviz.machine.load import LoadReading, MachineLoad
 
 TIMING_RUNS = 5  # timing passes per prefill; the headline is their median
 TIMING_BUDGET_S = 4.0  # ...fewer when they would take longer than this (a long prompt on a CPU)
@@ -48,7 +48,8 @@ class PrefillResult(PromptRun):
         runs = self.ttft_runs_s or [self.ttft_s]
         spread = f", spread {min(runs) * 1000:,.1f}-{max(runs) * 1000:,.1f} ms" if len(runs) > 1 else ""
         load = f"; {self.machine_load.label()}" if self.machine_load is not None else ""
-        return f"{median_of_passes(len(runs))}{spread} ({self.timing.device}){load}"
+        ops = f", {ops_label(self.timing)}" if ops_label(self.timing) else ""
+        return f"{median_of_passes(len(runs))}{spread} ({self.timing.device}{ops}){load}"
 
 
 def run_prefill(

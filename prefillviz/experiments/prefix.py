@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.errors import RequestError
-from prefillviz.engine.progress import StepProgress, offset_progress
 from prefillviz.engine.request import SamplingParams
 from prefillviz.engine.trace import Trace
 from prefillviz.experiments.warm_up import short_warm_up
 from prefillviz.loading.hosted import hosted_policy
 from prefillviz.loading.prompts import PRESETS
+from prefillviz.machine.progress import StepProgress, offset_progress
 
 _CHAT = PRESETS["Chat with a system prompt"]
 CHAT_SYSTEM_PROMPT = (

@@ -11,9 +11,10 @@ import json
 import re
 
 from prefillviz.analysis.machine_peaks import MachinePeaks
+from prefillviz.analysis.model_shape import ModelShape
 from prefillviz.analysis.roofline import predict_layer_times
-from prefillviz.engine.model_shape import ModelShape
-from prefillviz.engine.trace import LayerTimes, Trace
+from prefillviz.engine.trace import Trace
+from prefillviz.instrument.records import LayerTimes
 from prefillviz.loading.models import LoadedModel
 
 ATTENTION_OPS = ("q_proj", "k_proj", "v_proj", "attn_scores", "attn_values", "o_proj")  # inside the attention module

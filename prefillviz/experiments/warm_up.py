@@ -1,7 +1,7 @@
 """Warm a model through the engine's own path, so no timed run is a cold one.
 
 The first forward after loading pays one-time costs that are not prefill: packing the
-linear weights (``engine/packed_weights.py``), first-touch page faults, oneDNN building its
+linear weights (``backends/packed_weights.py``), first-touch page faults, oneDNN building its
 matmul primitives for each new shape, the capture hooks' first use. The app runs
 ``warm_up`` once per loaded model (inside ``st.cache_resource``), before any page measures
 anything: the Prefill page's default prompt through a timing pass and an inspection pass, a
@@ -11,11 +11,11 @@ chunked and prefix experiments run ``short_warm_up`` before their timed runs.
 
 from __future__ import annotations
 
-from prefillviz.engine.timers import run_timed
 from prefillviz.experiments.one_request import run_one
 from prefillviz.experiments.prefill import run_prefill
 from prefillviz.loading.models import LoadedModel
 from prefillviz.loading.prompts import PRESETS
+from prefillviz.machine.timers import run_timed
 
 
 def warm_up(loaded: LoadedModel) -> float:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefillviz.engine.progress import StepProgress
 from prefillviz.engine.trace import Trace
 from prefillviz.experiments.one_request import run_one
+from prefillviz.machine.progress import StepProgress
 
 PARALLEL = "parallel"
 TOKEN_BY_TOKEN = "token-by-token"

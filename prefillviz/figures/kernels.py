@@ -208,3 +208,17 @@ def dispatch_figure(rows: list[dict], family: str, subtitle: str = "") -> go.Fig
     fig.update_layout(barmode="group")
     fig.update_yaxes(type="log")
     return fig
+
+
+def backends_figure(rows: list[dict], subtitle: str = "") -> go.Figure:
+    """What tuning buys: the layers' time in each part, the textbook backend's bar beside the measured one's
+    (``experiments/tuning.BackendComparison.rows``)."""
+    fig = go.Figure()
+    backends = list(dict.fromkeys(row["backend"] for row in rows))
+    for key, name, colour in LAYER_PARTS:
+        part = key.removesuffix("_ms")
+        values = {row["backend"]: row["ms"] for row in rows if row["part"] == part}
+        fig.add_trace(go.Bar(x=backends, y=[values.get(b, 0.0) for b in backends], name=name, marker_color=colour,
+                             hovertemplate="%{x}: %{y:,.2f} ms<extra>" + name + "</extra>"))
+    fig.update_layout(barmode="stack")
+    return _layout(fig, "The same prefill on the textbook and the measured backend", subtitle, "backend", "time in the layers (ms)")

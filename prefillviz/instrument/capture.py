@@ -2,15 +2,18 @@
 
     none      step wall times only (the engine always records these)
     timing    + per layer and sub-layer time (attention, MLP, norms, embedding, final norm,
-              lm_head): perf_counter on CPU, CUDA events on GPU, read once per step (by the
-              engine's own forward itself, or by module hooks on the stock forward)
+              lm_head): perf_counter on CPU, CUDA events on GPU, read once per step
     inspect   + the KV write log (positions, slots, blocks, bytes, K/V norms per kv head and
               token), post-RoPE queries, keys and values of every layer, hidden-state norms
     profile   timing under torch.profiler, with a record_function scope per layer and
               sub-layer, a per-op table and a Chrome trace
 
-Hooks are global state on a shared model (TransformerLens' lesson): they exist only inside
-``capture(...)``, which removes every one of them in ``finally``, even when the run fails.
+A ``Capture`` is the engine's run observer (``engine/observer.py``): the engine's own forward
+tells it of its spans, q/k/v and residual stream, so every level observes the forward that a
+timing pass times. A model the engine's forward does not know runs the stock forward; there
+the spans and the residual stream come from module hooks, which are global state on a shared
+model (TransformerLens' lesson): they exist only inside ``installed()``, which removes every one
+of them in ``finally``, even when the run fails.
 
 Names are dotted: ``layers.3.attention``, ``layers.3.mlp``, ``layers.3.input_layernorm``,
 ``layers.3``, ``embedding``, ``final_norm``, ``lm_head``.
@@ -26,13 +29,14 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 
-from prefillviz.engine.devices import dtype_name
 from prefillviz.engine.errors import ConfigError
 from prefillviz.engine.kv_cache import kv_bytes_per_token
-from prefillviz.engine.timers import SpanClock
-from prefillviz.engine.trace import CAPTURE_LEVELS, CapturedQK, KVWriteRecord, LayerTimes, ProfileRecord, StepRecord, Trace
+from prefillviz.engine.trace import StepRecord, Trace
 from prefillviz.instrument.capture_buffers import Rows, StepNorms
 from prefillviz.instrument.model_parts import SUB_LAYER_KINDS, model_parts
+from prefillviz.instrument.records import CAPTURE_LEVELS, CapturedQK, KVWriteRecord, LayerTimes, ProfileRecord
+from prefillviz.machine.devices import dtype_name
+from prefillviz.machine.timers import SpanClock
 
 
 class Capture:
@@ -45,6 +49,7 @@ class Capture:
         self.level = level
         self.profile_dir = profile_dir
         self.parts = model_parts(engine.model) if level != "none" else None
+        self.sees_tensors = level == "inspect"
         self.clock = SpanClock(engine.device)
         self.profiler = None
         self._scopes: dict[str, torch.autograd.profiler.record_function] = {}
@@ -84,7 +89,6 @@ class Capture:
                 name = f"layers.{i}.{kind}" if kind != "norm" else f"layers.{i}.{child_name}"
                 self._span_hooks(name, child, handles)
         if self.level == "inspect":
-            self.engine.runner.observers.append(self._observe_attention)
             handles.append(parts.embedding.register_forward_hook(self._hidden_hook(0)))
             for i, layer in enumerate(parts.layers):
                 handles.append(layer.register_forward_hook(self._hidden_hook(i + 1)))
@@ -92,22 +96,38 @@ class Capture:
     def _hidden_hook(self, index: int):
         def hook(_module, _args, output):
             hidden = output[0] if isinstance(output, tuple) else output  # (1, T, hidden)
-            self.record_hidden(index, hidden[0])
+            self.hidden(index, hidden[0])
 
         return hook
 
-    def record_hidden(self, index: int, hidden: torch.Tensor) -> None:
+    # ---------------------------------------------------------------- what the forward tells
+    @contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        """A named part of the forward: timed on the clock, and a ``record_function`` scope at the profile level."""
+        scope = torch.autograd.profiler.record_function(name) if self.level == "profile" else None
+        if scope is not None:
+            scope.__enter__()
+        self.clock.start(name)
+        try:
+            yield
+        finally:
+            self.clock.stop(name)
+            if scope is not None:
+                scope.__exit__(None, None, None)
+
+    def hidden(self, index: int, hidden: torch.Tensor) -> None:
         """Inspect: the norm of each token's residual stream (T, hidden) after the embedding (0) or layer index - 1."""
         self._step_norms(hidden.shape[0]).keep_hidden(index, hidden.float().norm(dim=-1))  # (T,)
 
     def _step_norms(self, tokens: int) -> StepNorms:
         if self._norms is None:
-            self._norms = StepNorms(self.engine.info.num_layers, self.engine.info.num_kv_heads, tokens)
+            self._norms = StepNorms(self.engine.num_layers, self.engine.num_kv_heads, tokens)
         return self._norms
 
-    def _observe_attention(self, layer_idx, module, query, key, value, meta) -> None:
-        """Inspect: the K/V just written, and the post-RoPE q/k of each request."""
+    def attention(self, layer_idx: int, module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta) -> None:
+        """Inspect: the K/V just written, and the post-RoPE q/k/v of each request: q (T, H, D), k and v (T, KVH, D)."""
         self._kv_step_meta = meta
+        query, key, value = query.transpose(0, 1)[None], key.transpose(0, 1)[None], value.transpose(0, 1)[None]  # (1, heads, T, D)
         self._step_norms(key.shape[2]).keep_kv(layer_idx, key[0].float().norm(dim=-1), value[0].float().norm(dim=-1))  # (KVH, T)
         for r, request_id in enumerate(meta.request_ids):
             start, end = meta.query_start_loc[r], meta.query_start_loc[r + 1]
@@ -126,27 +146,18 @@ class Capture:
         and every new token but the last (as many as its first chunk where the request is unknown)."""
         request = self.engine.scheduler.requests.get(request_id)
         capacity = request.num_prompt_tokens + request.sampling_params.max_new_tokens - 1 if request is not None else 0
-        num_layers = self.engine.info.num_layers
+        num_layers = self.engine.num_layers
         return {"positions": [], "scaling": {}, **{kind: Rows(num_layers, capacity) for kind in ("q", "k", "v")}}
 
     # ---------------------------------------------------------------- the engine's RunObserver
     @contextmanager
     def installed(self) -> Iterator[Capture]:
-        """Install the hooks for the level on the engine's model; remove them all on exit, even on error."""
+        """Start the profiler (profile level) and, on a stock forward, hook its modules; undo all on exit, even on error."""
         handles: list = []
-        observers_before = list(self.engine.runner.observers)
-        # the engine's own forward times its spans and shows its q/k/v and hidden states itself; the
-        # profiler (and a model the engine's forward does not run) hooks the stock modules
-        own_forward = self.level in ("timing", "inspect") and self.engine.runner.own_forward.available
         with ExitStack() as stack:
             try:
-                if own_forward:
-                    self.engine.runner.span_clock = self.clock
-                    if self.level == "inspect":
-                        self.engine.runner.observers.append(self._observe_attention)
-                        self.engine.runner.hidden_observer = self.record_hidden
-                elif self.level != "none":
-                    self._install(handles)
+                if self.level != "none" and self.engine.runner.own_forward is None:
+                    self._install(handles)  # the stock forward: its modules' hooks time the spans
                 if self.level == "profile":
                     activities = [torch.profiler.ProfilerActivity.CPU]
                     if self.engine.device.type == "cuda":
@@ -156,10 +167,8 @@ class Capture:
                     )
                 yield self
             finally:
-                self.engine.runner.span_clock = self.engine.runner.hidden_observer = None
                 for handle in handles:
                     handle.remove()
-                self.engine.runner.observers[:] = observers_before
                 for scope in self._scopes.values():  # a failure mid-forward left scopes open
                     scope.__exit__(None, None, None)
                 self._scopes.clear()

@@ -46,3 +46,12 @@ def pass_label(capture_level: str, runs: int | None = None, short: bool = False)
 def median_of_passes(runs: int, capture_level: str = "timing") -> str:
     """``"median of 5 timing passes"`` (``"median of 1 timing pass"``); a timing or inspection pass."""
     return f"median of {runs} {PASSES[capture_level][0]}{'es' if runs > 1 else ''}"
+
+
+OPS_LABELS = {"torch": "textbook ops (plain torch)", "measured": "the measured backend's ops"}  # ``StepRecord.ran["backend"]``
+
+
+def ops_label(trace) -> str:
+    """Which backend's ops a run's steps ran, for captions ('' for a trace that does not say: one saved before)."""
+    backends = {step.ran["backend"] for step in trace.steps if step.ran}
+    return ", ".join(OPS_LABELS.get(name, name) for name in sorted(backends))

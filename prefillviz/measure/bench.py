@@ -21,14 +21,14 @@ import torch
 from transformers import DynamicCache
 
 from prefillviz.analysis.flops import engine_step_costs
-from prefillviz.engine.devices import dtype_name
-from prefillviz.engine.dispatch_tables import summary as dispatch_summary
-from prefillviz.engine.machine_load import MachineLoad
-from prefillviz.engine.timers import median_and_spread, run_timed
+from prefillviz.backends.dispatch_tables import summary as dispatch_summary
 from prefillviz.experiments.chunked import WORKLOAD_DEFAULTS, WorkloadSettings
 from prefillviz.experiments.one_request import OnePrompt
 from prefillviz.loading.models import load_model
 from prefillviz.loading.prompts import bench_token_ids
+from prefillviz.machine.devices import dtype_name
+from prefillviz.machine.load import MachineLoad
+from prefillviz.machine.timers import median_and_spread, run_timed
 from prefillviz.measure.bench_keys import VLLM_KEYS, in_order
 from prefillviz.measure.bench_parts import chunked_ratios, packed_over_stock, prefix_hit_speedup
 from prefillviz.measure.fresh_process import cold_start_s, inspect_peak_rss_mb

@@ -9,12 +9,12 @@ from dataclasses import replace
 
 import torch
 
+from prefillviz.backends.packed_weights import packed_linears, packing_status
 from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
-from prefillviz.engine.packed_weights import packed_linears, packing_status
-from prefillviz.engine.timers import median_and_spread, run_timed
 from prefillviz.experiments.chunked import WorkloadSettings, build_workload, latency_summary, run_workload
 from prefillviz.loading.prompts import bench_token_ids
+from prefillviz.machine.timers import median_and_spread, run_timed
 
 
 def prefix_hit_speedup(loaded, prefix_tokens: int, runs: int, new_tokens: int = 32) -> dict:

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from prefillviz.engine.devices import dtype_name
-from prefillviz.engine.packed_weights import pack_weight, packed_linear, packing_available
-from prefillviz.engine.timers import time_call
+from prefillviz.backends.packed_weights import pack_weight, packed_linear, packing_available
+from prefillviz.machine.devices import dtype_name
+from prefillviz.machine.timers import time_call
 
 SLOW_FACTOR = 1.25  # a dtype this much slower than float32 here is called slow
 _SPEED_WINDOW_S = 0.005  # each timed run repeats the ops until it lasts this long

@@ -37,13 +37,13 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from prefillviz.analysis.flops import engine_step_costs
-from prefillviz.engine.devices import dtype_name, machine_name
-from prefillviz.engine.forward_status import STOCK_FORWARD_ENV
+from prefillviz.engine.forward import STOCK_FORWARD_ENV
 from prefillviz.engine.request import SamplingParams
-from prefillviz.engine.timers import run_timed
 from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.instrument.capture import run_captured
 from prefillviz.kernels import paged_attention as paged
+from prefillviz.machine.devices import dtype_name, machine_name
+from prefillviz.machine.timers import run_timed
 from prefillviz.measure.kernel_bench import run_kernel_benchmark
 from prefillviz.measure.peaks import measure_matmul_gflops
 from prefillviz.measure.trace_spans import median_per_layer, median_ratio, scope_spans_s

@@ -36,12 +36,12 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from prefillviz.analysis import rounding
-from prefillviz.engine.devices import dtype_name, machine_name
 from prefillviz.engine.errors import RequestError
 from prefillviz.engine.request import SamplingParams
-from prefillviz.engine.timers import run_timed
 from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.instrument.capture import run_captured
+from prefillviz.machine.devices import dtype_name, machine_name
+from prefillviz.machine.timers import run_timed
 from prefillviz.measure.gpu_check import _Tokenizer, device_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,9 +10,9 @@ from __future__ import annotations
 import statistics
 
 from prefillviz.engine.request import SamplingParams
-from prefillviz.engine.timers import median_and_spread, run_timed
 from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.loading.prompts import bench_token_ids
+from prefillviz.machine.timers import median_and_spread, run_timed
 
 
 def engine_over_hf_cb(

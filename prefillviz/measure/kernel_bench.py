@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from prefillviz.engine.devices import dtype_name, machine_name
+from prefillviz.backends.ops.paged_check import KernelCheckError
 from prefillviz.engine.errors import ConfigError
-from prefillviz.engine.ops.paged_check import KernelCheckError
-from prefillviz.engine.progress import FractionProgress
 from prefillviz.kernels import attention as dense
 from prefillviz.kernels import paged_attention as paged
 from prefillviz.kernels.harness import KernelResult
+from prefillviz.machine.devices import dtype_name, machine_name
+from prefillviz.machine.progress import FractionProgress
 from prefillviz.measure.kernel_trials import first_line, recompile_limit, trial_launch
 
 BENCH_SIZES = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -244,8 +244,8 @@ def engine_choice(bench: KernelBenchmark) -> dict:
         {"measured": whether a table exists for these heads here, "provenance" or "why",
         "by_bucket": {bucket: attention candidate}, "rows": [indexes into ``bench.rows()`` that the engine runs]}.
     """
-    from prefillviz.engine.dispatch import ATTENTION, bucket_for
-    from prefillviz.engine.dispatch_tables import table_for_heads
+    from prefillviz.backends.dispatch import ATTENTION, bucket_for
+    from prefillviz.backends.dispatch_tables import table_for_heads
 
     table = table_for_heads(bench.num_heads, bench.num_kv_heads, bench.head_dim, bench.device, bench.dtype)
     if table is None:

@@ -4,8 +4,8 @@ and in the attention kernel itself.
 One run of ``run_kernel_timings`` makes five kinds of measurement of the same prompt, each
 in its own pass, because each instrument changes what it measures:
 
-Every pass runs the stock ``aten::mm`` matmuls (``pack_linear_weights=False``), whose FLOPs
-the profiler counts, so the passes measure the same work:
+Every pass runs the measured backend with the model's own linears (``STOCK_LINEARS``: ``aten::mm``
+matmuls, whose FLOPs the profiler counts), so the passes measure the same work:
 
     warm-up      capture "none": first-call costs out of the way (not shown)
     timing       capture "timing", ``timing_runs`` times: per-layer clocks, median per layer
@@ -29,21 +29,25 @@ from dataclasses import dataclass, replace
 import torch
 
 from prefillviz.analysis.machine_peaks import MachinePeaks
-from prefillviz.engine.devices import dtype_name
+from prefillviz.analysis.model_shape import ModelShape
+from prefillviz.backends import dispatch_tuning
+from prefillviz.backends.dispatch_tables import table_for
+from prefillviz.backends.measured import STOCK_LINEARS
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.errors import RequestError
-from prefillviz.engine.forward_status import own_forward_status
-from prefillviz.engine.model_shape import ModelShape
-from prefillviz.engine.progress import FractionProgress
+from prefillviz.engine.forward import own_forward_status
 from prefillviz.engine.request import SamplingParams
-from prefillviz.engine.trace import LayerTimes, Trace
+from prefillviz.engine.trace import Trace
 from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.experiments.timing_rows import predicted_vs_measured, timeline_events
 from prefillviz.instrument import passes
 from prefillviz.instrument.capture import run_captured
+from prefillviz.instrument.records import LayerTimes
 from prefillviz.kernels.attention import KERNELS, AttentionKernel, check_and_time
 from prefillviz.kernels.harness import KernelResult
 from prefillviz.loading.models import LoadedModel
+from prefillviz.machine.devices import dtype_name
+from prefillviz.machine.progress import FractionProgress
 from prefillviz.measure.kernel_bench import KernelBenchmark, run_kernel_benchmark
 from prefillviz.measure.peaks_history import machine_peaks
 
@@ -96,7 +100,7 @@ class KernelTimingsResult:
 # ------------------------------------------------------------------------------ passes
 def _engine(loaded: LoadedModel) -> LLMEngine:
     # stock aten::mm matmuls (no pre-packed weights) in every pass: the profiler counts their FLOPs
-    return one_request_engine(loaded.model, loaded.tokenizer, 8192, model_id=loaded.model_id, pack_linear_weights=False)
+    return one_request_engine(loaded.model, loaded.tokenizer, 8192, model_id=loaded.model_id, backend=STOCK_LINEARS)
 
 
 def prefill_pass(loaded: LoadedModel, prompt: str | list[int], capture_level: str, profile_dir: str | None = None) -> Trace:
@@ -291,3 +295,12 @@ def pass_label(result: KernelTimingsResult, which: str, short: bool = False) -> 
         name = passes.pass_label(which, len(result.timing_traces) if which == "timing" else None, short)
     where = f"{result.device}, {result.dtype}" if short else f"{result.model_id} on {result.device}, {result.dtype}"
     return f"{name} · {where}"
+
+
+DISPATCH_RUNS = dispatch_tuning.RUNS  # the timed runs of each candidate (the page's caption)
+
+
+def dispatch_table(model, refresh: bool = False):
+    """The measured backend's dispatch table for the model: measured at the warm-up and read here; ``refresh``
+    times every candidate again (the page's Measure again)."""
+    return table_for(model, refresh=refresh)

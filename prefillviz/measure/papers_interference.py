@@ -17,8 +17,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from prefillviz.disagg.experiment import SETUPS, DisaggComparison, compare_setups
-from prefillviz.engine.progress import FractionProgress, ProgressCounter
 from prefillviz.experiments.chunked import ChunkedWorkload
+from prefillviz.machine.progress import FractionProgress, ProgressCounter
 
 
 @dataclass

@@ -8,7 +8,7 @@ synchronize before reading the clock, CUDA events on GPU, several runs, median):
 * ``matmul_gflops``: the best of a few prefill-shaped matmuls, (512 x 576) @ (576 x 1536)
   (a 512-token MLP projection of SmolLM2-135M) and a square 2048^3 (4096^3 and 8192^3
   added on CUDA, where small shapes can't fill the chip). On a CPU each is also timed with
-  the weight pre-packed, as the engine runs its linears (``engine/packed_weights.py``).
+  the weight pre-packed, as the engine runs its linears (``backends/packed_weights.py``).
 * ``memory_gb_s``: the best of a decode-shaped weight read (one token's row times a
   256 MiB weight matrix, far larger than any cache; ``gemv_gb_s``) and a 256 MiB tensor
   copy (read + write; ``copy_gb_s``). Both are kept: when the gemv kernel itself is slow
@@ -28,10 +28,10 @@ from collections.abc import Callable
 import torch
 
 from prefillviz.analysis.machine_peaks import MachinePeaks
-from prefillviz.engine.devices import dtype_name, machine_name, resolve_dtype
-from prefillviz.engine.machine_load import MachineLoad
-from prefillviz.engine.packed_weights import pack_weight, packed_linear, packing_available
-from prefillviz.engine.timers import time_call
+from prefillviz.backends.packed_weights import pack_weight, packed_linear, packing_available
+from prefillviz.machine.devices import dtype_name, machine_name, resolve_dtype
+from prefillviz.machine.load import MachineLoad
+from prefillviz.machine.timers import time_call
 
 MATMUL_SHAPES = ((512, 576, 1536), (2048, 2048, 2048))  # (M, K, N): (M, K) @ (K, N)
 CUDA_EXTRA_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192))

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from prefillviz.analysis.machine_peaks import MachinePeaks, parse_time
-from prefillviz.engine.devices import cache_root, dtype_name, machine_slug, resolve_dtype
+from prefillviz.machine.devices import cache_root, dtype_name, machine_slug, resolve_dtype
 from prefillviz.measure.peaks import measure_peaks
 
 PEAKS_FORMAT = 3  # in the cache file name and content; 2: packed-weight matmuls count on a CPU; 3: a history of measurements

@@ -15,9 +15,9 @@ from typing import Any
 
 from prefillviz.analysis.flops import engine_step_costs
 from prefillviz.analysis.machine_peaks import MachinePeaks
+from prefillviz.analysis.model_shape import model_shape
 from prefillviz.analysis.roofline import RooflinePoint
 from prefillviz.engine.errors import ConfigError
-from prefillviz.engine.model_shape import model_shape
 from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments.model_setup import device_and_dtype, model_tokenizer_and_id, token_ids_of_length
 from prefillviz.experiments.one_request import one_request_engine

@@ -9,6 +9,8 @@ vLLM's CPU attention's multiple). ``details.seconds`` keeps each side's median a
 ``details.ratios_by_round`` every round's ratio.
 
 - ``engine_over_vllm_prefill_512`` / ``_2048``: time to first token of one fresh N-token prompt.
+- ``textbook_over_vllm_prefill_512`` / ``_2048``: the same with the engine on its textbook backend
+  (``engine/backend.py``'s plain torch), timed in the same rounds.
 - ``engine_over_vllm_prefix_hit``: time to first token of a request whose 1,024-token prefix
   (2N at N=512) an earlier request of the same workload left in the cache, plus 32 new tokens.
 - ``engine_over_vllm_decode``: mean time between tokens of one request decoding 64 tokens.
@@ -27,10 +29,11 @@ import statistics
 import torch
 
 from prefillviz.analysis import rounding
-from prefillviz.engine.devices import dtype_name
-from prefillviz.engine.timers import median_and_spread
+from prefillviz.engine.backend import TorchBackend, using_backend
 from prefillviz.loading import bundled
 from prefillviz.loading.prompts import bench_token_ids
+from prefillviz.machine.devices import dtype_name
+from prefillviz.machine.timers import median_and_spread
 from prefillviz.measure.bench_keys import VLLM_KEYS
 from prefillviz.peers import side_by_side
 from prefillviz.peers.vllm_client import VLLMUnavailable, VLLMWorker, unavailable_for
@@ -42,7 +45,7 @@ def skipped(reason: str) -> dict:
 
 
 def vllm_side_by_side(loaded, num_tokens: int, runs: int, quick: bool, worker: VLLMWorker | None = None) -> dict:
-    """The six keys, and ``details`` with every median, spread, round's ratio and the versions.
+    """The eight keys, and ``details`` with every median, spread, round's ratio and the versions.
 
     Args:
         runs: timed rounds, each running every workload on ours then on vLLM (quick: one).
@@ -62,17 +65,19 @@ def vllm_side_by_side(loaded, num_tokens: int, runs: int, quick: bool, worker: V
     hit_request = PeerRequest("hit", prefix + bench_token_ids(tokenizer, new_tokens + 9)[9:], 1, arrival_step=2)
     workloads["prefix_hit"] = ([PeerRequest("first", prefix + [7], 1), hit_request], "hit", "ttft", 2048)
     workloads["decode"] = ([PeerRequest("decoder", bench_token_ids(tokenizer, 64), 8 if quick else 64)], "decoder", "itl", 2048)
+    sides = {name: ("ours", "textbook", "vllm") if name.startswith("prefill_") else ("ours", "vllm") for name in workloads}
     try:
         started = worker is None
         if started:
             worker = VLLMWorker(bundled.bundled_cache_dir(), dtype=dtype, max_token_budget=max(2048, 4 * num_tokens), max_model_len=max(4096, 4 * num_tokens + 64))
         with worker if started else contextlib.nullcontext(worker):
-            times = {name: {"ours": [], "vllm": []} for name in workloads}
-            for round_index in range(1 + (1 if quick else runs)):  # round 0 warms both up
+            times = {name: {side: [] for side in sides[name]} for name in workloads}
+            for round_index in range(1 + (1 if quick else runs)):  # round 0 warms every side up
                 for name, (requests, request_id, what, budget) in workloads.items():
-                    for side in ("ours", "vllm"):
-                        if side == "ours":
-                            trace = side_by_side.run_ours(loaded.model, tokenizer, requests, budget, model_id=loaded.model_id)
+                    for side in sides[name]:
+                        if side != "vllm":
+                            with using_backend(TorchBackend() if side == "textbook" else None):
+                                trace = side_by_side.run_ours(loaded.model, tokenizer, requests, budget, model_id=loaded.model_id)
                         else:
                             trace = worker.run(requests, budget, record_blocks=False)  # no pool walk in its timed steps
                         record = trace.requests[request_id]
@@ -87,11 +92,14 @@ def vllm_side_by_side(loaded, num_tokens: int, runs: int, quick: bool, worker: V
     except VLLMUnavailable as error:
         return skipped(str(error).splitlines()[0])
     by_round = {name: [theirs / ours for ours, theirs in zip(t["ours"], t["vllm"])] for name, t in times.items()}
+    by_round |= {f"textbook_{name}": [v / o for o, v in zip(t["textbook"], t["vllm"])] for name, t in times.items() if "textbook" in t}
     ratio = {name: statistics.median(ratios) for name, ratios in by_round.items()}
     parted = parting(loaded, batch, ours_batch, theirs_batch, comparison.outputs_differ)
     return {
         "engine_over_vllm_prefill_512": ratio[f"prefill_{sizes[0]}"],
         "engine_over_vllm_prefill_2048": ratio[f"prefill_{sizes[1]}"],
+        "textbook_over_vllm_prefill_512": ratio[f"textbook_prefill_{sizes[0]}"],
+        "textbook_over_vllm_prefill_2048": ratio[f"textbook_prefill_{sizes[1]}"],
         "engine_over_vllm_prefix_hit": ratio["prefix_hit"],
         "engine_over_vllm_decode": ratio["decode"],
         "vllm_outputs_equal": len(comparison.outputs_equal),

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import statistics
 
-from prefillviz.engine.progress import FractionProgress, ProgressCounter
 from prefillviz.experiments.model_setup import token_ids_of_length
 from prefillviz.experiments.papers_chunk_cost import WHOLE, ChunkCostPoint, ChunkCostResult, kv_reread_tokens
 from prefillviz.experiments.papers_knee import KneeResult, fit_knee
 from prefillviz.experiments.papers_piggyback import NUM_DECODES, NUM_PIGGYBACKED, SHORT_PROMPT_TOKENS, PiggybackResult
 from prefillviz.experiments.papers_prefix_blocks import BlockHit, BlockHitResult, block_prompts
+from prefillviz.machine.progress import FractionProgress, ProgressCounter
 from prefillviz.peers.vllm_client import VLLMWorker
 from prefillviz.peers.workload import PeerRequest
 

@@ -18,7 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from prefillviz.engine.progress import ProgressCounter
+from prefillviz.machine.progress import ProgressCounter
 from prefillviz.probe.client import ProbeError, ServerClient, StreamedCompletion
 from prefillviz.probe.prompts import PromptMaker
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from prefillviz.engine.progress import FractionProgress, ProgressCounter
+from prefillviz.machine.progress import FractionProgress, ProgressCounter
 from prefillviz.probe.client import ProbeBudget, ProbeError, ServerClient
 from prefillviz.probe.load import PlannedRequest, run_point
 from prefillviz.probe.load_stats import QUEUE, PointResult, find_knee, reading

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from prefillviz.engine.progress import FractionProgress, ProgressCounter
 from prefillviz.experiments.length_sweep import QuadraticFit, fit_quadratic
+from prefillviz.machine.progress import FractionProgress, ProgressCounter
 from prefillviz.probe.client import ProbeBudget, ProbeError, ServerClient
 from prefillviz.probe.experiments import (
     STREAM_PROMPT_TOKENS,

@@ -15,7 +15,7 @@ import streamlit as st
 from prefillviz.loading.hosted import hosted_policy
 from prefillviz.loading.model_registry import RECOMMENDED_MODELS
 from prefillviz.loading.prompts import PRESETS
-from prefillviz.ui.settings import device_choices, dtype_choices, set_setting
+from prefillviz.ui.settings import BACKEND_KEY, BACKENDS, device_choices, dtype_choices, set_setting
 
 MAX_PROMPT_CHARS = 4000
 
@@ -51,6 +51,7 @@ LINK_PARAMETERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "model": ("sidebar_model", _choice(_model_ids)),
     "device": ("sidebar_device", _choice(device_choices)),
     "dtype": ("sidebar_dtype", _choice(dtype_choices)),
+    "backend": (BACKEND_KEY, _choice(lambda: list(BACKENDS))),
     "presenter": ("presenter_mode", _flag),
     "preset": ("prefill_preset", _choice(lambda: list(PRESETS))),
     "prompt": ("prefill_prompt", _prompt),

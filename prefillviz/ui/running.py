@@ -14,15 +14,17 @@ import streamlit as st
 import torch
 from streamlit.errors import StreamlitAPIException
 
-from prefillviz.engine.devices import dtype_name
-from prefillviz.engine.dispatch_tables import choice_label
+from prefillviz.backends.dispatch_tables import choice_label
+from prefillviz.backends.labels import forward_label
+from prefillviz.backends.packed_weights import linear_weights_label
+from prefillviz.engine.backend import using_backend
 from prefillviz.engine.errors import OutOfMemory, PrefillVizError, is_out_of_memory
-from prefillviz.engine.forward_status import forward_label
-from prefillviz.engine.packed_weights import linear_weights_label
 from prefillviz.experiments.prefill import TIMING_RUNS
 from prefillviz.instrument.passes import pass_label
 from prefillviz.loading.models import LoadedModel
+from prefillviz.machine.devices import dtype_name
 from prefillviz.ui.run_queue import RUN_QUEUE
+from prefillviz.ui.settings import session_backend, session_backend_name
 from prefillviz.ui.shared_runs import SHARED_RUNS, Shared
 
 logger = logging.getLogger(__name__)
@@ -31,11 +33,9 @@ logger = logging.getLogger(__name__)
 def run_label(loaded: LoadedModel, capture: str) -> str:
     """What a number measured: the pass (``instrument.passes``), the device and its threads, for captions under results."""
     where = f"{loaded.model_id} on {loaded.device}, {dtype_name(loaded.dtype)}"
-    return (
-        f"{pass_label(capture)} · {where} · {forward_label(loaded.model, capture)} · {linear_weights_label(loaded.model)} · "
-        f"{choice_label(loaded.model)} · "
-        f"{torch.get_num_threads()} torch threads"
-    )
+    backend = session_backend()
+    measured = "" if backend is not None else f"{linear_weights_label(loaded.model)} · {choice_label(loaded.model)} · "
+    return f"{pass_label(capture)} · {where} · {forward_label(loaded.model, backend)} · {measured}{torch.get_num_threads()} torch threads"
 
 
 @contextmanager
@@ -48,7 +48,7 @@ def run_guarded(what: str, queue: bool = True) -> Iterator[None]:
     untouched, so the page keeps showing them.
     """
     try:
-        with queue_turn() if queue else nullcontext(0.0):
+        with queue_turn() if queue else nullcontext(0.0), using_backend(session_backend()):  # the sidebar's engine ops
             yield
     except PrefillVizError as error:
         if isinstance(error, OutOfMemory):
@@ -98,7 +98,7 @@ def measured_once(key: tuple, measure: Callable[[int], Any]) -> Shared:
 
     viewer = st.session_state.setdefault("shared_runs_viewer", uuid.uuid4().hex)  # this session, in its own state
     shared = SHARED_RUNS.run(
-        key, measure_in_turn, viewer=viewer,
+        (*key, session_backend_name()), measure_in_turn, viewer=viewer,
         on_join_wait=lambda viewers: joining.info(f"An identical run is being measured; you will see its result ({viewers} viewers so far)…"),
     )
     joining.empty()

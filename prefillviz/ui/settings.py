@@ -15,11 +15,26 @@ from typing import Any
 
 import streamlit as st
 
+from prefillviz.engine.backend import Backend, TorchBackend
 from prefillviz.loading.hosted import hosted_policy
 
 KEPT_PREFIX = "kept_"
 DEVICES = ["auto", "cpu", "cuda", "mps"]
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
+BACKEND_KEY = "sidebar_backend"
+BACKENDS = {  # the sidebar's engine ops: what each runs
+    "measured": "measured: the fastest kernels this machine ran",
+    "textbook": "textbook: the engine's plain torch ops",
+}
+
+
+def session_backend() -> Backend | None:
+    """The backend this session's engines run: the textbook's, or None for the model's own (the measured one)."""
+    return TorchBackend() if st.session_state.get(KEPT_PREFIX + BACKEND_KEY, st.session_state.get(BACKEND_KEY)) == "textbook" else None
+
+
+def session_backend_name() -> str:
+    return "textbook" if session_backend() is not None else "measured"
 
 
 def device_choices() -> list[str]:

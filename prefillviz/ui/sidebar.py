@@ -6,19 +6,19 @@ from __future__ import annotations
 import streamlit as st
 import torch
 
-from prefillviz.engine.devices import cuda_fallback_note, dtype_name
-from prefillviz.engine.dispatch_tables import choice_label
+from prefillviz.backends.dispatch_tables import choice_label
+from prefillviz.backends.labels import forward_label
+from prefillviz.backends.packed_weights import linear_weights_label
 from prefillviz.engine.errors import PrefillVizError
-from prefillviz.engine.forward_status import forward_label
-from prefillviz.engine.packed_weights import linear_weights_label
 from prefillviz.experiments.warm_up import warm_up
 from prefillviz.loading.hosted import hosted_policy
 from prefillviz.loading.model_registry import BUNDLED_MODEL_ID, RECOMMENDED_MODELS
 from prefillviz.loading.models import LoadedModel, load_model
+from prefillviz.machine.devices import cuda_fallback_note, dtype_name
 from prefillviz.measure.dtype_speed import dtype_speed
 from prefillviz.ui.presenter import PRESENTER_CSS, presenter_mode
 from prefillviz.ui.run_queue import RUN_QUEUE
-from prefillviz.ui.settings import device_choices, dtype_choices, kept
+from prefillviz.ui.settings import BACKEND_KEY, BACKENDS, device_choices, dtype_choices, kept, session_backend
 
 
 @st.cache_resource(show_spinner=False, max_entries=2)
@@ -55,6 +55,12 @@ def model_choice() -> tuple[str, str, str]:
             dtype = kept(st.selectbox, "dtype", dtype_choices(), key="sidebar_dtype", **(fixed or {"help": "auto: bf16 on GPU and on a CPU where bf16 measured at least 1.25x faster than fp32, else fp32. A dtype this CPU can't run is refused with a message; a slow one is flagged with its measured factor."}))
         if policy.enabled:
             st.caption(f"Hosted demo ({policy.why}): allow-listed models only, fixed device and dtype, bounded prompts.")
+        kept(
+            st.radio, "Engine ops", list(BACKENDS), format_func=BACKENDS.get, key=BACKEND_KEY,
+            help="The same engine either way. Textbook: every op in a few lines of plain torch (prefillviz/engine/backend.py). "
+            "Measured: C++ and oneDNN kernels, each chosen by timing it on this machine (prefillviz/backends). "
+            "The Kernel timings page runs both on one prompt.",
+        )
         kept(st.radio, "Chart image format (each chart's camera button)", ["png", "svg"], key="export_format", horizontal=True)
     if presenter_mode():
         st.markdown(PRESENTER_CSS, unsafe_allow_html=True)
@@ -94,7 +100,7 @@ def model_card(loaded: LoadedModel) -> None:
         f"{info.num_layers} layers · {info.num_heads} heads · {info.num_kv_heads} KV heads · head dim {info.head_dim}  \n"
         f"KV cache: **{info.kv_bytes_per_token:,} B per token**  \n"
         f"{loaded.device} · {dtype_name(loaded.dtype)} · from {loaded.source} in {loaded.load_time_s:.1f} s{warm}  \n"
-        f"engine: {linear_weights_label(loaded.model, with_reason=True)}  \n"
-        f"forward: {forward_label(loaded.model, 'none', with_reason=True)}; profiler passes hook the stock one  \n"
-        f"dispatch: {choice_label(loaded.model, with_reason=True)}"
+        f"forward: {forward_label(loaded.model, session_backend(), with_reason=True)}  \n"
+        f"measured backend's linears: {linear_weights_label(loaded.model, with_reason=True)}  \n"
+        f"measured backend's dispatch: {choice_label(loaded.model, with_reason=True)}"
     )

@@ -13,11 +13,11 @@ from collections.abc import Callable
 import plotly.graph_objects as go
 import streamlit as st
 
-from prefillviz.engine.devices import dtype_name
 from prefillviz.experiments.prefix import request_blocks
 from prefillviz.figures.prefix import block_grid_figure
 from prefillviz.loading import bundled
 from prefillviz.loading.models import LoadedModel
+from prefillviz.machine.devices import dtype_name
 from prefillviz.peers import side_by_side
 from prefillviz.peers.vllm_client import BLOCK_SIZE, VLLMWorker, unavailable_for
 from prefillviz.ui.results import get_result, save_result

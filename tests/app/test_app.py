@@ -76,11 +76,12 @@ def test_unknown_model_gives_a_message_and_the_page_stays_usable(bundled):
 
 def test_a_downloaded_run_bundle_loads_back_without_running_the_model(bundled):
     from prefillviz.experiments.prefill import load_prefill_bundle, prefill_bundle, run_prefill
+    from prefillviz.instrument.trace_io import trace_summary
 
     result = run_prefill(bundled, "The capital of France is")
     again = load_prefill_bundle(prefill_bundle(result))
     assert again.token_texts == result.token_texts and again.prompt == result.prompt
-    assert again.timing.summary() == result.timing.summary()
+    assert trace_summary(again.timing) == trace_summary(result.timing)
     assert (again.inspection.captured_qk["req-0"].keys[3] == result.inspection.captured_qk["req-0"].keys[3]).all()
     app = make_app()
     app.session_state["results"] = {"prefill": again}
@@ -115,10 +116,10 @@ def test_an_out_of_memory_run_shows_a_message_frees_and_the_next_run_works(bundl
     real_forward = ModelRunner.forward
     failures = [RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB")]
 
-    def forward_that_fails_once(self, inputs):
+    def forward_that_fails_once(self, inputs, observer=None):
         if failures:
             raise failures.pop()
-        return real_forward(self, inputs)
+        return real_forward(self, inputs, observer)
 
     monkeypatch.setattr(ModelRunner, "forward", forward_that_fails_once)
     app = make_app()
@@ -131,7 +132,7 @@ def test_an_out_of_memory_run_shows_a_message_frees_and_the_next_run_works(bundl
 
 
 def test_sidebar_says_why_the_linears_are_stock_and_flags_a_slow_dtype(bundled, monkeypatch):
-    from prefillviz.engine import packed_weights
+    from prefillviz.backends import packed_weights
     from prefillviz.measure.dtype_speed import DtypeSpeed
     from prefillviz.ui import sidebar as shell
 
@@ -144,7 +145,7 @@ def test_sidebar_says_why_the_linears_are_stock_and_flags_a_slow_dtype(bundled, 
     app.selectbox(key="sidebar_dtype").set_value("bfloat16").run()
     assert not app.exception
     card = " ".join(m.value for m in app.sidebar.markdown)
-    assert f"engine: stock linear layers ({reason})" in card and "warmed up in" in card
+    assert f"measured backend's linears: stock linear layers ({reason})" in card and "warmed up in" in card
     assert any("bfloat16 runs 3.2x slower than float32" in w.value for w in app.sidebar.warning)
     app.button(key="prefill_run").click().run()  # and it still runs
     assert not app.exception and app.metric[2].value

@@ -13,7 +13,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from prefillviz.analysis.machine_peaks import MachinePeaks
-from prefillviz.engine.devices import machine_name
+from prefillviz.machine.devices import machine_name
 from prefillviz.measure import peaks_history
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
@@ -124,7 +124,7 @@ def test_measure_peaks_again_adds_a_measurement_and_the_prediction_uses_the_new_
 
 
 def test_the_page_shows_the_measured_choice_and_measures_it_again(measured, monkeypatch, tmp_path):
-    from prefillviz.engine import dispatch_tuning
+    from prefillviz.backends import dispatch_tuning
 
     monkeypatch.setenv("PREFILLVIZ_DISPATCH_CACHE", str(tmp_path))  # an empty folder: the table below is measured here, not read
 
@@ -140,3 +140,31 @@ def test_the_page_shows_the_measured_choice_and_measures_it_again(measured, monk
     monkeypatch.setattr(dispatch_tuning, "measure", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
     app.button(key="kernels_dispatch_again").click().run()
     assert calls == [1] and not app.exception
+
+
+def test_the_two_backends_run_the_same_prompt_side_by_side(bundled):
+    """What tuning buys: the textbook and the measured backend prefill the page's prompt in turns; the page shows
+    both times, their ratio, each one's layer parts and what each step ran."""
+    app = kernels_page()
+    app.button(key="kernels_backends_run").click().run()
+    assert not app.exception and not app.error
+    textbook, tuned, ratio = (m.value for m in app.metric[:3])
+    assert textbook.endswith(" ms") and tuned.endswith(" ms") and re.fullmatch(r"\d+\.\d\dx (faster|slower)", ratio)
+    spec = charts(app)[next(c.proto.id for c in app.get("plotly_chart") if c.key == "kernels_backends_chart")]
+    assert [bar["x"] for bar in spec["data"]] == [["textbook", "measured"]] * 4  # attention, MLP, norms, other
+    assert all(y > 0 for bar in spec["data"][:2] for y in bar["y"])  # attention and MLP took time on both
+    ran = app.dataframe[0].value
+    assert list(ran["backend"]) == ["textbook", "measured"]
+    assert "torch SDPA" in ran["what its step ran"][0] and "bucket: prefill_128" in ran["what its step ran"][1]
+
+
+def test_the_sidebar_switches_every_run_to_the_textbook_backend(bundled):
+    app = AppTest.from_file(APP, default_timeout=240)
+    app.run()
+    app.selectbox(key="sidebar_dtype").set_value("float32").run()
+    app.radio(key="sidebar_backend").set_value("textbook").run()
+    card = " ".join(m.value for m in app.sidebar.markdown)
+    assert "forward: engine forward, textbook ops (plain torch)" in card
+    app.button(key="prefill_run").click().run()
+    assert not app.exception and app.metric[2].value == "' Paris'"
+    assert any("textbook ops (plain torch)" in c.value for c in app.caption)  # the result says which ops measured it

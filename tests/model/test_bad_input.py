@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from prefillviz.cli import main
+from prefillviz.engine.backend import TorchBackend
 from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.errors import PrefillVizError, RequestError
@@ -64,16 +65,24 @@ def test_kv_budget_below_one_block_is_refused(tiny_llama):
         LLMEngine(tiny_llama, None, EngineConfig(kv_cache_memory_bytes=100))
 
 
-class FailAtLayer:
-    """An attention observer that raises once: a real failure inside the model's forward."""
+class FailAtLayer(TorchBackend):
+    """The textbook backend, but its attention raises once in layer 1: a real failure inside the model's forward."""
 
     def __init__(self, error):
         self.error = error
 
-    def __call__(self, layer_idx, *args):
-        if self.error is not None and layer_idx == 1:
-            error, self.error = self.error, None
-            raise error
+    def for_step(self, model, meta):
+        ops, backend = super().for_step(model, meta), self
+        attention = ops.attention
+
+        def failing(layer, *args, **kwargs):
+            if backend.error is not None and layer == 1:
+                error, backend.error = backend.error, None
+                raise error
+            return attention(layer, *args, **kwargs)
+
+        ops.attention = failing
+        return ops
 
 
 @pytest.mark.parametrize(
@@ -88,7 +97,7 @@ def test_a_failed_step_frees_its_requests_blocks_and_the_engine_recovers(tiny_ll
     engine = LLMEngine(tiny_llama, None, EngineConfig(block_size=4))
     engine.add_request([7] * 9, SamplingParams(max_new_tokens=3), request_id="decoding")
     engine.step()
-    engine.runner.observers.append(FailAtLayer(error))
+    engine.runner.backend = FailAtLayer(error)
     victim = engine.add_request([9] * 30, request_id="victim")
     with pytest.raises((PrefillVizError, RuntimeError), match=expected):
         engine.step()

@@ -1,4 +1,4 @@
-"""The engine's brgemm linear (prefillviz/engine/ops/csrc/linear_brgemm.h, ops/brgemm_linear.py's BrgemmLinear), and the
+"""The engine's brgemm linear (prefillviz/backends/ops/csrc/linear_brgemm.h, ops/brgemm_linear.py's BrgemmLinear), and the
 slab linear (the same op and packs in fp32 on the engine's own micro-kernel, ``own``): the same product as F.linear, each output within the bound of its dtype and length (tests/tolerances.py), at row
 counts that take one call, several calls, one group of rows per thread and more groups than threads;
 a width that is not a multiple of its 64-column slabs; the gated MLP's silu(x G^T) * (x U^T) within the
@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prefillviz.engine import linear_checks
-from prefillviz.engine.ops.brgemm_linear import BrgemmLinear, brgemm_linear_why, slab_linear_why
+from prefillviz.backends import linear_checks
+from prefillviz.backends.ops.brgemm_linear import BrgemmLinear, brgemm_linear_why, slab_linear_why
 from tests.tolerances import assert_linear_close, assert_linear_close_from_two_threads
 
 ROWS = [1, 2, 7, 33, 255, 256, 300, 513, 1100]  # 1,100 rows: 3 groups of rows on 2 threads (at most 512 a group)
@@ -140,7 +140,7 @@ def test_what_it_refuses_says_why(compiled_ops):
 def test_packs_made_in_an_arena_share_its_huge_page_region_and_still_match(compiled_ops, monkeypatch):
     import mmap
 
-    from prefillviz.engine.host_memory import NO_HUGE_PAGES_ENV, huge_page_arena
+    from prefillviz.backends.host_memory import NO_HUGE_PAGES_ENV, huge_page_arena
 
     runs_here(compiled_ops, torch.float32, 64)
     monkeypatch.delenv(NO_HUGE_PAGES_ENV, raising=False)

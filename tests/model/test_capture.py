@@ -12,14 +12,15 @@ import torch
 
 from prefillviz.analysis.attention_maps import attention_probs
 from prefillviz.analysis.first_token import first_token_view
+from prefillviz.backends.measured import STOCK_LINEARS
+from prefillviz.backends.ops.brgemm_linear import BRGEMM_SCOPE, SLAB_SCOPE
+from prefillviz.backends.packed_weights import ONEDNN_SCOPE
 from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.errors import ConfigError
-from prefillviz.engine.ops.brgemm_linear import BRGEMM_SCOPE, SLAB_SCOPE
-from prefillviz.engine.packed_weights import ONEDNN_SCOPE
 from prefillviz.engine.request import SamplingParams
 from prefillviz.instrument.capture import run_captured
-from prefillviz.instrument.trace_io import load_trace, save_trace
+from prefillviz.instrument.trace_io import load_trace, save_trace, trace_summary
 from tests.tolerances import OP_STEPS, allowed_difference, maps_allowed_difference
 
 TEXT = "Prefill writes the keys and values of every prompt token into the cache, layer by layer."
@@ -125,10 +126,10 @@ def test_profile_level_has_scopes_op_table_and_a_chrome_trace(bundled, tmp_path)
     for scope in ["layers.0.attention", "layers.29.mlp", "layers.3.input_layernorm", "layers.3.post_attention_layernorm", "lm_head"]:
         assert ops[scope]["calls"] == 1
     linears = sum(type(m) is torch.nn.Linear for m in bundled.model.modules())
-    chosen = trace.steps[0].dispatch["linears"]  # what the measured dispatch ran for this step's shape
-    if chosen != "stock":  # the engine's packed linears, as they ran on a CPU that packs
+    chosen = trace.steps[0].ran["linears"]  # what the measured dispatch ran for this step's shape
+    if chosen != "stock":  # the engine's packed linears, as they ran on a CPU that packs: q|k|v, o, gate|up, down a layer, the lm_head
         packed_op = {"oneDNN matmul": ONEDNN_SCOPE, "brgemm linear": BRGEMM_SCOPE, "slab linear": SLAB_SCOPE}.get(chosen, "mkldnn::_linear_pointwise")
-        assert ops[packed_op]["calls"] == linears
+        assert ops[packed_op]["calls"] == 4 * bundled.info.num_layers + 1
     else:  # stock linears where the probe said no (F.linear: addmm/mm/linear in the op table)
         assert "mkldnn::_linear_pointwise" not in ops and sum(ops.get(op, {}).get("calls", 0) for op in ("aten::mm", "aten::addmm")) >= linears
     events = json.loads((tmp_path / "chrome_trace.json").read_text())["traceEvents"]
@@ -139,7 +140,7 @@ def test_profile_level_has_scopes_op_table_and_a_chrome_trace(bundled, tmp_path)
 
 
 def test_profile_level_counts_matmul_flops_of_stock_linears(bundled):
-    engine = LLMEngine(bundled.model, bundled.tokenizer, EngineConfig(pack_linear_weights=False))
+    engine = LLMEngine(bundled.model, bundled.tokenizer, EngineConfig(), backend=STOCK_LINEARS)
     engine.add_request(TEXT)
     ops = {row["op"]: row for row in run_captured(engine, capture_level="profile").profile.op_table}
     assert ops["aten::mm"]["flops"] > 0 and "mkldnn::_linear_pointwise" not in ops
@@ -160,22 +161,41 @@ class Boom(RuntimeError):
     pass
 
 
-def test_hooks_are_removed_when_a_captured_run_fails(bundled):
+@pytest.mark.parametrize("own_forward", [True, False], ids=["engine forward", "stock forward"])
+def test_hooks_and_scopes_are_removed_when_a_captured_run_fails(bundled, own_forward):
     engine = LLMEngine(bundled.model, bundled.tokenizer, EngineConfig())
+    if not own_forward:
+        engine.runner.own_forward = None  # a model the engine's forward does not know: the capture hooks its modules
+    backend = engine.runner.backend
 
-    def fail(layer_idx, *args):
-        if layer_idx == 4:
-            raise Boom("failed inside layer 4")
+    class FailInLayer4:  # the engine's backend, its attention failing in layer 4
+        name = backend.name
 
-    engine.runner.observers.append(fail)
+        def __getattr__(self, name):
+            return getattr(backend, name)
+
+        def for_step(self, model, meta):
+            ops = backend.for_step(model, meta)
+            attention = ops.attention
+
+
+            def failing(layer, *args):
+                if layer == 4:
+                    raise Boom("failed inside layer 4")
+                return attention(layer, *args)
+
+            ops.attention = failing
+            return ops
+
+    engine.runner.backend = FailInLayer4()
     engine.add_request(TEXT)
     for level in ["timing", "inspect", "profile"]:
         with pytest.raises(Boom):
             run_captured(engine, capture_level=level)
-        assert not all_hooks(bundled.model)
-        assert engine.runner.observers == [fail] and engine.observer is None
+        assert not all_hooks(bundled.model) and engine.observer is None
+        assert not torch._C._autograd._profiler_enabled()  # the profile level's profiler stopped
         engine.add_request(TEXT)
-    engine.runner.observers.clear()
+    engine.runner.backend = backend
     assert run_captured(engine, capture_level="timing").steps[-1].layer_times is not None
 
 
@@ -189,7 +209,7 @@ def test_unknown_capture_level_is_refused(bundled):
 def test_saved_trace_reloads_with_the_same_maps_and_numbers(chunked_inspect, tmp_path):
     _, trace, request = chunked_inspect
     loaded = load_trace(save_trace(trace, tmp_path / "run"))
-    assert loaded.summary() == trace.summary()
+    assert trace_summary(loaded) == trace_summary(trace)
     before, after = trace.captured_qk[request.request_id], loaded.captured_qk[request.request_id]
     for layer in (0, 17, 29):
         for head in (0, 8):

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from prefillviz.backends.packed_weights import packing_status
 from prefillviz.cli import main
-from prefillviz.engine.packed_weights import packing_status
 from prefillviz.measure.bench_keys import BENCH_KEYS, KEY_NAMES, VLLM_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_KEYS = [
     "model", "device", "dtype", "num_prompt_tokens", "prompt_token_ids",
-    "first_token", "first_token_id", "time_to_first_token_s", "num_steps", "linear_layers", "forward", "dispatch", "dtype_note",
+    "first_token", "first_token_id", "time_to_first_token_s", "num_steps", "backend", "linear_layers", "forward", "dispatch", "dtype_note",
 ]
 
 
@@ -40,6 +40,15 @@ def test_run_json_prints_exactly_the_documented_keys(bundled):
     for step in dispatch["steps"]:
         assert step["attention"] == dispatch["choices"][step["bucket"]]["attention"]
         assert step["attention"] in dispatch["timings_ms"][step["bucket"]]["attention"]
+
+
+def test_run_on_the_textbook_backend_gives_the_same_token_and_measures_no_dispatch(bundled):
+    result = prefillviz("run", "--prompt", "The capital of France is", "--dtype", "float32", "--backend", "torch", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["backend"] == "torch" and data["first_token"] == " Paris"
+    assert data["forward"] == "engine forward, textbook ops (plain torch)" and data["dispatch"] is None
+    assert data["linear_layers"].startswith("stock linear layers (--backend torch")
 
 
 def test_run_imports_nothing_it_does_not_need(bundled):

@@ -12,13 +12,14 @@ import pytest
 import torch
 
 from prefillviz import cli
-from prefillviz.engine import devices, dispatch_tables, llama_weights, packed_weights
+from prefillviz.backends import dispatch_tables, llama_weights, packed_weights
 from prefillviz.engine.config import EngineConfig
-from prefillviz.engine.devices import check_dtype
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.errors import ModelLoadError
 from prefillviz.experiments.prefill import load_prefill_bundle, prefill_bundle, run_prefill
 from prefillviz.experiments.warm_up import warm_up
+from prefillviz.machine import devices
+from prefillviz.machine.devices import check_dtype
 from prefillviz.measure.dtype_speed import SLOW_FACTOR, DtypeSpeed, dtype_speed
 from tests.conftest import assert_matches_hf
 from tests.hf_oracle import hf_last_logits
@@ -135,7 +136,7 @@ def test_warm_up_packs_the_weights_and_the_headline_ttft_is_a_median(bundled):
     assert len(runs) == 5 and sorted(runs)[2] == result.ttft_s  # the kept trace is the median run's
     assert result.machine_load is not None and 0 <= result.machine_load.other_cpu_percent <= 100
     label = result.ttft_label()
-    assert label.startswith("median of 5 timing passes, spread ") and "cores meanwhile" in label
+    assert label.startswith("median of 5 timing passes, spread ") and "cores meanwhile" in label and "the measured backend's ops" in label
     again = load_prefill_bundle(prefill_bundle(result))
     assert again.ttft_runs_s == runs and again.machine_load == result.machine_load
 

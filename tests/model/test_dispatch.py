@@ -16,10 +16,9 @@ import pytest
 import torch
 
 from prefillviz import cli
-from prefillviz.engine import dispatch, dispatch_tables, dispatch_tuning, linear_checks
-from prefillviz.engine.attention import ENGINE_KERNELS
-from prefillviz.engine.config import EngineConfig
-from prefillviz.engine.dispatch import (
+from prefillviz.backends import dispatch, dispatch_tables, dispatch_tuning, linear_checks
+from prefillviz.backends.attention import ENGINE_KERNELS
+from prefillviz.backends.dispatch import (
     ATTENTION,
     ATTENTION_CANDIDATES,
     BRGEMM_LINEAR,
@@ -34,7 +33,9 @@ from prefillviz.engine.dispatch import (
     bucket_of,
     injected,
 )
-from prefillviz.engine.dispatch_tables import injected_table
+from prefillviz.backends.dispatch_tables import injected_table
+from prefillviz.backends.measured import MEASURED
+from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.errors import ConfigError
 from prefillviz.engine.request import SamplingParams
@@ -141,10 +142,10 @@ def bundled_bf16_weights_in_fp32(bundled_bf16):
 
 def engine_run(model, prompt, max_new_tokens=3):
     """First-token logits, the generated tokens and each step's dispatch (a 24-token prompt in chunks of 16: prefill, mixed, decodes)."""
-    engine = LLMEngine(model, tokenizer=None, config=EngineConfig(token_budget=16))
+    engine = LLMEngine(model, tokenizer=None, config=EngineConfig(token_budget=16), backend=MEASURED)
     request = engine.add_request(prompt, SamplingParams(max_new_tokens=max_new_tokens))
     trace = engine.run()
-    return request.first_token_logits, trace.requests[request.request_id].output_token_ids, [s.dispatch for s in trace.steps]
+    return request.first_token_logits, trace.requests[request.request_id].output_token_ids, [s.ran for s in trace.steps]
 
 
 FORCINGS = [
@@ -202,7 +203,7 @@ def test_the_linears_are_timed_as_the_engine_runs_them(tiny_llama, candidate):
     """The tuning times each candidate on the calls the engine's forward makes: q|k|v and gate|up one
     packed matmul each, or, stock, one ``F.linear`` per weight and the outputs side by side (timing
     stock on stacked weights had it win the 2,048-token bucket on a Xeon where the engine's calls lost)."""
-    from prefillviz.engine.llama_weights import llama_weights
+    from prefillviz.backends.llama_weights import llama_weights
 
     if dispatch_tuning.candidate_statuses(tiny_llama)[LINEARS][candidate]:
         pytest.skip(dispatch_tuning.candidate_statuses(tiny_llama)[LINEARS][candidate])
@@ -214,11 +215,11 @@ def test_the_linears_are_timed_as_the_engine_runs_them(tiny_llama, candidate):
     engine_layer = llama_weights(tiny_llama, candidate).layers[0]
     inputs = linear_checks.linear_inputs(groups, 9)
     timed = linear_checks.linear_layer(groups, candidate)(inputs)
-    gate_up = engine_layer[4](inputs[2])
-    assert gate_up.shape[-1] == mlp.up_proj.out_features * (1 if engine_layer[4].activates else 2)  # silu(gate) * up, or [gate | up]
-    activation = gate_up if engine_layer[4].activates else linear_checks.silu_mul_for(gate_up)(gate_up)  # the forward's silu_mul
-    engine = [engine_layer[1](inputs[0]), engine_layer[2](inputs[1]), activation, engine_layer[5](inputs[3])]
-    assert engine_layer[4].activates == (candidate in (BRGEMM_LINEAR, SLAB_LINEAR))  # the packs that fuse the SiLU
+    gate_up = engine_layer.gate_up(inputs[2])
+    assert gate_up.shape[-1] == mlp.up_proj.out_features * (1 if engine_layer.gate_up.activates else 2)  # silu(gate) * up, or [gate | up]
+    activation = gate_up if engine_layer.gate_up.activates else linear_checks.silu_mul_for(gate_up)(gate_up)  # the forward's silu_mul
+    engine = [engine_layer.qkv(inputs[0]), engine_layer.o(inputs[1]), activation, engine_layer.down(inputs[3])]
+    assert engine_layer.gate_up.activates == (candidate in (BRGEMM_LINEAR, SLAB_LINEAR))  # the packs that fuse the SiLU
     assert all(torch.equal(a, b) for a, b in zip(timed, engine))  # the same calls: the same bits
 
 

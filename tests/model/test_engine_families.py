@@ -1,12 +1,18 @@
 """The engine serves the families the model picker offers (Llama, Qwen2, Mistral, GPT-2, Phi-3):
-a tiny random model of each, chunked prefill and a decode, against the plain HF forward."""
+a tiny random model of each, chunked prefill and a decode, against the plain HF forward. The measured
+backend runs them all (GPT-2 and Phi-3 on its stock forward); the textbook the Llama-shaped ones, and
+refuses the others with why."""
 
 import pytest
 import torch
 import transformers
 
+from prefillviz.backends.measured import MEASURED
+from prefillviz.engine.backend import TorchBackend
 from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
+from prefillviz.engine.errors import ConfigError
+from prefillviz.engine.forward import own_forward_status
 from prefillviz.engine.request import SamplingParams
 from tests.conftest import assert_matches_hf
 from tests.hf_oracle import hf_greedy_generate
@@ -22,15 +28,20 @@ FAMILIES = {
 }
 
 
+@pytest.mark.parametrize("backend", [MEASURED, TorchBackend()], ids=["measured", "textbook"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_family_chunked_prefill_and_decode_match_hf(family):
+def test_family_chunked_prefill_and_decode_match_hf(family, backend):
     config_name, model_name, sizes = FAMILIES[family]
     torch.manual_seed(0)
     config = getattr(transformers, config_name)(**COMMON, **sizes)
     config._attn_implementation = "sdpa"
     model = getattr(transformers, model_name)(config).eval()
     prompt = torch.randint(3, 96, (37,), generator=torch.Generator().manual_seed(1)).tolist()
-    engine = LLMEngine(model, tokenizer=None, config=EngineConfig(token_budget=10, block_size=8))
+    if backend.name == "torch" and not own_forward_status(model)[0]:
+        with pytest.raises(ConfigError, match="runs the engine's own forward only, which does not run this model.*pick the measured backend"):
+            LLMEngine(model, tokenizer=None, config=EngineConfig(), backend=backend)
+        return
+    engine = LLMEngine(model, tokenizer=None, config=EngineConfig(token_budget=10, block_size=8), backend=backend)
     request = engine.add_request(prompt, SamplingParams(max_new_tokens=5))
     trace = engine.run()
     assert trace.num_steps == 4 + 4  # 37 tokens in chunks of 10, then 4 decodes

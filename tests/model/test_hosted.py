@@ -119,7 +119,7 @@ def test_a_cuda_torch_that_cannot_reach_a_gpu_says_so_on_the_sidebar(monkeypatch
     quietly False. The sidebar says so, with the reason torch gives when CUDA is started."""
     import torch
 
-    from prefillviz.engine import devices
+    from prefillviz.machine import devices
 
     def old_driver():
         raise RuntimeError("The NVIDIA driver on your system is too old (found version 11040).")

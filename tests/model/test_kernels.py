@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prefillviz.engine.ops.paged_check import KernelCheckError
+from prefillviz.backends.ops.paged_check import KernelCheckError
 from prefillviz.kernels.attention import (
     BLOCK_SIZE,
     BLOCKED,

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from prefillviz.engine.dispatch_tuning import brgemm_why
+from prefillviz.backends.dispatch_tuning import brgemm_why
 from prefillviz.engine.errors import RequestError
 from prefillviz.experiments import timing_rows
 from prefillviz.figures import kernels as figures

@@ -1,21 +1,26 @@
-"""The engine's own forward (engine/llama_forward.py) and its C++ ops (prefillviz/engine/ops/engine_ops.py).
+"""The engine's own forward (engine/forward.py) with each backend, and the C++ ops (prefillviz/backends/ops/engine_ops.py).
 
-Each way the engine can run a step (its forward with the C++ ops, its forward with plain
-torch ops, the stock transformers forward) against the others and against the plain HF
-forward of each whole sequence: a mixed workload of chunked prefill, decodes packed with a
-chunk, and a prefix-cache hit; fp32 and bf16 each within a few steps of its grid (tests/tolerances.py).
-Then when each way runs: hooks and observers send a step to the stock forward, unknown
-models never leave it, and the ops' own check refuses a wrong op.
+Each way the engine can run a step (the textbook backend's plain torch, the measured backend with
+and without its C++ ops, the stock transformers forward) against the others and against the plain
+HF forward of each whole sequence: a mixed workload of chunked prefill, decodes packed with a
+chunk, and a prefix-cache hit; fp32 and bf16 each within a few steps of its grid
+(tests/tolerances.py). Then: every capture level observes the engine's own forward, unknown models
+run the stock one, and the ops' own check refuses a wrong op.
 """
 
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from prefillviz.engine import forward_status, llama_forward
+from prefillviz.backends import measured
+from prefillviz.backends.labels import forward_label
+from prefillviz.backends.measured import MEASURED
+from prefillviz.backends.ops import engine_ops
+from prefillviz.engine import forward
+from prefillviz.engine.backend import TorchBackend
 from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
-from prefillviz.engine.ops import engine_ops
+from prefillviz.engine.errors import ConfigError
 from prefillviz.engine.request import SamplingParams
 from prefillviz.instrument.capture import run_captured
 from tests.conftest import assert_matches_hf
@@ -23,35 +28,34 @@ from tests.hf_oracle import hf_greedy_generate
 from tests.tiny_models import make_tiny_llama
 from tests.tolerances import MODEL_STEPS, OP_STEPS, allowed_difference, assert_same_greedy_generation, assert_within, longest_sum
 
-WAYS = ("compiled", "torch", "stock")
+WAYS = ("compiled", "measured torch ops", "textbook", "stock")
 
 
 @pytest.fixture(autouse=True)
 def engine_forward_allowed(monkeypatch):
     """These tests pick each way themselves, also in a suite run under PREFILLVIZ_STOCK_FORWARD=1."""
-    monkeypatch.delenv(forward_status.STOCK_FORWARD_ENV, raising=False)
+    monkeypatch.delenv(forward.STOCK_FORWARD_ENV, raising=False)
 
 
 def prompt(length, vocab, seed):
     return torch.randint(3, vocab, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+def engine_for(model, way, monkeypatch, **config):
+    """An engine that runs a step ``way``: the measured backend with its C++ ops or with plain torch ops,
+    the textbook backend, or the measured backend's stock forward (its attention inside the transformers forward)."""
+    if way == "measured torch ops":
+        monkeypatch.setattr(measured, "compiled_attention_status", lambda *args: (None, "off in this test"))
+    backend = TorchBackend() if way == "textbook" else MEASURED
+    engine = LLMEngine(model, tokenizer=None, config=EngineConfig(**config), backend=backend)
+    if way == "stock":
+        engine.runner.own_forward = None
+    return engine
+
+
 def run_mixed(model, way, monkeypatch):
     """A chunked long prompt packed with two decoding requests, then a prefix-cache hit on it."""
-    calls = {"own": 0}
-    if way == "torch":
-        monkeypatch.setattr(llama_forward, "compiled_ops_for", lambda *args: None)
-    engine = LLMEngine(model, tokenizer=None, config=EngineConfig(block_size=16, token_budget=24))
-    own = engine.runner.own_forward
-    if way == "stock":
-        own.available = False
-    original = type(own).__call__
-
-    def counted(self, *args):
-        calls["own"] += 1
-        return original(self, *args)
-
-    monkeypatch.setattr(type(own), "__call__", counted)
+    engine = engine_for(model, way, monkeypatch, block_size=16, token_budget=24)
     vocab = model.config.vocab_size
     short_a, short_b, long_prompt = prompt(9, vocab, 5), prompt(13, vocab, 6), prompt(60, vocab, 7)
     hit_prompt = long_prompt[:48] + prompt(7, vocab, 8)
@@ -63,7 +67,9 @@ def run_mixed(model, way, monkeypatch):
     requests["hit"] = engine.add_request(hit_prompt, SamplingParams(max_new_tokens=3), request_id="hit")
     trace = engine.run()
     assert trace.requests["hit"].num_cached_tokens == 48
-    assert (calls["own"] > 0) == (way != "stock")
+    expected = "torch" if way == "textbook" else "measured"
+    assert {step.ran["backend"] for step in trace.steps} == {expected}
+    assert all(("stock forward" in step.ran["linears"]) == (way == "stock") for step in trace.steps)
     prompts = {"a": short_a, "b": short_b, "long": long_prompt, "hit": hit_prompt}
     return trace, requests, prompts
 
@@ -80,15 +86,18 @@ def test_every_way_of_running_a_step_matches_hf_in_fp32(tiny_llama, way, monkeyp
         assert_same_greedy_generation(tiny_llama, token_ids, trace.requests[request_id].output_token_ids, hf_greedy_generate(tiny_llama, token_ids, new))
 
 
-def test_the_bundled_models_steps_match_hf_with_the_compiled_ops(bundled, compiled_ops, monkeypatch):
-    trace, requests, prompts = run_mixed(bundled.model, "compiled", monkeypatch)
+@pytest.mark.parametrize("way", ["compiled", "textbook"])
+def test_the_bundled_models_steps_match_hf_on_both_backends(bundled, way, monkeypatch, request):
+    if way == "compiled":
+        request.getfixturevalue("compiled_ops")
+    trace, requests, prompts = run_mixed(bundled.model, way, monkeypatch)
     for request_id in ("long", "hit"):
         assert_matches_hf(bundled.model, prompts[request_id], requests[request_id].first_token_logits)
 
 
 def test_bf16_ways_agree_with_the_bf16_hf_forward(monkeypatch):
     model = make_tiny_llama(head_dim=32, hidden_size=128).to(torch.bfloat16)  # head size 32: the ops' AVX-512 and AVX2 tiles
-    ways = ["torch", "stock"]
+    ways = ["measured torch ops", "textbook", "stock"]
     if engine_ops.engine_ops() is not None:
         ways.insert(0, "compiled")
     logits = {}
@@ -100,43 +109,35 @@ def test_bf16_ways_agree_with_the_bf16_hf_forward(monkeypatch):
         assert_matches_hf(model, prompts["long"], logits[way])
 
 
-def test_module_hooks_send_a_step_to_the_stock_forward_and_every_pass_is_timed(tiny_llama, monkeypatch):
-    engine = LLMEngine(tiny_llama, tokenizer=None, config=EngineConfig())
-    own = engine.runner.own_forward
-    assert own.available and own.usable()
-    handle = tiny_llama.model.layers[1].mlp.register_forward_hook(lambda *args: None)
-    try:
-        assert not own.usable()
-    finally:
-        handle.remove()
-    assert own.usable()
-    eager_model = make_tiny_llama(attn_implementation="eager")
-    with torch.inference_mode():
-        eager_model(torch.tensor([prompt(5, 128, 2)]), output_attentions=True)  # transformers leaves hooks of its own
-    assert any(m._forward_hooks for m in eager_model.modules())
-    assert LLMEngine(eager_model, tokenizer=None, config=EngineConfig()).runner.own_forward.usable()
+@pytest.mark.parametrize("backend", [TorchBackend(), MEASURED], ids=["textbook", "measured"])
+def test_every_capture_level_observes_the_engines_own_forward_and_leaves_no_hook(tiny_llama, monkeypatch, backend):
+    """What is inspected and profiled is what is timed: the timing, inspection and profile passes all run
+    the engine's own forward (its spans, and at the profile level its record_function scopes)."""
+    engine = LLMEngine(tiny_llama, tokenizer=None, config=EngineConfig(), backend=backend)
     calls = []
-    original = type(own).__call__
-    monkeypatch.setattr(type(own), "__call__", lambda self, *args: calls.append(args[2]) or original(self, *args))
+    original = type(engine.runner.own_forward).__call__
+    monkeypatch.setattr(type(engine.runner.own_forward), "__call__", lambda self, *args: calls.append(args[2]) or original(self, *args))
     for level in ("timing", "inspect", "profile"):
         engine.add_request(prompt(20, 128, 1))
         trace = run_captured(engine, capture_level=level)
         times = trace.steps[0].layer_times
         assert times is not None and all(t > 0 for t in times.layer_s + times.attention_s + times.mlp_s + times.norms_s)
         assert times.lm_head_s > 0 and sum(times.layer_s) < trace.steps[0].wall_time_s
-    assert len(calls) == 2 and None not in calls  # the timing and inspection passes ran the engine's forward; the profiler the stock one
-    assert own.usable() and engine.runner.span_clock is None and engine.runner.hidden_observer is None
+        if level == "profile":
+            ops = {row["op"] for row in trace.profile.op_table}
+            assert {"layers.0", "layers.1.attention", "layers.1.mlp", "lm_head"} <= ops  # the forward's own scopes
+    assert len(calls) == 3 and None not in calls  # each level's one step ran the engine's forward, its observer told
+    ours = [h for m in tiny_llama.modules() for h in [*m._forward_hooks.values(), *m._forward_pre_hooks.values()]
+            if not getattr(h, "__module__", "").startswith("transformers.")]  # transformers' own output-capturing hooks stay
+    assert not ours
 
 
 def test_an_inspection_pass_captures_the_same_on_every_way(tiny_llama, monkeypatch):
-    ways = ["torch", "stock"] + (["compiled"] if engine_ops.engine_ops() is not None else [])
+    ways = ["measured torch ops", "textbook", "stock"] + (["compiled"] if engine_ops.engine_ops() is not None else [])
     traces = {}
     for way in ways:
         with monkeypatch.context() as patch:
-            if way == "torch":
-                patch.setattr(llama_forward, "compiled_ops_for", lambda *args: None)
-            engine = LLMEngine(tiny_llama, tokenizer=None, config=EngineConfig(token_budget=24))
-            engine.runner.own_forward.available = way != "stock"
+            engine = engine_for(tiny_llama, way, patch, token_budget=24)
             engine.add_request(prompt(40, 128, 3), SamplingParams(max_new_tokens=3), request_id="r")
             traces[way] = run_captured(engine, capture_level="inspect")
     stock = traces["stock"]
@@ -160,15 +161,18 @@ def test_an_inspection_pass_captures_the_same_on_every_way(tiny_llama, monkeypat
 
 def test_which_forward_each_model_and_setting_gets(tiny_llama, monkeypatch):
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=32)).eval()
-    assert forward_status.own_forward_status(tiny_llama) == (True, "")
-    runs, why = forward_status.own_forward_status(gpt2)
+    assert forward.own_forward_status(tiny_llama) == (True, "")
+    runs, why = forward.own_forward_status(gpt2)
     assert not runs and "gpt2" in why
-    assert forward_status.forward_label(gpt2, with_reason=True).startswith("stock transformers forward (no engine forward for gpt2")
-    assert forward_status.forward_label(tiny_llama, "profile") == "stock transformers forward"
-    assert forward_status.forward_label(tiny_llama, "timing").startswith("engine forward")
-    monkeypatch.setenv(forward_status.STOCK_FORWARD_ENV, "1")
-    assert not forward_status.own_forward_status(tiny_llama)[0]
-    assert not LLMEngine(tiny_llama, tokenizer=None, config=EngineConfig()).runner.own_forward.available
+    assert forward_label(gpt2, with_reason=True).startswith("stock transformers forward (no engine forward for gpt2")
+    assert forward_label(tiny_llama, TorchBackend()) == "engine forward, textbook ops (plain torch)"
+    assert forward_label(tiny_llama, MEASURED).startswith("engine forward, measured backend")
+    assert LLMEngine(gpt2, tokenizer=None, config=EngineConfig(), backend=MEASURED).runner.own_forward is None
+    with pytest.raises(ConfigError, match="does not run this model \\(no engine forward for gpt2"):
+        LLMEngine(gpt2, tokenizer=None, config=EngineConfig(), backend=TorchBackend())  # the textbook is the Llama forward
+    monkeypatch.setenv(forward.STOCK_FORWARD_ENV, "1")
+    assert not forward.own_forward_status(tiny_llama)[0]
+    assert LLMEngine(tiny_llama, tokenizer=None, config=EngineConfig(), backend=MEASURED).runner.own_forward is None
 
 
 def test_the_ops_check_refuses_a_wrong_op(compiled_ops):
@@ -190,7 +194,7 @@ def test_ops_match_plain_torch_on_their_one_pass_and_general_paths(compiled_ops,
     """A width of whole pairs of float vectors (one bf16 vector) takes each op's one-pass path (the
     bundled model's), any other the general one: both round where plain torch rounds, so they agree
     within a step apiece."""
-    from prefillviz.engine.ops.torch_ops import rms_norm, rope, silu_mul
+    from prefillviz.engine.backend import rms_norm, rope, silu_mul
 
     generator = torch.Generator().manual_seed(0)
     x, residual = (torch.randn(33, width, generator=generator).to(dtype) for _ in range(2))
@@ -270,8 +274,8 @@ def test_ops_report_why_they_are_off(monkeypatch):
 
 
 def test_the_stacked_weights_are_made_again_when_a_weight_changes():
-    from prefillviz.engine.dispatch import STOCK
-    from prefillviz.engine.llama_weights import llama_weights
+    from prefillviz.backends.dispatch import STOCK
+    from prefillviz.backends.llama_weights import llama_weights
 
     model = make_tiny_llama()
     first = llama_weights(model, STOCK)

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefillviz.engine import devices
-from prefillviz.engine.devices import BF16_AUTO_SPEEDUP, cpu_bf16_speedup, resolve_device, resolve_dtype
 from prefillviz.engine.errors import ModelLoadError
 from prefillviz.loading import bundled, hub
 from prefillviz.loading.model_registry import BUNDLED_MODEL_ID, RECOMMENDED_MODELS
 from prefillviz.loading.models import load_model
+from prefillviz.machine import devices
+from prefillviz.machine.devices import BF16_AUTO_SPEEDUP, cpu_bf16_speedup, resolve_device, resolve_dtype
 from tests.tiny_models import make_tiny_llama
 from tests.tolerances import OP_STEPS, allowed_difference, assert_within, longest_sum
 

@@ -1,4 +1,4 @@
-"""oneDNN's matmul primitive as the engine's packed linear (prefillviz/engine/ops/onednn_linear.py): the same
+"""oneDNN's matmul primitive as the engine's packed linear (prefillviz/backends/ops/onednn_linear.py): the same
 product as F.linear (each output within the bound of its dtype and length, tests/tolerances.py) at
 every row count, with a bias and leading dimensions, past its cache of 8 row counts, from two
 threads at once on one weight (the app's sessions share the model), and on oneDNN's JIT gemm in
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefillviz.engine.ops.onednn_linear import onednn_runs
+from prefillviz.backends.ops.onednn_linear import onednn_runs
 from tests.tolerances import assert_linear_close, assert_linear_close_from_two_threads
 
 
@@ -74,7 +74,7 @@ def test_wrong_inputs_raise_a_clear_error(onednn):
 
 JIT_GEMM_CHECK = """
 import json, torch, torch.nn.functional as F
-from prefillviz.engine.ops.onednn_linear import onednn_status
+from prefillviz.backends.ops.onednn_linear import onednn_status
 from tests.tolerances import linear_difference_bound
 module = onednn_status()[0]
 generator = torch.Generator().manual_seed(3)

@@ -1,9 +1,9 @@
-"""Pre-packed linear weights (engine/packed_weights.py): same logits, really packed, per thread,
+"""Pre-packed linear weights (backends/packed_weights.py): same logits, really packed, per thread,
 and, like the engine's attention, a change to the shared model that the last thread out undoes.
 
 Which op ran is read with a TorchDispatchMode, which sees every op the dispatcher runs in
 its thread: a stock linear is ``aten.linear``. A packed one runs either torch's
-``mkldnn._linear_pointwise`` or oneDNN's matmul primitive (``prefillviz/engine/ops/onednn_linear.py``, no torch
+``mkldnn._linear_pointwise`` or oneDNN's matmul primitive (``prefillviz/backends/ops/onednn_linear.py``, no torch
 op), so ``packed_linear`` itself is wrapped to record its calls in the recording thread.
 """
 
@@ -14,11 +14,12 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from prefillviz.engine import packed_weights
-from prefillviz.engine.attention import ATTENTION_NAME, engine_attention
+from prefillviz.backends import packed_weights
+from prefillviz.backends.measured import MeasuredBackend
+from prefillviz.backends.packed_weights import cpu_runs_packed_linear, packed_linears, packing_status
+from prefillviz.backends.stock_forward import ATTENTION_NAME, engine_attention
 from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
-from prefillviz.engine.packed_weights import cpu_runs_packed_linear, packed_linears, packing_status
 from tests.conftest import assert_matches_hf
 from tests.hf_oracle import hf_last_logits
 from tests.tolerances import (
@@ -91,7 +92,7 @@ def linear_ops(model, x):
 
 
 def engine_logits(model, token_ids, pack):
-    engine = LLMEngine(model, tokenizer=None, config=EngineConfig(pack_linear_weights=pack))
+    engine = LLMEngine(model, tokenizer=None, config=EngineConfig(), backend=MeasuredBackend(pack_linear_weights=pack))
     request = engine.add_request(token_ids)
     engine.run()
     return request.first_token_logits

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prefillviz.engine.dispatch import ATTENTION_CANDIDATES
-from prefillviz.engine.ops.engine_ops import brgemm_problem
-from prefillviz.engine.ops.paged_check import KernelCheckError
+from prefillviz.backends.dispatch import ATTENTION_CANDIDATES
+from prefillviz.backends.ops.engine_ops import brgemm_problem
+from prefillviz.backends.ops.paged_check import KernelCheckError
 from prefillviz.kernels.paged_attention import (
     BRGEMM,
     COMPILED,
@@ -132,7 +132,7 @@ def test_compiled_kernel_in_bf16_and_its_status(compiled_ops, kernel):
 
 
 def brgemm_runs(dtype: torch.dtype):
-    from prefillviz.engine import dispatch_tuning
+    from prefillviz.backends import dispatch_tuning
 
     why = dispatch_tuning.brgemm_why(torch.device("cpu"), dtype, 64)
     if why:
@@ -176,7 +176,7 @@ def test_brgemm_kernel_at_the_thread_counts_of_other_machines(compiled_ops, thre
 
 
 def test_brgemm_kernel_refuses_what_it_cannot_run(compiled_ops, tiny_llama):
-    from prefillviz.engine import dispatch_tuning
+    from prefillviz.backends import dispatch_tuning
 
     inputs = random_step([(0, 40)], 9, 3, 64, dtype=torch.float16, seed=3)
     with pytest.raises(RuntimeError, match="bf16 or fp32"):
@@ -247,19 +247,19 @@ def test_v6_is_v2_except_for_16_bit_decodes_on_a_cpu():
 def test_consecutive_slots_are_read_in_place_and_give_the_gathered_result(monkeypatch, requests, dtype):
     """A fresh engine's pool hands out blocks in order, so a request's context is one run of slots:
     v2, v3 and v6 then read it from the cache in place, bit for bit what the gather gives."""
-    from prefillviz.engine.ops import paged
+    from prefillviz.engine import paged_attention
 
     in_order = random_step(requests, 9, 3, 64, dtype=dtype, shuffle_blocks=False)
     shuffled = random_step(requests, 9, 3, 64, dtype=dtype)
     cached = [r for r, n in enumerate(in_order.step.num_computed) if n]
-    assert all(paged.consecutive_from(in_order.step, r) == int(in_order.step.slots(r)[0]) for r in cached)
+    assert all(paged_attention.consecutive_from(in_order.step, r) == int(in_order.step.slots(r)[0]) for r in cached)
     def consecutive(slots):
         return bool((slots.diff() == 1).all())
 
-    assert all((paged.consecutive_from(shuffled.step, r) is None) != consecutive(shuffled.step.slots(r)) for r in cached)
-    assert any(paged.consecutive_from(shuffled.step, r) is None for r in cached)  # the shuffled pool broke a run
+    assert all((paged_attention.consecutive_from(shuffled.step, r) is None) != consecutive(shuffled.step.slots(r)) for r in cached)
+    assert any(paged_attention.consecutive_from(shuffled.step, r) is None for r in cached)  # the shuffled pool broke a run
     in_place = {kernel.name: kernel(*in_order.arguments()) for kernel in (LOOP, PACKED, LOOP_FP32_DECODES)}
-    monkeypatch.setattr(paged, "consecutive_from", lambda step, r: None)  # every context gathered
+    monkeypatch.setattr(paged_attention, "consecutive_from", lambda step, r: None)  # every context gathered
     for kernel in (LOOP, PACKED, LOOP_FP32_DECODES):
         assert torch.equal(in_place[kernel.name], kernel(*in_order.arguments())), kernel.name
 
@@ -317,8 +317,9 @@ def test_the_last_layers_attention_at_the_kept_rows_is_the_whole_steps_there(can
     step's attention at those rows; a kept row inside a request (none the runner keeps) gets the whole step's."""
     from types import SimpleNamespace
 
-    from prefillviz.engine.attention import AttentionMetadata, step_attention
-    from prefillviz.engine.dispatch import ROWS_CANDIDATES, STOCK, V8, StepChoice
+    from prefillviz.backends.attention import step_attention
+    from prefillviz.backends.dispatch import ROWS_CANDIDATES, V8
+    from prefillviz.engine.attention import AttentionMetadata
 
     if candidate in ROWS_CANDIDATES:
         request.getfixturevalue("compiled_ops")
@@ -327,12 +328,12 @@ def test_the_last_layers_attention_at_the_kept_rows_is_the_whole_steps_there(can
     inputs = random_step([(20, 1), (0, 23), (31, 12), (64, 1)], 9, 3, 64, block_size=16, dtype=dtype, seed=5)
     step = inputs.step
     meta = AttentionMetadata(SimpleNamespace(key_cache=[inputs.key_cache], value_cache=[inputs.value_cache]), step.slot_mapping,
-                             step.query_start_loc, step.num_computed, step.context_slots, choice=StepChoice("test", candidate, STOCK))
+                             step.query_start_loc, step.num_computed, step.context_slots, [], torch.zeros(0))
     q, k, v = (t.transpose(0, 1) for t in (inputs.q, inputs.k_new, inputs.v_new))  # (T, heads, D)
     rows = torch.cat([t.reshape(t.shape[0], -1) for t in (q, k, v)], dim=1)  # the q|k|v rows v7 and v8 read q from
 
     def attention(keep=None):
-        return step_attention(meta, 0, None, q, k, v, inputs.scale, rows if candidate in ROWS_CANDIDATES else None, True, keep)
+        return step_attention(candidate, 0, q, k, v, inputs.scale, meta, rows if candidate in ROWS_CANDIDATES else None, keep)
 
     whole = attention()
     keep = torch.tensor([0, 23, 36])  # the last rows of requests 0, 1 and 3
@@ -340,6 +341,4 @@ def test_the_last_layers_attention_at_the_kept_rows_is_the_whole_steps_there(can
     assert_within(attention(keep), whole[keep], allowed_for(inputs))
     inside = torch.tensor([5, 36])
     assert meta.last_rows_step(inside.tolist()) is None
-    seen = []
-    meta.observers.append(lambda layer, *_: seen.append(layer))
-    assert torch.equal(attention(inside), whole[inside]) and seen == [0]  # the observers once, as for any step
+    assert torch.equal(attention(inside), whole[inside])

@@ -6,8 +6,8 @@
 import pytest
 import torch
 
-from prefillviz.engine import dispatch_tuning
-from prefillviz.engine.dispatch_tuning import RACE_FACTOR, RUNS, _race
+from prefillviz.backends import dispatch_tuning
+from prefillviz.backends.dispatch_tuning import RACE_FACTOR, RUNS, _race
 
 
 def scripted(monkeypatch, seconds: dict[str, list[float]]) -> tuple[dict, dict[str, int]]:

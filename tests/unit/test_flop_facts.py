@@ -8,7 +8,7 @@ import pytest
 from prefillviz.analysis import flop_facts
 from prefillviz.analysis.flops import model_costs
 from prefillviz.analysis.memory import kv_memory_report
-from prefillviz.engine.model_shape import ModelShape
+from prefillviz.analysis.model_shape import ModelShape
 
 SMOLLM2 = ModelShape(
     architecture="LlamaForCausalLM", family="llama", num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, hidden_size=576,

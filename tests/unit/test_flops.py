@@ -5,7 +5,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from prefillviz.analysis.flops import causal_pairs, engine_step_costs, layer_op_costs, model_costs
-from prefillviz.engine.model_shape import model_shape
+from prefillviz.analysis.model_shape import model_shape
 
 TINY = LlamaConfig(
     vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1

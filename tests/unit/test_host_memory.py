@@ -1,13 +1,13 @@
-"""The host allocator's settings (prefillviz/engine/host_memory.py): applied once, said in words, switchable off."""
+"""The host allocator's settings (prefillviz/backends/host_memory.py): applied once, said in words, switchable off."""
 
 import subprocess
 import sys
 
 import pytest
 
-from prefillviz.engine import host_memory
+from prefillviz.backends import host_memory
 
-SCRIPT = "from prefillviz.engine import host_memory as h; print(h.status() == ''); print(h.keep_freed_memory()); print(h.keep_freed_memory() is h.status())"
+SCRIPT = "from prefillviz.backends import host_memory as h; print(h.status() == ''); print(h.keep_freed_memory()); print(h.keep_freed_memory() is h.status())"
 
 
 def run(env_value: str | None) -> list[str]:

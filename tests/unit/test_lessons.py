@@ -9,7 +9,7 @@ import pytest
 
 from prefillviz import lessons
 from prefillviz.analysis.memory import kv_memory_report
-from prefillviz.engine.model_shape import ModelShape
+from prefillviz.analysis.model_shape import ModelShape
 from prefillviz.lessons import ACTION_KINDS, LESSONS_DIR, LessonError, format_reveal, load_lessons, resolve_parameters
 
 LESSON_ONE = "01_prefill_and_ttft"

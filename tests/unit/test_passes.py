@@ -1,7 +1,7 @@
 """Which pass measured a number: every capture level has a caption, and the captions say the same thing everywhere."""
 
-from prefillviz.engine.trace import CAPTURE_LEVELS
 from prefillviz.instrument.passes import PASSES, median_of_passes, pass_label
+from prefillviz.instrument.records import CAPTURE_LEVELS
 
 
 def test_every_capture_level_names_its_pass():

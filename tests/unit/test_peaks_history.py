@@ -9,7 +9,7 @@ import json
 import pytest
 
 from prefillviz.analysis.machine_peaks import MachinePeaks
-from prefillviz.engine.machine_load import BUSY_PERCENT
+from prefillviz.machine.load import BUSY_PERCENT
 from prefillviz.measure import peaks as peaks_module
 from prefillviz.measure import peaks_history
 from prefillviz.measure.peaks_history import MAX_AGE, MAX_MEASUREMENTS, machine_peaks, peaks_cache_path, write_measurements

@@ -4,7 +4,7 @@ import time
 
 import torch
 
-from prefillviz.engine.timers import median_and_spread, run_seconds, run_timed
+from prefillviz.machine.timers import median_and_spread, run_seconds, run_timed
 
 CPU = torch.device("cpu")
 

@@ -6,12 +6,12 @@ import statistics
 
 import plotly.graph_objects as go
 
-from prefillviz.engine.progress import FractionProgress
 from prefillviz.experiments import chunked
 from prefillviz.experiments.chunked import WORKLOAD_DEFAULTS
 from prefillviz.figures import chunked as chunked_figures
 from prefillviz.lessons.actions import ActionKind, ActionOutcome
 from prefillviz.lessons.kinds.common import make_outcome
+from prefillviz.machine.progress import FractionProgress
 
 WORKLOAD_PARAMETERS = {name: (int, value) for name, value in WORKLOAD_DEFAULTS.as_dict().items()}  # this action's and disagg's
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from prefillviz.engine.devices import dtype_name
 from prefillviz.lessons.actions import ActionOutcome
 from prefillviz.loading.prompts import PRESETS
+from prefillviz.machine.devices import dtype_name
 
 PROMPT_PARAMETERS = {"preset": (str, "Chat with a system prompt"), "prompt": (str, None)}  # a spec's "prompt" wins
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from prefillviz.disagg.experiment import SETUPS, compare_setups
-from prefillviz.engine.progress import FractionProgress
 from prefillviz.experiments import chunked
 from prefillviz.figures import chunked as chunked_figures
 from prefillviz.figures import disagg as disagg_figures
 from prefillviz.lessons.actions import ActionKind, ActionOutcome
 from prefillviz.lessons.kinds.chunked import WORKLOAD_PARAMETERS, chunked_workload
 from prefillviz.lessons.kinds.common import make_outcome
+from prefillviz.machine.progress import FractionProgress
 
 DISAGG_MEASURED = (
     "itl_max_off_ms", "itl_max_on_ms", "itl_max_disagg_ms", "long_ttft_off_ms", "long_ttft_on_ms", "long_ttft_disagg_ms",

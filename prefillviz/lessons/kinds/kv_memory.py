@@ -6,13 +6,13 @@ import plotly.graph_objects as go
 
 from prefillviz.analysis.flop_facts import tokens_to_match_weights
 from prefillviz.analysis.memory import kv_memory_report
-from prefillviz.engine.model_shape import model_shape
-from prefillviz.engine.progress import FractionProgress
+from prefillviz.analysis.model_shape import model_shape
 from prefillviz.experiments import inspect_run, kv_memory
 from prefillviz.figures import kv_cache as kv_figures
 from prefillviz.lessons.actions import ActionKind, ActionOutcome
 from prefillviz.lessons.kinds.common import PROMPT_PARAMETERS, make_outcome
 from prefillviz.lessons.kinds.prefill import _run_prefill
+from prefillviz.machine.progress import FractionProgress
 
 
 def _run_kv_memory(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:

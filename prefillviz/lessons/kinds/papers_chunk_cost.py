@@ -7,13 +7,13 @@ import statistics
 
 import plotly.graph_objects as go
 
-from prefillviz.engine.progress import FractionProgress
 from prefillviz.experiments import papers_published as published
 from prefillviz.experiments.papers_chunk_cost import run_chunk_cost
 from prefillviz.figures import papers as figures
 from prefillviz.lessons.actions import ActionKind, ActionOutcome
 from prefillviz.lessons.kinds.common import make_outcome
 from prefillviz.lessons.spec import LessonError
+from prefillviz.machine.progress import FractionProgress
 
 
 def paper_overhead(chunk_size: int) -> float:

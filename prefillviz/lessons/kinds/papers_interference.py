@@ -6,12 +6,12 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from prefillviz.disagg.experiment import SETUPS
-from prefillviz.engine.progress import FractionProgress
 from prefillviz.experiments import papers_published as published
 from prefillviz.figures import papers as figures
 from prefillviz.lessons.actions import ActionKind, ActionOutcome
 from prefillviz.lessons.kinds.chunked import WORKLOAD_PARAMETERS, chunked_workload
 from prefillviz.lessons.kinds.common import make_outcome
+from prefillviz.machine.progress import FractionProgress
 from prefillviz.measure.papers_interference import run_interference
 
 NONE = 0  # the crossover when disaggregation never beat chunking off

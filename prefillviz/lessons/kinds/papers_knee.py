@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from prefillviz.engine.progress import FractionProgress
 from prefillviz.experiments import papers_published as published
 from prefillviz.experiments.model_setup import device_and_dtype
 from prefillviz.experiments.papers_knee import run_knee
 from prefillviz.figures import papers as figures
 from prefillviz.lessons.actions import ActionKind, ActionOutcome
 from prefillviz.lessons.kinds.common import make_outcome
+from prefillviz.machine.progress import FractionProgress
 from prefillviz.measure.peaks_history import machine_peaks
 
 

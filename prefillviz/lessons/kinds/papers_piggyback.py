@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from prefillviz.engine.progress import FractionProgress
 from prefillviz.experiments import papers_published as published
 from prefillviz.experiments.papers_piggyback import run_piggyback
 from prefillviz.figures import papers as figures
 from prefillviz.lessons.actions import ActionKind, ActionOutcome
 from prefillviz.lessons.kinds.common import make_outcome
+from prefillviz.machine.progress import FractionProgress
 
 
 def _run(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:

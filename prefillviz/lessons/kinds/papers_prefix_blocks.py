@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from prefillviz.engine.progress import FractionProgress
 from prefillviz.experiments.papers_prefix_blocks import run_block_hits, run_long_output_saving
 from prefillviz.figures import papers as figures
 from prefillviz.lessons.actions import ActionKind, ActionOutcome
 from prefillviz.lessons.kinds.common import make_outcome
+from prefillviz.machine.progress import FractionProgress
 
 
 def _run(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:

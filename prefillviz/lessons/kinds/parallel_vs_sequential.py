@@ -5,11 +5,11 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from prefillviz.analysis.flop_facts import token_by_token_flops
-from prefillviz.engine.progress import FractionProgress
 from prefillviz.experiments import parallel
 from prefillviz.figures import parallel as parallel_figures
 from prefillviz.lessons.actions import ActionKind, ActionOutcome
 from prefillviz.lessons.kinds.common import PROMPT_PARAMETERS, make_outcome, prompt_of
+from prefillviz.machine.progress import FractionProgress
 
 
 def _run_parallel(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:

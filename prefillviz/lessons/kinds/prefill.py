@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from prefillviz.engine.progress import FractionProgress
 from prefillviz.experiments.prefill import run_prefill
 from prefillviz.figures import prefill as prefill_figures
 from prefillviz.lessons.actions import ActionKind, ActionOutcome
 from prefillviz.lessons.kinds.common import PROMPT_PARAMETERS, make_outcome, prompt_of
+from prefillviz.machine.progress import FractionProgress
 
 
 def _run_prefill(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:

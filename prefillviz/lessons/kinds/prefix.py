@@ -6,13 +6,13 @@ import statistics
 
 import plotly.graph_objects as go
 
-from prefillviz.engine.progress import FractionProgress
 from prefillviz.experiments import prefix
 from prefillviz.experiments.outputs import compare_outputs
 from prefillviz.figures import prefix as prefix_figures
 from prefillviz.lessons.actions import ActionKind, ActionOutcome
 from prefillviz.lessons.kinds.common import make_outcome
 from prefillviz.lessons.spec import LessonError
+from prefillviz.machine.progress import FractionProgress
 
 SMALLEST_SCALED_PREFIX_TOKENS = 40  # a scaled-down prefix keeps at least this many tokens (the registry's ``scaled``)
 

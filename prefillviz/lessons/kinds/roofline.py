@@ -5,12 +5,12 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from prefillviz.analysis.flops import model_costs
-from prefillviz.engine.model_shape import model_shape
-from prefillviz.engine.progress import FractionProgress
+from prefillviz.analysis.model_shape import model_shape
 from prefillviz.figures import parallel as parallel_figures
 from prefillviz.lessons.actions import ActionKind, ActionOutcome
 from prefillviz.lessons.kinds.common import make_outcome
 from prefillviz.lessons.spec import LessonError
+from prefillviz.machine.progress import FractionProgress
 from prefillviz.measure.roofline import measure_roofline_points, run_roofline
 
 PAST_RIDGE_MARGIN = 1.5  # the size past the ridge: the smallest doubling whose intensity is 1.5x the ridge's

@@ -7,13 +7,13 @@ import statistics
 import plotly.graph_objects as go
 
 from prefillviz.analysis import flop_facts
-from prefillviz.engine.progress import FractionProgress
 from prefillviz.experiments.one_request import OnePrompt
 from prefillviz.figures import style
 from prefillviz.lessons.actions import ActionKind, ActionOutcome
 from prefillviz.lessons.kinds.common import make_outcome
 from prefillviz.lessons.spec import LessonError
 from prefillviz.loading.prompts import bench_token_ids
+from prefillviz.machine.progress import FractionProgress
 
 
 def _run_ttft_ratio(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:

@@ -5,11 +5,11 @@ every call. With frozen weights one can instead reorder each weight once into on
 blocked layout (``torch.ops.mkldnn._reorder_linear_weight``) and call the packed matmul
 (``torch.ops.mkldnn._linear_pointwise``): the ops torch.compile's CPU freezing pass
 (``torch/_inductor/fx_passes/mkldnn_fusion.py``) puts in a graph for bf16 weights. Where
-``prefillviz/engine/ops/onednn_linear.py`` runs (Debian's oneDNN, built by ``make``), ``pack_weight`` packs for
+``prefillviz/backends/ops/onednn_linear.py`` runs (Debian's oneDNN, built by ``make``), ``pack_weight`` packs for
 oneDNN's matmul primitive instead, kept per row count as vLLM's CPU backend keeps it, which
 saves the op's per-call set-up: 1.2-1.5x on a 32-row fp32 matmul, 2-4x on one row.
 ``python -m prefillviz bench`` times it (``details.packed_weights``: one forward of the
-bundled model at 1, 32 and N tokens, packed over stock, interleaved pairs; the README has the
+bundled model at 1, 32 and N tokens, packed over stock, interleaved pairs; docs/BENCHMARKS.md has the
 figures): decode steps and short chunks (a prefix-cache hit, chunked prefill) gain most.
 
 Not every CPU can run the packed op (oneDNN's bf16 path needs AVX-512 BW/VL/DQ or
@@ -39,14 +39,14 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from prefillviz.engine.devices import dtype_name
-from prefillviz.engine.ops.brgemm_linear import BrgemmLinear
-from prefillviz.engine.ops.onednn_linear import onednn_linear, onednn_runs
-from prefillviz.engine.shared_settings import shared_setting
+from prefillviz.backends.ops.brgemm_linear import BrgemmLinear
+from prefillviz.backends.ops.onednn_linear import onednn_linear, onednn_runs
+from prefillviz.backends.shared_settings import shared_setting
+from prefillviz.machine.devices import dtype_name
 
 PACKABLE_DTYPES = (torch.bfloat16, torch.float32)
 FORCE_STOCK_ENV = "PREFILLVIZ_STOCK_LINEARS"
-ONEDNN_SCOPE = "onednn::matmul"  # the profiler's name for a call of prefillviz/engine/ops/onednn_linear.py's Linear
+ONEDNN_SCOPE = "onednn::matmul"  # the profiler's name for a call of prefillviz/backends/ops/onednn_linear.py's Linear
 BRGEMM_LINEAR = "brgemm linear"  # dispatch.BRGEMM_LINEAR
 SLAB_LINEAR = "slab linear"  # dispatch.SLAB_LINEAR: the brgemm linear's packs and op, the engine's fp32 micro-kernel
 
@@ -135,7 +135,7 @@ def pack_weight(weight: torch.Tensor, implementation: str | None = None, gated: 
     """A (out, in) weight packed once for one of the engine's packed linears.
 
     Args:
-        implementation: ``"oneDNN matmul"`` (``prefillviz/engine/ops/onednn_linear.py``'s ``Linear``: oneDNN's
+        implementation: ``"oneDNN matmul"`` (``prefillviz/backends/ops/onednn_linear.py``'s ``Linear``: oneDNN's
             matmul primitive, kept per row count, as vLLM's CPU backend runs it),
             ``"brgemm linear"`` (``brgemm_linear.BrgemmLinear``: the engine's C++ linear on oneDNN's brgemm
             micro-kernel), ``"slab linear"`` (the same, fp32, on the engine's own micro-kernel) or ``"torch packed"`` (an opaque tensor for ``torch.ops.mkldnn._linear_pointwise``);

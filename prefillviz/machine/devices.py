@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from prefillviz.engine.errors import ModelLoadError
-from prefillviz.engine.timers import time_call
+from prefillviz.machine.timers import time_call
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

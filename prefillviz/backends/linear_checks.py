@@ -19,9 +19,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from prefillviz.engine.llama_weights import linear_of, stacked
-from prefillviz.engine.ops.engine_ops import engine_ops
-from prefillviz.engine.ops.torch_ops import silu_mul
+from prefillviz.backends.llama_weights import linear_of, stacked
+from prefillviz.backends.ops.engine_ops import engine_ops
+from prefillviz.engine.backend import silu_mul
 
 
 def input_widths(model: torch.nn.Module) -> list[int]:

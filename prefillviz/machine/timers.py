@@ -20,20 +20,10 @@ from typing import TypeVar
 
 import torch
 
+from prefillviz.engine.clock import synchronized_time
+
 T = TypeVar("T")
 MIN_RUN_TIME_S = 0.02  # a timed run repeats a fast call until it lasts this long (shorter windows are scheduler noise)
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued GPU work before a clock is read (a no-op on a CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def synchronized_time(device: torch.device) -> float:
-    """``perf_counter`` once the device's queued work is done: a host clock that counts GPU work too."""
-    synchronize(device)
-    return time.perf_counter()
 
 
 class SpanClock:

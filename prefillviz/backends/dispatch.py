@@ -41,7 +41,7 @@ FORCE_ENV = {ATTENTION: "PREFILLVIZ_ATTENTION", LINEARS: "PREFILLVIZ_LINEARS"}
 
 V7 = "v7 compiled"
 V7_TILES = "v7 tiles"  # v7's kernel without the rows across the lanes: which layout wins is measured too
-COMPILED_CANDIDATES = (V7, V7_TILES)  # the engine's C++ kernel (``engine/ops/csrc``), one op with a layout switch
+COMPILED_CANDIDATES = (V7, V7_TILES)  # the engine's C++ kernel (``backends/ops/csrc``), one op with a layout switch
 V8 = "v8 brgemm"  # bf16 or fp32: the engine's C++ softmax between two matmuls on oneDNN's brgemm micro-kernel
 ROWS_CANDIDATES = (V7, V7_TILES, V8)  # C++ ops over the whole step: q read from the q|k|v rows, K/V from the cache through the slots
 ATTENTION_CANDIDATES = (V7, V7_TILES, V8, "v6 loop, fp32 decodes", "v2 loop", "v3 packed")

@@ -1,4 +1,4 @@
-"""The weights of a Llama-shaped model as the engine's own forward reads them (``llama_forward.py``).
+"""The linears of a Llama-shaped model as the measured backend runs them (``measured.py``).
 
 Made once per model and linear implementation (the measured dispatch's choice, ``dispatch.py``),
 remade when any weight changes (a new dtype or device, or an in-place write): q|k|v and gate|up
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from prefillviz.engine.host_memory import huge_page_arena
-from prefillviz.engine.packed_weights import gated_packs, pack_weight, packed_linear
+from prefillviz.backends.host_memory import huge_page_arena
+from prefillviz.backends.packed_weights import gated_packs, pack_weight, packed_linear
 
 _models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {linear implementation: LlamaWeights}
 STOCK = "stock"  # dispatch.STOCK: the modules' own weights, F.linear
@@ -70,43 +70,33 @@ def _linear(linears: list[torch.nn.Linear], implementation: str, gated: bool = F
     return linear_of([linear.weight.detach() for linear in linears], implementation, biases, gated)
 
 
+@dataclass
+class LayerLinears:
+    """One decoder layer's linears: q|k|v, o, gate|up (``activates``: it returns silu(gate) * up) and down."""
+
+    qkv: _Linear
+    o: _Linear
+    gate_up: _Linear
+    down: _Linear
+
+
 class LlamaWeights:
-    """The model's weights as the engine's forward reads them (stacked, packed where the CPU can)."""
+    """The model's linears as the measured backend runs them (stacked, packed where the CPU can)."""
 
     def __init__(self, model: torch.nn.Module, implementation: str) -> None:
-        with huge_page_arena():  # the brgemm and slab linears' packs side by side on 2 MiB pages (host_memory)
-            self._make(model, implementation)
-
-    def _make(self, model: torch.nn.Module, implementation: str) -> None:
-        decoder = model.model
         self.implementation = implementation
         self.key = _weights_key(model)
-        self.embedding = decoder.embed_tokens.weight
-        self.rotary = decoder.rotary_emb
-        self.final_norm = (decoder.norm.weight, _eps(decoder.norm))
-        head = model.lm_head
-        self.lm_head = _linear([head], implementation)
-        config = model.config
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        self.layers = []
-        self.attention_modules = [layer.self_attn for layer in decoder.layers]  # what observers are shown
-        for layer in decoder.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            self.layers.append((
-                (layer.input_layernorm.weight, _eps(layer.input_layernorm)),
-                _linear([attn.q_proj, attn.k_proj, attn.v_proj], implementation),
-                _linear([attn.o_proj], implementation),
-                (layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm)),
-                _linear([mlp.gate_proj, mlp.up_proj], implementation, gated=True),
-                _linear([mlp.down_proj], implementation),
-                getattr(attn, "scaling", self.head_dim**-0.5),
-            ))
-
-
-def _eps(norm: torch.nn.Module) -> float:
-    return getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
+        with huge_page_arena():  # the brgemm and slab linears' packs side by side on 2 MiB pages (host_memory)
+            self.lm_head = _linear([model.lm_head], implementation)
+            self.layers = [
+                LayerLinears(
+                    _linear([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj], implementation),
+                    _linear([layer.self_attn.o_proj], implementation),
+                    _linear([layer.mlp.gate_proj, layer.mlp.up_proj], implementation, gated=True),
+                    _linear([layer.mlp.down_proj], implementation),
+                )
+                for layer in model.model.layers
+            ]
 
 
 def _weights_key(model: torch.nn.Module) -> tuple:

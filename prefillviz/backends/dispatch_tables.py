@@ -6,7 +6,7 @@ where set, as the test suite does; with the timings, the date and
 the machine's load), or one measured now (``dispatch_tuning.measure``). A cached table is measured
 again when it is older than ``MAX_AGE``, was measured on a busy machine or noisily, or the
 candidates that can run here changed (a build, a switch); ``refresh=True`` ("measure again")
-always measures. The engine's runner asks ``choose`` at every step (~25 us).
+always measures. The measured backend asks ``table_for`` at every step (~25 us).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-from prefillviz.engine import dispatch, dispatch_tuning
-from prefillviz.engine.devices import cache_root, machine_slug
-from prefillviz.engine.dispatch import ATTENTION, BUCKETS, LINEARS, DispatchTable, StepChoice
-from prefillviz.engine.dispatch_tuning import candidate_statuses, fingerprint
+from prefillviz.backends import dispatch, dispatch_tuning
+from prefillviz.backends.dispatch import ATTENTION, BUCKETS, LINEARS, DispatchTable
+from prefillviz.backends.dispatch_tuning import candidate_statuses, fingerprint
+from prefillviz.machine.devices import cache_root, machine_slug
 
 FORMAT = 7  # in the cache file's name and content (an older table is measured again); 2: stock linears timed as the engine calls them; 3: timed under the engine's allocator; 4: v8 a candidate (an fp32 table says why it is out); 5: v8 runs fp32 too; 6: the brgemm linear a candidate, gate|up timed with its SiLU; 7: the slab linear a candidate
 MAX_AGE = datetime.timedelta(days=7)
@@ -180,11 +180,6 @@ def known_table(model: torch.nn.Module) -> DispatchTable | None:
     return injected_for(model) or _tables.get((*table_key(model), fingerprint(candidate_statuses(model))))
 
 
-def choose(model: torch.nn.Module, step, pack_linear_weights: bool = True) -> StepChoice:
-    """What this step runs (``dispatch.step_choice`` on the model's table, measured first if need be)."""
-    return dispatch.step_choice(table_for(model), step, pack_linear_weights)
-
-
 def choice_label(model: torch.nn.Module, with_reason: bool = False) -> str:
     """What the measured dispatch runs for this model, for captions (nothing is measured here).
 
@@ -221,5 +216,5 @@ def summary(model: torch.nn.Module, trace=None) -> dict:
         "excluded": table.excluded,
     }
     if trace is not None:
-        result["steps"] = [step.dispatch for step in trace.steps if step.dispatch]
+        result["steps"] = [step.ran for step in trace.steps if step.ran]
     return result

@@ -5,7 +5,7 @@ oneDNN primitive at every call; ``Linear`` here packs the weight once into the l
 matmul picks and keeps the primitive made for each row count (the last 8 used: a primitive holds
 its own JIT code, ~0.2-0.4 MB, and takes ~0.8 ms to make), so a call is one execute. On two
 AVX-512 cores that makes an fp32 matmul of 32 rows of the bundled model 1.2-1.5x faster, one row
-2-4x (``python -m prefillviz.engine.ops.onednn_linear`` times them), which is how vLLM's CPU backend prefills a
+2-4x (``python -m prefillviz.backends.ops.onednn_linear`` times them), which is how vLLM's CPU backend prefills a
 prefix-cache hit and decodes faster than torch's linears can.
 
 It links Debian's oneDNN (``apt-get install libdnnl-dev``; ``make`` installs it where it runs as
@@ -14,8 +14,8 @@ system's headers into ``build/`` and compiles against those. Where anything is m
 (no library, a dtype this CPU's oneDNN can't run, a result that differs from ``F.linear``) the
 engine packs with torch's op instead, and ``onednn_status``/``onednn_runs`` say why.
 
-    python -m prefillviz.engine.ops.onednn_linear --build   # what `make` runs (~20 s)
-    python -m prefillviz.engine.ops.onednn_linear           # whether it loads here, and its timings against torch's
+    python -m prefillviz.backends.ops.onednn_linear --build   # what `make` runs (~20 s)
+    python -m prefillviz.backends.ops.onednn_linear           # whether it loads here, and its timings against torch's
 
 ``PREFILLVIZ_NO_ONEDNN=1`` turns it off (the engine then packs with torch's op, as before).
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from prefillviz.engine.ops import cpp_build
+from prefillviz.backends.ops import cpp_build
 
 SOURCES = [Path(__file__).resolve().parent / "csrc" / "onednn_linear.cpp"]
 FOLDER = "onednn_linear"  # under build/
@@ -128,7 +128,7 @@ def onednn_linear(dtype: torch.dtype):
 
 def compare(shapes=((3072, 576), (576, 1536), (960, 576)), rows=(1, 32, 512), dtype: torch.dtype = torch.float32) -> list[dict]:
     """Each (N, K) and row count: GFLOP/s of torch's packed linear and of ``Linear`` (medians of 7 runs, same process)."""
-    from prefillviz.engine.timers import time_call
+    from prefillviz.machine.timers import time_call
 
     def median_seconds(call) -> float:
         return time_call(call, torch.device("cpu"), runs=7, warmup=5).median_s
@@ -149,7 +149,7 @@ def compare(shapes=((3072, 576), (576, 1536), (960, 576)), rows=(1, 32, 512), dt
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prefillviz.engine.ops.onednn_linear", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m prefillviz.backends.ops.onednn_linear", description=__doc__.splitlines()[0])
     parser.add_argument("--build", action="store_true", help="compile it against the system's oneDNN (what `make install` runs)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the dtype to time (without --build)")
     args = parser.parse_args(argv)

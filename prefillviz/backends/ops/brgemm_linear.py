@@ -8,15 +8,15 @@ The weight is packed once here, in torch, into slabs of 64 output columns as the
 them; a gated MLP's [gate; up] packs into one call that returns silu(x G^T) * (x U^T), the SiLU and
 the product on the fp32 sums before the one rounding. It runs where the C++ ops are built and the
 micro-kernel multiplies the dtype here (v8's probe, ``engine_ops.brgemm_problem``); ``brgemm_linear_why``
-says why not elsewhere. docs/HOW_IT_WORKS.md has its layout and figures.
+says why not elsewhere. docs/BACKENDS.md has its layout; docs/BENCHMARKS.md the figures.
 """
 
 from __future__ import annotations
 
 import torch
 
-from prefillviz.engine.host_memory import huge_page_empty
-from prefillviz.engine.ops.engine_ops import BRGEMM_DTYPES, brgemm_problem, compiled_status, engine_ops, engine_ops_status
+from prefillviz.backends.host_memory import huge_page_empty
+from prefillviz.backends.ops.engine_ops import BRGEMM_DTYPES, brgemm_problem, compiled_status, engine_ops, engine_ops_status
 
 SLAB = 64  # output columns per packed slab of a weight (csrc/linear_brgemm.h)
 BRGEMM_SCOPE = "brgemm::linear"  # the profiler's name for a call of BrgemmLinear

@@ -3,7 +3,7 @@
 For one model, device, dtype and thread count:
 
 1. **Which candidates run here.** v7 and v7 tiles need the engine's C++ ops for this CPU and head size;
-   v8 needs them, bf16, a head size that is a multiple of 64 and oneDNN's bf16 brgemm here (tried);
+   v8 needs them, bf16 or fp32, a head size that is a multiple of 64 and oneDNN's brgemm for the dtype here (tried);
    oneDNN's matmul needs Debian's oneDNN and a JIT kernel for the dtype; the brgemm linear needs
    the C++ ops and the same brgemm micro-kernel as v8; the slab linear fp32 and the C++ ops built for
    AVX-512 (its micro-kernel is the engine's own); torch's packed linear needs a CPU whose
@@ -40,18 +40,18 @@ from collections.abc import Callable
 
 import torch
 
-from prefillviz.engine import dispatch, packed_weights
-from prefillviz.engine.attention import ENGINE_KERNELS, attend, compiled_attention_status
-from prefillviz.engine.devices import machine_name
-from prefillviz.engine.dispatch import ATTENTION, BUCKETS, COMPILED_CANDIDATES, LINEARS, ONEDNN, ROWS_CANDIDATES, TORCH_PACKED, DispatchTable
-from prefillviz.engine.host_memory import keep_freed_memory
-from prefillviz.engine.linear_checks import check_linears, input_widths, layer_linears, linear_inputs, linear_layer
-from prefillviz.engine.machine_load import MachineLoad
-from prefillviz.engine.model_shape import model_shape
-from prefillviz.engine.ops.brgemm_linear import brgemm_linear_why, slab_linear_why
-from prefillviz.engine.ops.engine_ops import brgemm_why, step_meta
-from prefillviz.engine.ops.paged_check import KernelCheckError, check_paged, random_step
-from prefillviz.engine.timers import calls_per_run, run_seconds
+from prefillviz.backends import dispatch, packed_weights
+from prefillviz.backends.attention import ENGINE_KERNELS, attend, compiled_attention_status
+from prefillviz.backends.dispatch import ATTENTION, BUCKETS, COMPILED_CANDIDATES, LINEARS, ONEDNN, ROWS_CANDIDATES, TORCH_PACKED, DispatchTable
+from prefillviz.backends.host_memory import keep_freed_memory
+from prefillviz.backends.linear_checks import check_linears, input_widths, layer_linears, linear_inputs, linear_layer
+from prefillviz.backends.ops.brgemm_linear import brgemm_linear_why, slab_linear_why
+from prefillviz.backends.ops.engine_ops import brgemm_why, step_meta
+from prefillviz.backends.ops.paged_check import KernelCheckError, check_paged, random_step
+from prefillviz.engine.kv_cache import cache_shape
+from prefillviz.machine.devices import machine_name
+from prefillviz.machine.load import MachineLoad
+from prefillviz.machine.timers import calls_per_run, run_seconds
 
 RACE_FACTOR = 3.0  # a candidate this much slower than the best on its first two calls is not timed further
 RUNS = 5
@@ -61,14 +61,16 @@ MIN_RUN_TIME_S = 0.005
 # --------------------------------------------------------------------------- the shapes timed
 def attention_heads(model: torch.nn.Module) -> tuple[int, int, int]:
     """(query heads, KV heads, head size) from the model's config."""
-    shape = model_shape(model.config)
-    return shape.num_heads, shape.num_kv_heads, shape.head_dim
+    _, num_kv_heads, head_dim = cache_shape(model.config)
+    return model.config.get_text_config().num_attention_heads, num_kv_heads, head_dim
 
 
 def model_signature(model: torch.nn.Module) -> str:
     """The shapes the dispatch times: heads, KV heads, head size and the linears' widths (part of a table's key)."""
-    shape = model_shape(model.config)
-    return f"H{shape.num_heads}-KVH{shape.num_kv_heads}-D{shape.head_dim}-hidden{shape.hidden_size}-mlp{shape.intermediate_size}"
+    heads, kv_heads, head_dim = attention_heads(model)
+    config = model.config.get_text_config()
+    mlp = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * config.hidden_size
+    return f"H{heads}-KVH{kv_heads}-D{head_dim}-hidden{config.hidden_size}-mlp{mlp}"
 
 
 # --------------------------------------------------------------------------- candidates

@@ -24,8 +24,8 @@ loaded, every op is run on small inputs and compared with plain torch
 (``engine_ops_status``); where anything fails (no compiler, not built, a wrong result) the
 engine runs the same forward with plain torch ops, and ``engine_ops_status`` says why.
 
-    python -m prefillviz.engine.ops.engine_ops --build     # what `make` runs (about a minute on two cores)
-    python -m prefillviz.engine.ops.engine_ops             # whether they load here, and why not
+    python -m prefillviz.backends.ops.engine_ops --build     # what `make` runs (about a minute on two cores)
+    python -m prefillviz.backends.ops.engine_ops             # whether they load here, and why not
 
 ``PREFILLVIZ_NO_ENGINE_OPS=1`` turns them off (to run the suite as a machine without them would);
 ``PREFILLVIZ_NO_BF16_DOT=1`` keeps them but computes bf16 attention in fp32 tiles and rounds
@@ -43,10 +43,10 @@ from pathlib import Path
 
 import torch
 
-from prefillviz.engine.ops import cpp_build
-from prefillviz.engine.ops.paged import PagedKernel, PagedStep, paged_naive
-from prefillviz.engine.ops.paged_check import random_step
-from prefillviz.engine.ops.torch_ops import rms_norm, silu_mul
+from prefillviz.backends.ops import cpp_build
+from prefillviz.backends.ops.paged import PagedKernel, PagedStep, paged_naive
+from prefillviz.backends.ops.paged_check import random_step
+from prefillviz.engine.backend import rms_norm, silu_mul
 
 SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("engine_ops.cpp", "attention_row_lanes.h", "attention_brgemm.h", "linear_brgemm.h")]  # the .cpp includes the .h files
 FOLDER = "engine_ops"  # under build/
@@ -74,7 +74,7 @@ def engine_ops_status() -> tuple[object | None, str]:
     try:
         ops = cpp_build.load(build_name(cap), FOLDER)
         if ops is None:
-            return None, f"the engine's C++ ops are not built for {cap} here (`make install` builds them: python -m prefillviz.engine.ops.engine_ops --build)"
+            return None, f"the engine's C++ ops are not built for {cap} here (`make install` builds them: python -m prefillviz.backends.ops.engine_ops --build)"
         problem = self_check(ops)
     except Exception as error:  # noqa: BLE001 -- any failure means "not here", with its reason
         return None, f"the engine's C++ ops failed to load: {cpp_build.first_line(error)}"
@@ -247,7 +247,7 @@ BRGEMM = PagedKernel(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prefillviz.engine.ops.engine_ops", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m prefillviz.backends.ops.engine_ops", description=__doc__.splitlines()[0])
     parser.add_argument("--build", action="store_true", help="compile the ops for this CPU (what `make install` runs)")
     parser.add_argument("--capability", choices=[*cpp_build.CAPABILITY_FLAGS, "DEFAULT"], help="build for these vector units instead of this CPU's")
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """Random paged steps and the check of a paged kernel against the fp32 v1 oracle.
 
 The engine's dispatch checks every candidate with these before it times one
-(``prefillviz/engine/dispatch_tuning.py``); the Kernel timings page checks the teaching
+(``prefillviz/backends/dispatch_tuning.py``); the Kernel timings page checks the teaching
 family with the same ones (``prefillviz/kernels/paged_attention.py``).
 """
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from prefillviz.backends.ops.paged import PagedKernel, PagedStep, paged_naive
 from prefillviz.engine.errors import PrefillVizError
-from prefillviz.engine.ops.paged import PagedKernel, PagedStep, paged_naive
 
 DEFAULT_TOLERANCE = {dtype: 8 * torch.finfo(dtype).eps + 2 * 4096**0.5 * torch.finfo(torch.float32).eps for dtype in (torch.float32, torch.float16, torch.bfloat16)}
 """Allowed max |kernel - oracle| per unit of max |v|, by dtype: a few ulps of the output's dtype plus fp32 accumulation over up to 4,096 keys."""

@@ -1,4 +1,4 @@
-"""A model's shape, the one type every part reads: layers, widths, heads, biases, dtype.
+"""A model's shape, as the cost formulas, the loader and the pages read it: layers, widths, heads, biases, dtype.
 
 ``model_shape`` reads it from whatever describes the model: a transformers config, a torch
 model (which adds its parameter count and dtype) or a ``LoadedModel`` (its ``info``). Two

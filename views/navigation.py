@@ -1,0 +1,25 @@
+"""The app's navigation between the views: ``app.py`` runs ``main``, the Streamlit entry point."""
+
+import streamlit as st
+
+from prefillviz.ui.shell import PAGE_URL_PATH
+
+
+def main() -> None:
+    st.set_page_config(page_title="prefillviz", page_icon=":material/fast_forward:", layout="wide")
+    pages = [
+        st.Page("views/prefill.py", title="Prefill", icon=":material/fast_forward:", default=True),
+        st.Page("views/parallel_vs_sequential.py", title="Parallel vs token-by-token", icon=":material/compare_arrows:"),
+        st.Page("views/kv_cache.py", title="KV cache", icon=":material/storage:"),
+        st.Page("views/attention.py", title="Attention", icon=":material/visibility:"),
+        st.Page("views/kernels.py", title="Kernel timings", icon=":material/timer:"),
+        st.Page("views/chunked_prefill.py", title="Chunked prefill", icon=":material/view_timeline:"),
+        st.Page("views/disaggregated.py", title="Disaggregated prefill", icon=":material/call_split:"),
+        st.Page("views/prefix_cache.py", title="Prefix cache", icon=":material/recycling:"),
+        st.Page("views/your_server.py", title="Your server", icon=":material/dns:"),
+        st.Page("views/reproduce_papers.py", title="Reproduce the papers", icon=":material/science:"),
+        st.Page("views/walkthrough.py", title="Guided lessons", icon=":material/school:"),
+    ]
+    page = st.navigation(pages)
+    st.session_state[PAGE_URL_PATH] = page.url_path  # for the page's share link
+    page.run()

@@ -54,12 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--seed", type=int, default=None)
         command.add_argument(
             "--backend", default="measured", choices=["measured", "torch"],
-            help="measured: the fastest kernels this machine ran (prefillviz/backends); torch: the textbook's plain torch ops",
+            help="measured: the fastest kernels this machine ran (prefillviz/backends); "
+            "torch: the textbook's plain torch ops",
         )
         command.add_argument(
             "--pack-weights", default="auto", choices=["auto", "on", "off"],
-            help="the measured backend's linears packed once on a CPU; auto: only when decoding (--max-new-tokens > 1), "
-            "since for one forward packing costs more than it saves",
+            help="the measured backend's linears packed once on a CPU; auto: only when decoding "
+            "(--max-new-tokens > 1), since for one forward packing costs more than it saves",
         )
     run.add_argument("--json", action="store_true", help="print one JSON object")
     trace.add_argument("--level", default="inspect", choices=["none", "timing", "inspect", "profile"])
@@ -70,8 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--num-tokens", type=int, default=512)
     bench.add_argument("--runs", type=int, default=7, help="timed runs per figure, after warm-up")
     bench.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
-    bench.add_argument("--quick", action="store_true", help="the least work that fills every key, to check the JSON (its figures mean nothing)")
-    bench.add_argument("--no-vllm", action="store_true", help="leave out the side-by-side with vLLM (its keys are null)")
+    bench.add_argument("--quick", action="store_true",
+                       help="the least work that fills every key, to check the JSON (its figures mean nothing)")
+    bench.add_argument("--no-vllm", action="store_true",
+                       help="leave out the side-by-side with vLLM (its keys are null)")
 
     kernels = commands.add_parser("kernels", help="time and peak memory vs N of every attention kernel")
     kernels.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES), help="whose attention heads")
@@ -83,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     kernels.add_argument("--no-flex", action="store_true", help="leave out FlexAttention (it compiles per shape)")
     kernels.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
 
-    tune = commands.add_parser("tune", help="time the engine's attention and linears candidates here and print the measured choice")
+    tune = commands.add_parser("tune", help="time the engine's attention and linears candidates here "
+                               "and print the measured choice")
     _add_model_arguments(tune)
     tune.add_argument("--again", action="store_true", help="measure again even when a fresh table is cached")
     tune.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
@@ -91,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     from prefillviz.probe.command import add_parser as add_probe_parser
 
     add_probe_parser(commands)
-    disagg = commands.add_parser("disagg", help="the chunked-prefill workload on one engine (chunking off, on) and on a prefill + a decode worker")
+    disagg = commands.add_parser("disagg", help="the chunked-prefill workload on one engine (chunking off, on) "
+                                 "and on a prefill + a decode worker")
     _add_model_arguments(disagg)
     disagg.add_argument("--num-short", type=int, default=3, help="short requests decoding when the long prompt arrives")
     disagg.add_argument("--short-prompt-tokens", type=int, default=16)
@@ -127,7 +132,8 @@ def disagg_command(args: argparse.Namespace) -> dict:
     requests = [("long", args.long_prompt_tokens, args.long_new_tokens)]
     requests += [("short", args.short_prompt_tokens, args.short_new_tokens)] * (args.num_short > 0)
     for kind, prompt_tokens, new_tokens in requests:  # each within the context, before any engine runs
-        what, total = f"the {kind} request is {prompt_tokens:,} prompt + {new_tokens:,} new tokens", prompt_tokens + new_tokens
+        what, total = (f"the {kind} request is {prompt_tokens:,} prompt + {new_tokens:,} new tokens",
+                       prompt_tokens + new_tokens)
         if prompt_tokens >= new_tokens:  # the larger part is the one to cut
             check_context_of(f"--{kind}-prompt-tokens", prompt_tokens, what, total, context - new_tokens, loaded)
         else:
@@ -158,19 +164,24 @@ def _run_prompt(args: argparse.Namespace, capture_level: str = "none", profile_d
         )
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
     num_prompt_tokens, context = len(loaded.tokenizer(args.prompt)["input_ids"]), loaded.info.max_context
-    with option_named(f"--max-new-tokens {args.max_new_tokens}" if not context or num_prompt_tokens < context else "--prompt"):
-        check_context(num_prompt_tokens, args.max_new_tokens, context, loaded.model_id)  # before the engine, which may first measure its dispatch
+    with option_named(f"--max-new-tokens {args.max_new_tokens}" if not context or num_prompt_tokens < context
+                      else "--prompt"):
+        # before the engine, which may first measure its dispatch
+        check_context(num_prompt_tokens, args.max_new_tokens, context, loaded.model_id)
     engine = LLMEngine(loaded.model, loaded.tokenizer, config, model_id=loaded.model_id, backend=backend_of(args))
     params = SamplingParams(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        seed=args.seed
     )
     request = engine.add_request(args.prompt, params)
     return loaded, run_captured(engine, capture_level=capture_level, profile_dir=profile_dir), request.request_id
 
 
 def packs_weights(args: argparse.Namespace) -> bool:
-    """Whether ``run``/``trace`` pre-pack the linears: packing (a copy of every weight) pays off over many steps, not one."""
-    return args.backend == "measured" and (args.pack_weights == "on" or (args.pack_weights == "auto" and args.max_new_tokens > 1))
+    """Whether ``run``/``trace`` pre-pack the linears: packing (a copy of every weight) pays off over many steps,
+    not one."""
+    return args.backend == "measured" and (args.pack_weights == "on"
+                                           or (args.pack_weights == "auto" and args.max_new_tokens > 1))
 
 
 def backend_of(args: argparse.Namespace):
@@ -209,8 +220,10 @@ def run_command(args: argparse.Namespace) -> dict:
         "dispatch": dispatch_summary(loaded.model, trace) if args.backend == "measured" else None,
         "dtype_note": "",
     }
-    if args.dtype not in ("auto", "float32") and loaded.device.type == "cpu":  # asked for a 16-bit dtype: is it slow here?
-        result["dtype_note"] = dtype_speed(loaded.device, loaded.dtype).note()  # measured after the first token, not in its time
+    # asked for a 16-bit dtype: is it slow here?
+    if args.dtype not in ("auto", "float32") and loaded.device.type == "cpu":
+        # measured after the first token, not in its time
+        result["dtype_note"] = dtype_speed(loaded.device, loaded.dtype).note()
     return result
 
 
@@ -220,7 +233,8 @@ def tune_command(args: argparse.Namespace) -> dict:
     from prefillviz.loading.models import load_model
 
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
-    table = table_for(loaded.model, refresh=args.again, progress=lambda done, what: print(f"{done:4.0%} {what}", file=sys.stderr))
+    table = table_for(loaded.model, refresh=args.again,
+                      progress=lambda done, what: print(f"{done:4.0%} {what}", file=sys.stderr))
     return {"model": loaded.model_id, "device": str(loaded.device), "dtype": table.dtype, "source": table.source,
             "measure_s": table.measure_s, **dispatch_summary(loaded.model)}
 
@@ -247,7 +261,8 @@ def bench_command(args: argparse.Namespace) -> dict:
 
     loaded = load_model(args.model, device=args.device, dtype=args.dtype)
     check_bench_sizes(loaded, args.num_tokens, not args.no_vllm)  # before any part of the bench runs
-    return run_bench(args.model, args.device, args.dtype, args.num_tokens, args.runs, args.quick, not args.no_vllm, loaded=loaded)
+    return run_bench(args.model, args.device, args.dtype, args.num_tokens, args.runs, args.quick, not args.no_vllm,
+                     loaded=loaded)
 
 
 def kernels_command(args: argparse.Namespace) -> dict:
@@ -302,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # a bug or a fault no check foresaw: one line for people, the traceback on request
         if os.environ.get("PREFILLVIZ_DEBUG"):
             raise
-        print(f"error: unexpected {type(error).__name__}: {error} (set PREFILLVIZ_DEBUG=1 for the traceback; please report it)", file=sys.stderr)
+        print(f"error: unexpected {type(error).__name__}: {error} "
+              "(set PREFILLVIZ_DEBUG=1 for the traceback; please report it)", file=sys.stderr)
         return 1
     return 0

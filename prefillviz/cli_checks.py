@@ -33,7 +33,8 @@ def check_context_of(option: str, value: int, what: str, total: int, largest: in
     context = loaded.info.max_context
     if context and total > context:
         fix = f"use {option} {largest} or less{also}" if largest >= 1 else "ask for fewer tokens"
-        raise RequestError(f"{option} {value}: {what} = {total:,} tokens, but {loaded.model_id}'s context is {context:,} tokens; {fix}.")
+        raise RequestError(f"{option} {value}: {what} = {total:,} tokens, but {loaded.model_id}'s context is "
+                           f"{context:,} tokens; {fix}.")
 
 
 def check_bench_sizes(loaded, num_tokens: int, with_vllm: bool) -> None:
@@ -46,5 +47,7 @@ def check_bench_sizes(loaded, num_tokens: int, with_vllm: bool) -> None:
     context = loaded.info.max_context or 0
     if with_vllm and unavailable_for(loaded.model_id, loaded.device.type) is None:
         also = f" ({(context - 33) // 2} or less with --no-vllm)"
-        check_context_of("--num-tokens", num_tokens, "the bench prefills up to 4 x N + 64", 4 * num_tokens + 64, (context - 64) // 4, loaded, also)
-    check_context_of("--num-tokens", num_tokens, "the bench's prefix hit runs 2 x N + 33", 2 * num_tokens + 33, (context - 33) // 2, loaded)
+        check_context_of("--num-tokens", num_tokens, "the bench prefills up to 4 x N + 64", 4 * num_tokens + 64,
+                         (context - 64) // 4, loaded, also)
+    check_context_of("--num-tokens", num_tokens, "the bench's prefix hit runs 2 x N + 33", 2 * num_tokens + 33,
+                     (context - 33) // 2, loaded)

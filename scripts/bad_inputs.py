@@ -76,7 +76,8 @@ def engine_cases() -> None:
     case("top-p 1.5", lambda: prefill("hi", SamplingParams(temperature=1, top_p=1.5)))
     case("top-k -5", lambda: prefill("hi", SamplingParams(temperature=1, top_k=-5)))
     case("max new tokens 0", lambda: prefill("hi", SamplingParams(max_new_tokens=0)))
-    case("capture level 'everything'", lambda: run_captured(LLMEngine(LOADED.model, LOADED.tokenizer), capture_level="everything"))
+    case("capture level 'everything'",
+         lambda: run_captured(LLMEngine(LOADED.model, LOADED.tokenizer), capture_level="everything"))
 
 
 def model_cases() -> None:
@@ -128,11 +129,13 @@ def app_cases() -> None:
     app_case("200k-character prompt", set_prompt("lorem ipsum " * 16_667))
     app_case("emoji prompt", set_prompt("🙂" * 50))
     app_case("NUL characters", set_prompt("\x00\x00 abc"))
-    app_case("unknown model id", lambda app: app.text_input(key="sidebar_custom_model").set_value("no-such-org/nope").run())
+    app_case("unknown model id",
+             lambda app: app.text_input(key="sidebar_custom_model").set_value("no-such-org/nope").run())
     app_case("model id that is a URL", lambda app: app.text_input(key="sidebar_custom_model").set_value("http://127.0.0.1:1/x").run())
 
     def junk_query(app):
-        app.query_params.update({"prompt": "\x00" * 5, "page": "../../etc", "token_budget": "-7e9", "dtype": "float7", "lesson": "999"})
+        app.query_params.update({"prompt": "\x00" * 5, "page": "../../etc", "token_budget": "-7e9", "dtype": "float7",
+                                 "lesson": "999"})
         app.run()
 
     app_case("query string with junk values", junk_query)

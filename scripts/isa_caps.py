@@ -56,30 +56,39 @@ LOGS = ROOT / "out" / "isa_caps"
 PROBE_MARK = "isa-caps-probe: "  # the probe's JSON line, among oneDNN's verbose lines
 
 # oneDNN's caps, lowest first (dnnl_cpu_isa_t); oneDNN 2.6 knows those up to AVX512_CORE_AMX
-ONEDNN_CAPS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI", "AVX512_CORE_BF16",
-               "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16")
+ONEDNN_CAPS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+               "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16")
 ATEN_CAPS = ("default", "avx2", "avx512")  # torch's x86 capabilities, lowest first
-ONEDNN_FOR_ATEN = {"default": "AVX", "avx2": "AVX2_VNNI"}  # the most oneDNN a CPU of that level has (no AVX2; no AVX-512) that both oneDNNs know (2.6 ignores AVX2_VNNI_2)
-BUILT_PER_CAPABILITY = {"default": "DEFAULT", "avx2": "AVX2"}  # prefillviz/backends/ops/cpp_build.py's names for a lower cap's build
+# the most oneDNN a CPU of that level has (no AVX2; no AVX-512) that both oneDNNs know (2.6 ignores AVX2_VNNI_2)
+ONEDNN_FOR_ATEN = {"default": "AVX", "avx2": "AVX2_VNNI"}
+# prefillviz/backends/ops/cpp_build.py's names for a lower cap's build
+BUILT_PER_CAPABILITY = {"default": "DEFAULT", "avx2": "AVX2"}
 CAP_ENVS = ("DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
 SWITCHES = {  # a switch: what must be on here for it to change anything, and what the engine runs instead
     "PREFILLVIZ_NO_ENGINE_OPS": ("engine_ops", "plain torch ops instead of the engine's C++ ops"),
-    "PREFILLVIZ_NO_BF16_DOT": ("bf16_dots", "bf16 attention in fp32 tiles and ATen's bf16 rounding instead of AVX512-BF16's dot products and rounding"),
+    "PREFILLVIZ_NO_BF16_DOT": ("bf16_dots", "bf16 attention in fp32 tiles and ATen's bf16 rounding instead of "
+                                            "AVX512-BF16's dot products and rounding"),
     "PREFILLVIZ_NO_ONEDNN": ("onednn", "torch's packed linear instead of oneDNN's matmul primitive"),
     "PREFILLVIZ_STOCK_LINEARS": ("packing", "stock linears instead of packed ones"),
     "PREFILLVIZ_STOCK_FORWARD": ("", "the stock transformers forward instead of the engine's own"),
 }
-FORCE_ENVS = {"attention": "PREFILLVIZ_ATTENTION", "linears": "PREFILLVIZ_LINEARS"}  # prefillviz/backends/dispatch.py's FORCE_ENV
-CLEARED_ENVS = (*CAP_ENVS, *SWITCHES, *FORCE_ENVS.values(), "ONEDNN_VERBOSE", "DNNL_VERBOSE")  # no run inherits these
+# prefillviz/backends/dispatch.py's FORCE_ENV
+FORCE_ENVS = {"attention": "PREFILLVIZ_ATTENTION", "linears": "PREFILLVIZ_LINEARS"}
+# no run inherits these
+CLEARED_ENVS = (*CAP_ENVS, *SWITCHES, *FORCE_ENVS.values(), "ONEDNN_VERBOSE", "DNNL_VERBOSE")
 
-KERNELS = ("tests/model/test_paged_kernels.py", "tests/model/test_onednn_linear.py", "tests/model/test_brgemm_linear.py")
-NUMERICS = ("tests/model/test_llama_forward.py", "tests/model/test_packed_weights.py", "tests/model/test_cpu_portability.py")
+KERNELS = ("tests/model/test_paged_kernels.py", "tests/model/test_onednn_linear.py",
+           "tests/model/test_brgemm_linear.py")
+NUMERICS = ("tests/model/test_llama_forward.py", "tests/model/test_packed_weights.py",
+            "tests/model/test_cpu_portability.py")
 ENGINE = ("tests/model/test_engine_oracle.py", "tests/model/test_capture.py", "tests/model/test_dispatch.py")
 EVERY_FILE = KERNELS + NUMERICS + ENGINE
 ENGINE_PATHS = NUMERICS + ENGINE  # what a switch changes: not the kernels, which the kernel tests call directly
-# a forced candidate: the engine against HF (not test_dispatch, whose injected timings pick each candidate: a forced one wins by design)
+# a forced candidate: the engine against HF (not test_dispatch, whose injected timings pick each candidate:
+# a forced one wins by design)
 FORCED_FILES = ("tests/model/test_llama_forward.py", "tests/model/test_engine_oracle.py")
-CI_FILES = KERNELS + ("tests/model/test_llama_forward.py", "tests/model/test_packed_weights.py")  # what fits CI's time, with the builds
+# what fits CI's time, with the builds
+CI_FILES = KERNELS + ("tests/model/test_llama_forward.py", "tests/model/test_packed_weights.py")
 
 
 # --------------------------------------------------------------------------- the runs
@@ -107,23 +116,29 @@ class Run:
 
 
 def isa_runs() -> list[Run]:
-    """The cap runs, each needing a probe under its env: an AVX2-only CPU first, then oneDNN's caps and torch's, lowest first."""
-    runs = [Run({"ATEN_CPU_CAPABILITY": "avx2", "DNNL_MAX_CPU_ISA": "AVX2"}, "cpu", EVERY_FILE, CI_FILES, "an AVX2-only CPU")]
+    """The cap runs, each needing a probe under its env: an AVX2-only CPU first, then oneDNN's caps and torch's,
+    lowest first."""
+    runs = [Run({"ATEN_CPU_CAPABILITY": "avx2", "DNNL_MAX_CPU_ISA": "AVX2"}, "cpu", EVERY_FILE, CI_FILES,
+                "an AVX2-only CPU")]
     for cap in ONEDNN_CAPS:
         zen4 = cap == "AVX512_CORE_BF16"  # a Xeon with AMX runs a Zen 4's oneDNN code under it
-        runs.append(Run({"DNNL_MAX_CPU_ISA": cap}, "onednn", EVERY_FILE, CI_FILES if zen4 else (), "a Zen 4: AVX512-BF16, no AMX" if zen4 else ""))
-    runs += [Run({"ATEN_CPU_CAPABILITY": cap, **({"DNNL_MAX_CPU_ISA": ONEDNN_FOR_ATEN[cap]} if cap in ONEDNN_FOR_ATEN else {})}, "aten", EVERY_FILE)
+        runs.append(Run({"DNNL_MAX_CPU_ISA": cap}, "onednn", EVERY_FILE, CI_FILES if zen4 else (),
+                        "a Zen 4: AVX512-BF16, no AMX" if zen4 else ""))
+    runs += [Run({"ATEN_CPU_CAPABILITY": cap,
+                  **({"DNNL_MAX_CPU_ISA": ONEDNN_FOR_ATEN[cap]} if cap in ONEDNN_FOR_ATEN else {})}, "aten", EVERY_FILE)
              for cap in ATEN_CAPS]
     return runs
 
 
 def switch_runs(plain: dict) -> list[Run]:
-    """The project's switches, and each candidate of the measured dispatch forced (the candidates as the plain probe found them)."""
+    """The project's switches, and each candidate of the measured dispatch forced (the candidates as the plain probe
+    found them)."""
     runs = [Run({name: "1"}, "switch", ENGINE_PATHS) for name in SWITCHES]
     for family, candidates in plain.get("candidates", {}).items():
         firsts = [candidate.split(",")[0].split(" ")[0] for candidate in candidates]
         for candidate, first in zip(candidates, firsts, strict=True):
-            # v7, v6, ...: what dispatch accepts, where no other candidate starts so (v7 compiled and v7 tiles go by their names)
+            # v7, v6, ...: what dispatch accepts, where no other candidate starts so (v7 compiled and v7 tiles go by
+            # their names)
             short = first if family == "attention" and firsts.count(first) == 1 else candidate
             runs.append(Run({FORCE_ENVS[family]: short}, "force", FORCED_FILES, what=candidate))
     return runs
@@ -131,7 +146,8 @@ def switch_runs(plain: dict) -> list[Run]:
 
 # --------------------------------------------------------------------------- the probe (runs under the cap)
 def probe() -> dict:
-    """What runs here under the environment's caps (printed as one JSON line; oneDNN's verbose lines go to stdout too)."""
+    """What runs here under the environment's caps (printed as one JSON line; oneDNN's verbose lines go to stdout
+    too)."""
     sys.path.insert(0, str(ROOT))
     import torch
 
@@ -151,7 +167,8 @@ def probe() -> dict:
             found["errors"][f"torch packed {name}"] = cpp_build.first_line(error)
     cap = cpp_build.capability()
     ops, why = engine_ops.engine_ops_status()
-    found["engine_ops"] = {"capability": cap, "loaded": ops is not None, "why": why, "bf16_dots": bool(ops and ops.bf16_dot_products()),
+    found["engine_ops"] = {"capability": cap, "loaded": ops is not None, "why": why,
+                           "bf16_dots": bool(ops and ops.bf16_dot_products()),
                            "built": built(engine_ops.FOLDER, engine_ops.build_name(cap))}
     module, why = onednn_linear.onednn_status()
     runs = {str(d).removeprefix("torch."): onednn_linear.onednn_runs(d) for d in (torch.float32, torch.bfloat16)}
@@ -164,7 +181,8 @@ def probe() -> dict:
 
         model = make_tiny_llama()
         found["candidates"] = {family: list(names) for family, names in dispatch.CANDIDATES.items()}
-        found["statuses"] = {str(d).removeprefix("torch."): dispatch_tuning.candidate_statuses(model.to(d)) for d in (torch.float32, torch.bfloat16)}
+        found["statuses"] = {str(d).removeprefix("torch."): dispatch_tuning.candidate_statuses(model.to(d))
+                             for d in (torch.float32, torch.bfloat16)}
     return found
 
 
@@ -177,7 +195,8 @@ def probe_under(env: dict, statuses: bool = False, timeout_s: float = 180) -> di
     """Run ``--probe`` in a subprocess under ``env`` with oneDNN's verbose output on; its answer, parsed."""
     command = [sys.executable, str(Path(__file__).resolve()), "--probe", *(["--statuses"] if statuses else [])]
     try:
-        done = subprocess.run(command, cwd=ROOT, env=clean_env({**env, "ONEDNN_VERBOSE": "1"}), capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run(command, cwd=ROOT, env=clean_env({**env, "ONEDNN_VERBOSE": "1"}), capture_output=True,
+                              text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"the probe took over {timeout_s:.0f} s"}
     found = read_probe(done.stdout)
@@ -230,8 +249,9 @@ def onednn_verbose(text: str) -> dict[str, dict]:
 # --------------------------------------------------------------------------- reachability
 @dataclass
 class Verdict:
-    """Whether a run is made here: status "run", "own" (this CPU's level: the plain suite runs it), "above" (not reachable),
-    "same" (the same code as another run), "off" (a switch that changes nothing here) or "broken" (the probe failed: a failure)."""
+    """Whether a run is made here: status "run", "own" (this CPU's level: the plain suite runs it), "above" (not
+    reachable), "same" (the same code as another run), "off" (a switch that changes nothing here) or "broken" (the
+    probe failed: a failure)."""
 
     status: str
     why: str
@@ -243,7 +263,8 @@ class Verdict:
 
 def isas(found: dict, versions=None) -> str:
     """'oneDNN 2.6.3 and 3.12.0: Intel AVX2' (or each library's ISA line when they differ)."""
-    lines = {v: library["isa"] for v, library in sorted(found.get("onednn", {}).items()) if library["isa"] and (versions is None or v in versions)}
+    lines = {v: library["isa"] for v, library in sorted(found.get("onednn", {}).items())
+             if library["isa"] and (versions is None or v in versions)}
     if len(set(lines.values())) == 1:
         return f"oneDNN {' and '.join(lines)}: {next(iter(lines.values()))}"
     return "; ".join(f"oneDNN {version}: {isa}" for version, isa in lines.items())
@@ -269,14 +290,18 @@ def matmul_kernels(found: dict) -> str:
 def code_of(found: dict, ignored=()) -> tuple:
     """What oneDNN ran for the probe's linears, and what could not run: two caps with the same code are one run
     (``ignored``: versions left out, as ``ignored_by`` names them)."""
-    kernels = tuple(sorted(f"{v} {k}" for v, library in found.get("onednn", {}).items() if v not in ignored for k in library["kernels"]))
+    kernels = tuple(sorted(f"{v} {k}" for v, library in found.get("onednn", {}).items() if v not in ignored
+                           for k in library["kernels"]))
     return kernels, tuple(sorted(found.get("errors", {}))), found.get("torch_capability")
 
 
 def classify(runs: list[Run], probes: dict[str, dict], plain: dict) -> dict[str, Verdict]:
-    """{run label: Verdict} for the cap runs, in ``isa_runs``'s order (lowest cap first: a higher cap with the same code is the copy)."""
-    own = [r.label for r in runs if r.kind == "onednn" and probes.get(r.label, {}).get("ok") and isas(probes[r.label]) == isas(plain)]
-    own_cap = own[0] if own else None  # the lowest cap under which oneDNN runs what it runs without one: this CPU's own ISA
+    """{run label: Verdict} for the cap runs, in ``isa_runs``'s order (lowest cap first: a higher cap with the same
+    code is the copy)."""
+    own = [r.label for r in runs
+           if r.kind == "onednn" and probes.get(r.label, {}).get("ok") and isas(probes[r.label]) == isas(plain)]
+    # the lowest cap under which oneDNN runs what it runs without one: this CPU's own ISA
+    own_cap = own[0] if own else None
     verdicts: dict[str, Verdict] = {}
     ran = [("the plain suite", plain)]
     for run in runs:
@@ -288,7 +313,8 @@ def classify(runs: list[Run], probes: dict[str, dict], plain: dict) -> dict[str,
 
 
 def cap_verdict(run: Run, found: dict, plain: dict, own_cap: str | None, ran: list[tuple[str, dict]]) -> Verdict:
-    """One cap run's verdict from its probe; ``ran``: the runs made so far, with their probes (a run with the same code is not made twice)."""
+    """One cap run's verdict from its probe; ``ran``: the runs made so far, with their probes (a run with the same
+    code is not made twice)."""
     if not found.get("ok"):
         return Verdict("broken", found.get("error", "the probe failed"))
     torch_says = found.get("torch_capability", "?")
@@ -297,15 +323,17 @@ def cap_verdict(run: Run, found: dict, plain: dict, own_cap: str | None, ran: li
             return Verdict("above", f"not reachable on this CPU (torch says {torch_says})")
         own_level = str(plain.get("torch_capability", "")).lower()
         if own_level in ATEN_CAPS and ATEN_CAPS.index(run.env["ATEN_CPU_CAPABILITY"]) > ATEN_CAPS.index(own_level):
-            # torch takes a forced level above the CPU's at its word (an AVX2-only Zen 3 then dies of SIGILL in AVX-512 code)
+            # torch takes a forced level above the CPU's at its word (an AVX2-only Zen 3 then dies of SIGILL in
+            # AVX-512 code)
             return Verdict("above", f"above this CPU's own level (torch runs {own_level.upper()} kernels unforced)")
         if torch_says == plain.get("torch_capability") and (run.kind == "aten" or isas(found) == isas(plain)):
-            return Verdict("own", f"this CPU's own level (torch says {torch_says}" + (f"; {isas(found)}" if run.kind == "cpu" else "")
-                           + "): the plain suite runs it")
+            return Verdict("own", f"this CPU's own level (torch says {torch_says}"
+                           + (f"; {isas(found)}" if run.kind == "cpu" else "") + "): the plain suite runs it")
         if run.kind == "aten":
             return Verdict("run", reach_sentence(run, found))
     if not isas(found):
-        return Verdict("above", "not reachable: oneDNN printed no ISA line under it (is this torch built without oneDNN?)")
+        return Verdict("above", "not reachable: oneDNN printed no ISA line under it "
+                                "(is this torch built without oneDNN?)")
     if run.kind == "onednn" and isas(found) == isas(plain):
         if run.label == own_cap:
             return Verdict("own", f"this CPU's own ISA ({isas(found)}): the plain suite runs it")
@@ -347,11 +375,14 @@ def classify_switches(runs: list[Run], plain: dict) -> dict[str, Verdict]:
         if run.kind == "switch":
             needs, instead = SWITCHES[next(iter(run.env))]
             why_not = present[needs]
-            verdicts[run.label] = Verdict("off", f"the same code as the plain suite here: {why_not}") if why_not else Verdict("run", f"reachable ({instead})")
+            verdicts[run.label] = (Verdict("off", f"the same code as the plain suite here: {why_not}") if why_not
+                                   else Verdict("run", f"reachable ({instead})"))
         elif run.kind == "force":
             family = next(f for f, name in FORCE_ENVS.items() if name in run.env)
-            refused = "; ".join(f"{dtype}: {s[family][run.what]}" for dtype, s in statuses.items() if s.get(family, {}).get(run.what))
-            verdicts[run.label] = Verdict("off", f"can't run here ({refused})") if refused else Verdict("run", "reachable (the engine runs it at every step)")
+            refused = "; ".join(f"{dtype}: {s[family][run.what]}" for dtype, s in statuses.items()
+                                if s.get(family, {}).get(run.what))
+            verdicts[run.label] = (Verdict("off", f"can't run here ({refused})") if refused
+                                   else Verdict("run", "reachable (the engine runs it at every step)"))
     return verdicts
 
 
@@ -374,7 +405,8 @@ class Outcome:
     def failed(self) -> bool:
         if self.verdict.status == "broken":
             return True
-        return self.returncode is not None and (self.returncode != 0 or self.timed_out)  # 5: no tests collected is a failure too
+        # 5: no tests collected is a failure too
+        return self.returncode is not None and (self.returncode != 0 or self.timed_out)
 
     def line(self) -> str:
         if self.verdict.status == "broken":
@@ -387,13 +419,15 @@ class Outcome:
             result = f"no tests collected (pytest exit status 5) in {self.seconds:.0f} s"
         else:
             result = f"{self.counts or f'pytest exit status {self.returncode}'} in {self.seconds:.0f} s"
-        return f"{self.label}: {self.verdict.why}: {result}" + ("" if not self.failed else f"  [FAILED; log: {self.log}]")
+        return (f"{self.label}: {self.verdict.why}: {result}"
+                + ("" if not self.failed else f"  [FAILED; log: {self.log}]"))
 
 
 def pytest_counts(output: str) -> str:
     """'61 passed, 3 skipped' from pytest's last summary line ('' when there is none)."""
     for line in reversed(output.strip().splitlines()):
-        match = re.search(r"((?:\d+ (?:passed|failed|skipped|deselected|xfailed|xpassed|errors?|warnings?)(?:, )?)+)(?: in [\d.]+s)", line)
+        match = re.search(r"((?:\d+ (?:passed|failed|skipped|deselected|xfailed|xpassed|errors?|warnings?)(?:, )?)+)"
+                          r"(?: in [\d.]+s)", line)
         if match:
             return match.group(1).rstrip(", ")
     return ""
@@ -418,13 +452,15 @@ def run_pytest(run: Run, files: tuple[str, ...], verdict: Verdict, timeout_s: fl
     # and torch 2.13's FlexAttention compiled under one cap and loaded under another gave wrong results
     # here (2.08 off the oracle: its probe then reports it can't run) in the later runs and the suite after
     inductor = cache / "torchinductor"
-    env = clean_env({**run.env, "PREFILLVIZ_CACHE": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(inductor), "COLUMNS": "400"})  # wide: pytest's short summary keeps each assertion
+    env = clean_env({**run.env, "PREFILLVIZ_CACHE": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(inductor),
+                     "COLUMNS": "400"})  # wide: pytest's short summary keeps each assertion
     started = time.perf_counter()
     with open(log, "w") as out:
         out.write(f"$ {run.label} PREFILLVIZ_CACHE={cache} {' '.join(command)}\n")
         out.flush()
+        # its own group: a timeout ends its children too
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True)  # its own group: a timeout ends its children too
+                                   stderr=subprocess.STDOUT, start_new_session=True)
         timed_out = False
         try:
             returncode = process.wait(timeout=timeout_s)
@@ -433,8 +469,8 @@ def run_pytest(run: Run, files: tuple[str, ...], verdict: Verdict, timeout_s: fl
             returncode, timed_out = process.wait(), True
     seconds = time.perf_counter() - started
     output = log.read_text(errors="replace")
-    return Outcome(run.title, verdict, returncode, pytest_counts(output), seconds, pytest_failures(output), timed_out, str(log.relative_to(ROOT)),
-                   files)
+    return Outcome(run.title, verdict, returncode, pytest_counts(output), seconds, pytest_failures(output), timed_out,
+                   str(log.relative_to(ROOT)), files)
 
 
 # --------------------------------------------------------------------------- builds
@@ -449,11 +485,13 @@ def builds_needed(found: dict) -> list[str]:
 
 
 def build_for(cap: str, modules: list[str], timeout_s: float = 900) -> list[str]:
-    """Build ``modules`` for ATEN_CPU_CAPABILITY=cap, side by side (each is one compiler process); the problems, if any."""
+    """Build ``modules`` for ATEN_CPU_CAPABILITY=cap, side by side (each is one compiler process); the problems, if
+    any."""
     env = clean_env({"ATEN_CPU_CAPABILITY": cap})
     started = time.perf_counter()
-    processes = {name: subprocess.Popen([sys.executable, "-m", name, "--build"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True, start_new_session=True) for name in modules}
+    processes = {name: subprocess.Popen([sys.executable, "-m", name, "--build"], cwd=ROOT, env=env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        start_new_session=True) for name in modules}
     problems = []
     for name, process in processes.items():
         try:
@@ -465,15 +503,17 @@ def build_for(cap: str, modules: list[str], timeout_s: float = 900) -> list[str]
             continue
         if process.returncode != 0:
             problems.append(f"{name}: {(output.strip().splitlines() or ['?'])[-1][:200]}")
-    print(f"built the {BUILT_PER_CAPABILITY[cap]} variants of {', '.join(modules)} in {time.perf_counter() - started:.0f} s"
+    print(f"built the {BUILT_PER_CAPABILITY[cap]} variants of {', '.join(modules)} in "
+          f"{time.perf_counter() - started:.0f} s"
           + (f" ({'; '.join(problems)})" if problems else ""), flush=True)
     return problems
 
 
 # --------------------------------------------------------------------------- the summary
 def summary(outcomes: list[Outcome], seconds: float, machine: str) -> tuple[str, int]:
-    """(the last lines, the exit status): 1 when a reachable run failed. Each failed test is named once, with the runs it
-    failed under, so a test that fails in every run of its file (not a cap's code) stands apart from one that fails under one cap."""
+    """(the last lines, the exit status): 1 when a reachable run failed. Each failed test is named once, with the runs
+    it failed under, so a test that fails in every run of its file (not a cap's code) stands apart from one that fails
+    under one cap."""
     ran = [o for o in outcomes if o.returncode is not None or o.verdict.status == "broken"]
     failed = [o for o in ran if o.failed]
     lines = [f"isa caps on {machine}: {len(ran) - len(failed)} of {len(ran)} runs passed in {seconds:.0f} s",
@@ -487,12 +527,14 @@ def summary(outcomes: list[Outcome], seconds: float, machine: str) -> tuple[str,
         lines.append("  failed, and under which runs:")
         for test, labels in under.items():
             with_file = [o for o in ran if test.split("::")[0] in o.files]
-            lines.append(f"    {test}: {'every run of its file' if len(labels) == len(with_file) > 1 else ', '.join(labels)}")
+            lines.append(f"    {test}: "
+                         f"{'every run of its file' if len(labels) == len(with_file) > 1 else ', '.join(labels)}")
     return "\n".join(lines), (1 if failed else 0)
 
 
 def failed_tests(outcome: Outcome) -> list[str]:
-    """The ids of a failed run's failed tests, or what failed when no test did (the probe, a timeout, no tests collected)."""
+    """The ids of a failed run's failed tests, or what failed when no test did (the probe, a timeout, no tests
+    collected)."""
     tests = [line.split(" ", 1)[1].split(" - ", 1)[0] for line in outcome.failures]
     if tests:
         return tests
@@ -506,7 +548,8 @@ def failed_tests(outcome: Outcome) -> list[str]:
 def machine_line(plain: dict) -> str:
     name = "this CPU"
     try:
-        name = next((line.partition(":")[2].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), name)
+        name = next((line.partition(":")[2].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name")), name)
     except OSError:
         pass
     return f"{name} (torch: {plain.get('torch_capability', '?')}; {isas(plain) or 'oneDNN: no ISA line'})"
@@ -518,7 +561,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="say what is reachable here; no builds, no tests")
     parser.add_argument("--only", default="", help="only the runs whose label contains this text")
     parser.add_argument("--files", nargs="+", help="these test files instead of each run's own")
-    parser.add_argument("--no-build", action="store_true", help="don't build a lower capability's C++ ops first (the engine then runs plain torch ops)")
+    parser.add_argument("--no-build", action="store_true",
+                        help="don't build a lower capability's C++ ops first (the engine then runs plain torch ops)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per pytest run (default 900; --ci 300)")
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--statuses", action="store_true", help=argparse.SUPPRESS)
@@ -532,7 +576,8 @@ def main(argv: list[str] | None = None) -> int:
 
     plain = probe_under({}, statuses=not args.ci)
     if not plain.get("ok"):
-        print(f"isa caps: the probe failed without a cap ({plain.get('error')}); nothing can be compared", file=sys.stderr)
+        print(f"isa caps: the probe failed without a cap ({plain.get('error')}); nothing can be compared",
+              file=sys.stderr)
         return 1
     machine = machine_line(plain)
     print(f"isa caps on {machine}", flush=True)
@@ -549,13 +594,15 @@ def main(argv: list[str] | None = None) -> int:
 
     for run in caps:  # a lower capability loads its own builds: make them, then ask again what loads
         cap = run.env.get("ATEN_CPU_CAPABILITY", "").lower()
-        needed = builds_needed(probes[run.label]) if verdicts[run.label].runs and cap in BUILT_PER_CAPABILITY and not args.no_build else []
+        needed = (builds_needed(probes[run.label])
+                  if verdicts[run.label].runs and cap in BUILT_PER_CAPABILITY and not args.no_build else [])
         if needed:
             build_for(cap, needed)
             for again in caps:
                 if again.env.get("ATEN_CPU_CAPABILITY", "").lower() == cap and verdicts[again.label].runs:
                     found = probes[again.label] = probe_under(again.env)
-                    verdicts[again.label] = Verdict("run", reach_sentence(again, found)) if found["ok"] else Verdict("broken", found["error"])
+                    verdicts[again.label] = (Verdict("run", reach_sentence(again, found)) if found["ok"]
+                                             else Verdict("broken", found["error"]))
 
     outcomes = []
     for run in runs:
@@ -563,7 +610,8 @@ def main(argv: list[str] | None = None) -> int:
         if not verdict.runs:
             outcome = Outcome(run.title, verdict)
         else:
-            outcome = run_pytest(run, tuple(args.files or (run.ci_files if args.ci else run.files)), verdict, timeout_s, cache_root)
+            outcome = run_pytest(run, tuple(args.files or (run.ci_files if args.ci else run.files)), verdict,
+                                 timeout_s, cache_root)
         outcomes.append(outcome)
         print(outcome.line(), flush=True)
         for failure in outcome.failures:

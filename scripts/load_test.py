@@ -40,8 +40,8 @@ from streamlit_session import StreamlitSession
 ROOT = Path(__file__).resolve().parents[1]
 LOCK_IN = re.compile("Lock in my prediction")
 MEASURED_ONCE = re.compile(r"Measured once for \d+ viewer")
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 def start_server() -> tuple[subprocess.Popen, str]:
@@ -49,8 +49,8 @@ def start_server() -> tuple[subprocess.Popen, str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1", "--server.port", str(port),
-         "--server.headless", "true"],
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1",
+         "--server.port", str(port), "--server.headless", "true"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
@@ -105,7 +105,8 @@ async def preset_session(browser, url: str, index: int, timeout_s: float) -> dic
     result = {"session": index, "ok": False}
     try:
         await page.goto(url, timeout=timeout_s * 1000)
-        await page.get_by_text("Last run:").or_(page.get_by_role("button", name="Run prefill")).first.wait_for(timeout=timeout_s * 1000)
+        ready = page.get_by_text("Last run:").or_(page.get_by_role("button", name="Run prefill"))
+        await ready.first.wait_for(timeout=timeout_s * 1000)
         start = time.perf_counter()
         await page.get_by_role("button", name="Run prefill").click()
         await page.get_by_text("viewer(s)").first.wait_for(timeout=timeout_s * 1000)
@@ -161,7 +162,8 @@ async def teacher_reveals(teacher, timeout_s: float, screenshot: str | None) -> 
     await teacher.get_by_role("button", name="Run this step on the model").click()
     await teacher.get_by_text(MEASURED_ONCE).first.wait_for(timeout=timeout_s * 1000)
     await teacher.get_by_role("button", name="Reveal the measured answer").click()
-    await teacher.get_by_text(re.compile(r"measured: ")).first.wait_for(timeout=timeout_s * 1000)  # the answer marked on the histogram
+    # the answer marked on the histogram
+    await teacher.get_by_text(re.compile(r"measured: ")).first.wait_for(timeout=timeout_s * 1000)
     if screenshot:
         chart = teacher.locator('[data-testid="stPlotlyChart"]').filter(has_text=pattern).first
         await chart.scroll_into_view_if_needed()
@@ -195,7 +197,8 @@ async def lesson_session(browser, url: str, code: str, index: int, timeout_s: fl
         await page.get_by_text(MEASURED_ONCE).first.wait_for(timeout=timeout_s * 1000)
         await read_result(page, result, start, lambda text: "you joined a run" not in text)
     except Exception as error:  # reported, counted as failed
-        result["error"] = f"{stage} ({time.perf_counter() - begun:.0f} s in): {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        result["error"] = (f"{stage} ({time.perf_counter() - begun:.0f} s in): {type(error).__name__}: "
+                           f"{str(error).splitlines()[0][:200]}")
     finally:
         await context.close()
     return result
@@ -206,7 +209,8 @@ async def lesson_session(browser, url: str, code: str, index: int, timeout_s: fl
 # the server does all it does for a browser tab; only the rendering is skipped.
 
 def _failed(result: dict, stage: str, begun: float, error: Exception) -> None:
-    result["error"] = f"{stage} ({time.perf_counter() - begun:.0f} s in): {type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
+    result["error"] = (f"{stage} ({time.perf_counter() - begun:.0f} s in): {type(error).__name__}: "
+                       f"{(str(error).splitlines() or [''])[0][:200]}")
 
 
 async def protocol_mixed(url: str, index: int, words: list[str], timeout_s: float) -> dict:
@@ -215,7 +219,8 @@ async def protocol_mixed(url: str, index: int, words: list[str], timeout_s: floa
         async with StreamlitSession(url, timeout_s, f"session {index}") as page:
             stage = "typing the prompt"
             await page.wait_for(lambda p: p.widget("button", "Run prefill"))
-            await page.set(page.widget("text_area", "Prompt"), string_value=f"Code word {words[index]}. The capital of France is")
+            await page.set(page.widget("text_area", "Prompt"),
+                           string_value=f"Code word {words[index]}. The capital of France is")
             stage = "waiting for the result"
             start = time.perf_counter()
             await page.click("Run prefill")
@@ -285,15 +290,20 @@ async def drive(url: str, sessions: int, timeout_s: float, scenario: str = "mixe
         browser = await playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
         if scenario == "lesson":
             context, teacher, code = await start_room(browser, url, timeout_s)
-            students = (protocol_lesson(url, code, i, timeout_s) if protocol else lesson_session(browser, url, code, i, timeout_s) for i in range(sessions))
+            students = (protocol_lesson(url, code, i, timeout_s) if protocol
+                        else lesson_session(browser, url, code, i, timeout_s) for i in range(sessions))
             results = await asyncio.gather(*students)
             await teacher.reload()
             extra.update(await teacher_reveals(teacher, timeout_s, screenshot))
             await context.close()
         elif scenario == "preset":
-            results = await asyncio.gather(*(protocol_preset(url, i, timeout_s) if protocol else preset_session(browser, url, i, timeout_s) for i in range(sessions)))
+            results = await asyncio.gather(*(protocol_preset(url, i, timeout_s) if protocol
+                                             else preset_session(browser, url, i, timeout_s)
+                                             for i in range(sessions)))
         else:
-            results = await asyncio.gather(*(protocol_mixed(url, i, words, timeout_s) if protocol else one_session(browser, url, i, words, timeout_s) for i in range(sessions)))
+            results = await asyncio.gather(*(protocol_mixed(url, i, words, timeout_s) if protocol
+                                             else one_session(browser, url, i, words, timeout_s)
+                                             for i in range(sessions)))
         await browser.close()
     return list(results), extra
 
@@ -304,7 +314,8 @@ def main() -> int:
     parser.add_argument("--url", default=None, help="a running server on 127.0.0.1 (default: start one)")
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--scenario", choices=["mixed", "preset", "lesson"], default="mixed")
-    parser.add_argument("--screenshot", default=None, help="lesson: save the teacher's page with the class histogram here")
+    parser.add_argument("--screenshot", default=None,
+                        help="lesson: save the teacher's page with the class histogram here")
     parser.add_argument("--client", choices=["protocol", "browser"], default="protocol",
                         help="protocol (default): each session speaks Streamlit's websocket protocol, no rendering; "
                              "browser: each session is a headless Chromium (heavy: 30 of them starve a 2-core server). "
@@ -315,7 +326,8 @@ def main() -> int:
     server, url = (None, args.url) if args.url else start_server()
     try:
         urllib.request.urlopen(url, timeout=10)
-        results, extra = asyncio.run(drive(url, args.sessions, args.timeout_s, args.scenario, args.screenshot, args.client == "protocol"))
+        results, extra = asyncio.run(drive(url, args.sessions, args.timeout_s, args.scenario, args.screenshot,
+                                           args.client == "protocol"))
     finally:
         if server is not None:
             server.terminate()
@@ -334,9 +346,11 @@ def main() -> int:
         "run_s_p50": percentile(runs, 50),
         "run_s_p99": percentile(runs, 99),
         "any_session_saw_another_prompt": bool(leaked),
-        "fewest_timing_passes": min((r["timing_passes"] for r in done if "timing_passes" in r), default=None),  # a headline TTFT's median
+        # a headline TTFT's median
+        "fewest_timing_passes": min((r["timing_passes"] for r in done if "timing_passes" in r), default=None),
         "model_runs": sum(1 for r in done if r.get("measured", True)),  # mixed: every session measures its own prompt
-        "page_ready_s_p50": percentile([r["page_ready_s"] for r in results if "page_ready_s" in r], 50),  # lesson: link to a usable page
+        # lesson: link to a usable page
+        "page_ready_s_p50": percentile([r["page_ready_s"] for r in results if "page_ready_s" in r], 50),
         "page_ready_s_p99": percentile([r["page_ready_s"] for r in results if "page_ready_s" in r], 99),
         **extra,
         "errors": [r["error"] for r in results if "error" in r],

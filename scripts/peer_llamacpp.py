@@ -68,7 +68,8 @@ def main() -> int:
 
     def ours(loaded):
         def run() -> float:
-            engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(token_budget=args.num_tokens), model_id=loaded.model_id)
+            engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(token_budget=args.num_tokens),
+                               model_id=loaded.model_id)
             engine.add_request(token_ids, SamplingParams(max_new_tokens=1))
             start = time.perf_counter()
             engine.run()
@@ -103,7 +104,8 @@ def main() -> int:
             if run >= 2:
                 times[name].append(seconds)
     figures = {
-        name: {"tok_s": args.num_tokens / statistics.median(t), "median_s": statistics.median(t), "min_s": min(t), "max_s": max(t)}
+        name: {"tok_s": args.num_tokens / statistics.median(t), "median_s": statistics.median(t), "min_s": min(t),
+               "max_s": max(t)}
         for name, t in times.items()
     }
     best_peer = max(v["tok_s"] for k, v in figures.items() if k.startswith("llama.cpp"))

@@ -32,7 +32,8 @@ def space_venv() -> Path:
     shutil.rmtree(VENV, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, timeout=120)
     install = subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--no-compile", "--disable-pip-version-check", "-r", str(ROOT / "requirements.txt")],
+        [str(python), "-m", "pip", "install", "--quiet", "--no-compile", "--disable-pip-version-check",
+         "-r", str(ROOT / "requirements.txt")],
         capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S,
     )
     if install.returncode != 0:

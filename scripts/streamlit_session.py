@@ -49,7 +49,8 @@ class StreamlitSession:
     def __init__(self, url: str, timeout_s: float = 300.0, name: str = "") -> None:
         parts = urlsplit(url)
         self.name, self._begun = name, time.perf_counter()
-        self._trace = bool(os.environ.get("STREAMLIT_SESSION_TRACE"))  # every message sent and every run's end, on stderr
+        # every message sent and every run's end, on stderr
+        self._trace = bool(os.environ.get("STREAMLIT_SESSION_TRACE"))
         self.stream = f"ws://{parts.netloc}/_stcore/stream"
         self.page_name = parts.path.strip("/")
         self.query_string = parts.query
@@ -57,7 +58,8 @@ class StreamlitSession:
         self.page_script_hash = ""
         self.elements: dict[tuple[int, ...], object] = {}  # delta path -> Element, as the page shows it
         self._seen: set[tuple[int, ...]] = set()
-        self._values: dict[str, WidgetState] = {}  # widgets this client has set (the browser sends them with every rerun)
+        # widgets this client has set (the browser sends them with every rerun)
+        self._values: dict[str, WidgetState] = {}
         self._finished = asyncio.Queue()
         self._timers: dict[str, asyncio.Task] = {}
         self._intervals: dict[str, float] = {}
@@ -66,8 +68,8 @@ class StreamlitSession:
         self.closed = ""  # why the connection closed, once it has
 
     async def __aenter__(self) -> StreamlitSession:
-        self._socket = await connect(self.stream, subprotocols=["streamlit"], max_size=None, open_timeout=self.timeout_s,
-                                     ping_interval=None)
+        self._socket = await connect(self.stream, subprotocols=["streamlit"], max_size=None,
+                                     open_timeout=self.timeout_s, ping_interval=None)
         self._reader = asyncio.create_task(self._read())
         await self.rerun()  # what a browser sends when it opens the page
         return self
@@ -195,8 +197,8 @@ class StreamlitSession:
         await self.rerun([WidgetState(id=button.id, trigger_value=True)])
 
     async def set(self, widget, **value) -> None:
-        """Give ``widget`` (from :meth:`widget`) a value (``string_value="..."``, ``string_array_value={"data": [...]}``) and
-        rerun, as the browser does when a widget changes."""
+        """Give ``widget`` (from :meth:`widget`) a value (``string_value="..."``,
+        ``string_array_value={"data": [...]}``) and rerun, as the browser does when a widget changes."""
         state = WidgetState(id=widget.id, **value)
         self._values[widget.id] = state
         await self.rerun()

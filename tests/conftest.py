@@ -99,7 +99,9 @@ def assert_matches_hf(model, token_ids, engine_logits, steps=MODEL_STEPS):
     reference = hf_last_logits(model, token_ids)
     allowed = logits_allowed_difference(model, reference, num_tokens=len(token_ids), steps=steps)
     difference = (engine_logits.float() - reference).abs().max().item()
-    assert difference <= allowed, f"max |engine - HF| = {difference:.2e} > {allowed:.2e} ({steps} steps of {next(model.parameters()).dtype})"
+    assert difference <= allowed, (
+        f"max |engine - HF| = {difference:.2e} > {allowed:.2e} ({steps} steps of {next(model.parameters()).dtype})"
+    )
     assert_same_greedy_token(reference, engine_logits, allowed)
     return difference
 
@@ -118,8 +120,8 @@ def app_url(bundled):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1", "--server.port", str(port),
-         "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1",
+         "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"],
         cwd=TESTS.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"

@@ -80,7 +80,9 @@ def longest_sum(model: torch.nn.Module, num_tokens: int = 0) -> int:
     return rounding.longest_sum(model.config, num_tokens)
 
 
-def logits_allowed_difference(model: torch.nn.Module, reference: torch.Tensor, num_tokens: int = 0, steps: float = MODEL_STEPS) -> float:
+def logits_allowed_difference(
+    model: torch.nn.Module, reference: torch.Tensor, num_tokens: int = 0, steps: float = MODEL_STEPS
+) -> float:
     """The max |difference| allowed between two forward passes' logits (``MODEL_STEPS`` at max |reference|)."""
     dtype = next(model.parameters()).dtype
     return allowed_difference(dtype, reference, steps, longest_sum(model, num_tokens))
@@ -105,15 +107,20 @@ def assert_same_greedy_token(reference: torch.Tensor, other: torch.Tensor | int,
     margin = float(top[0] - top[1])
     chosen = int(other.argmax()) if isinstance(other, torch.Tensor) else int(other)
     if margin > 2 * allowed:
-        assert chosen == int(reference.argmax()), f"greedy token {chosen} != {int(reference.argmax())} (top-two margin {margin:.3g} > 2 x {allowed:.3g})"
+        assert chosen == int(reference.argmax()), (
+            f"greedy token {chosen} != {int(reference.argmax())} (top-two margin {margin:.3g} > 2 x {allowed:.3g})"
+        )
     else:
         assert float(reference[chosen]) >= float(top[0]) - 2 * allowed, (
-            f"token {chosen} is {float(top[0] - reference[chosen]):.3g} below the top, more than 2 x {allowed:.3g} (a near tie: margin {margin:.3g})"
+            f"token {chosen} is {float(top[0] - reference[chosen]):.3g} below the top, more than 2 x {allowed:.3g} "
+            f"(a near tie: margin {margin:.3g})"
         )
 
 
 @torch.inference_mode()
-def assert_same_greedy_generation(model: torch.nn.Module, prompt: list[int], generated: list[int], reference: list[int]) -> None:
+def assert_same_greedy_generation(
+    model: torch.nn.Module, prompt: list[int], generated: list[int], reference: list[int]
+) -> None:
     """``generated`` (the engine's greedy tokens) is ``reference`` (the HF greedy tokens), checked as
     ``assert_same_greedy_token`` checks one token at each position, from one HF forward over the
     prompt and ``reference``: exact where the top two logits are apart, either of a near tie's
@@ -121,9 +128,12 @@ def assert_same_greedy_generation(model: torch.nn.Module, prompt: list[int], gen
     continues from another text)."""
     assert len(generated) == len(reference), f"{len(generated)} tokens generated, {len(reference)} expected"
     device = next(model.parameters()).device
-    logits = model(torch.tensor([prompt + reference[:-1]], device=device)).logits[0, len(prompt) - 1 :].float().cpu()  # (new, V)
+    # logits: (new, V)
+    logits = model(torch.tensor([prompt + reference[:-1]], device=device)).logits[0, len(prompt) - 1 :].float().cpu()
     for index, (chosen, expected) in enumerate(zip(generated, reference)):
-        assert_same_greedy_token(logits[index], chosen, logits_allowed_difference(model, logits[index], num_tokens=len(prompt) + index))
+        assert_same_greedy_token(
+            logits[index], chosen, logits_allowed_difference(model, logits[index], num_tokens=len(prompt) + index)
+        )
         if chosen != expected:
             return  # a near tie (else the line above failed): the texts part here
 
@@ -133,7 +143,8 @@ def linear_difference_bound(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     """Per output of ``x @ weight.T (+ bias)``: how far two kernels in x's dtype may differ from each other
     or from the fp32 product. ``linear_checks.linear_tolerance`` (each output rounded once, the
     fp32 sum's worst case K x eps_fp32, twice over), plus a step of the dtype at |bias| for its add."""
-    from prefillviz.backends.linear_checks import linear_tolerance  # here: the unit tier imports this file without the engine
+    # here: the unit tier imports this file without the engine
+    from prefillviz.backends.linear_checks import linear_tolerance
 
     with torch.no_grad():
         bound = linear_tolerance(x, weight)
@@ -142,14 +153,20 @@ def linear_difference_bound(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     return bound
 
 
-def assert_linear_close(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, want: torch.Tensor | None = None) -> None:
-    """``got`` is ``F.linear(x, weight, bias)`` (``want``; by default computed in fp32) within ``linear_difference_bound``."""
+def assert_linear_close(
+    got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+    want: torch.Tensor | None = None,
+) -> None:
+    """``got`` is ``F.linear(x, weight, bias)`` (``want``; by default computed in fp32) within
+    ``linear_difference_bound``."""
     with torch.no_grad():
         if want is None:
             want = torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float())
         assert got.shape == want.shape, f"shape {tuple(got.shape)} != {tuple(want.shape)}"
         excess = (got.float() - want.float()).abs() - linear_difference_bound(x, weight, bias)
-    assert float(excess.max()) <= 0, f"an output exceeds its bound by {float(excess.max()):.3g} ({x.dtype}, K={x.shape[-1]})"
+    assert float(excess.max()) <= 0, (
+        f"an output exceeds its bound by {float(excess.max()):.3g} ({x.dtype}, K={x.shape[-1]})"
+    )
 
 
 def assert_linear_close_from_two_threads(linear, weight: torch.Tensor, rows: tuple[int, ...], loops: int) -> None:
@@ -175,7 +192,9 @@ def assert_linear_close_from_two_threads(linear, weight: torch.Tensor, rows: tup
 
 
 # --------------------------------------------------------------------------- attention
-def attention_allowed_difference(v: torch.Tensor, context: int, dtype: torch.dtype | None = None, steps: float = OP_STEPS) -> float:
+def attention_allowed_difference(
+    v: torch.Tensor, context: int, dtype: torch.dtype | None = None, steps: float = OP_STEPS
+) -> float:
     """Attention output against another computation of it: a weighted mean of V rows, so its size
     is max |v|; the longest sums are the context's keys or a head's dimensions (``context``)."""
     return allowed_difference(dtype or v.dtype, v, steps, max(context, v.shape[-1]))

@@ -28,20 +28,26 @@ st.markdown(
     "attention computes. With grouped-query attention, several query heads read the same KV head."
 )
 
-run = inspection_source("attention", "attention", "A chunked run computes the causal matrix in strips: each chunk's rows over every key up to its end.", "Run a prompt here, or on the Prefill page: this page then shows that run's attention.")
+run = inspection_source(
+    "attention", "attention",
+    "A chunked run computes the causal matrix in strips: each chunk's rows over every key up to its end.",
+    "Run a prompt here, or on the Prefill page: this page then shows that run's attention.",
+)
 trace, captured = run.trace, run.trace.captured_qk[run.request_id]
 num_layers, num_heads = len(captured.queries), captured.queries[0].shape[0]
 steps = "one step" if run.num_steps == 1 else f"{run.num_steps} chunks of up to {run.chunk_size} tokens"
 st.caption(
-    f"Showing {run.source}'s run: {run.num_tokens:,} tokens in {steps} · {trace.model_id} ({trace.device}, {trace.dtype}) · "
-    f"maps rebuilt from the inspection pass's captured q/k (stored as {captured.dtype})."
+    f"Showing {run.source}'s run: {run.num_tokens:,} tokens in {steps} · {trace.model_id} ({trace.device}, "
+    f"{trace.dtype}) · maps rebuilt from the inspection pass's captured q/k (stored as {captured.dtype})."
 )
 
 # every head at a glance (computed once per run)
 cached = st.session_state.get("attention_summaries")
 if cached is None or cached[0] is not trace:
     bar = st.progress(0.0, text="Rebuilding every head's attention")
-    summaries = inspect_run.attention_summaries(run, lambda done, total: bar.progress(done / total, text=f"Layer {done} of {total}"))
+    summaries = inspect_run.attention_summaries(
+        run, lambda done, total: bar.progress(done / total, text=f"Layer {done} of {total}")
+    )
     bar.empty()
     st.session_state["attention_summaries"] = cached = (trace, summaries)
 summaries = cached[1]
@@ -73,20 +79,23 @@ st.subheader("One head's attention map")
 pickers = st.columns(3)
 layer = pickers[0].selectbox("Layer", range(num_layers), key="attention_layer")
 head = pickers[1].selectbox("Head", range(num_heads), key="attention_head")
-log_scale = pickers[2].checkbox("Log colour scale", key="attention_log_scale", help="Shows the small probabilities a sink drowns out.")
+log_scale = pickers[2].checkbox("Log colour scale", key="attention_log_scale",
+                                help="Shows the small probabilities a sink drowns out.")
 boundaries = inspect_run.chunk_boundaries(trace, run.request_id)
 strips = causal_chunk_strips(boundaries, run.num_tokens) if len(boundaries) > 1 else None
 attention_map = figures.attention_map_figure(
-    captured.queries[layer], captured.keys[layer], head, captured.scaling[layer], layer, run.token_texts, strips, log_scale=log_scale
+    captured.queries[layer], captured.keys[layer], head, captured.scaling[layer], layer, run.token_texts, strips,
+    log_scale=log_scale
 )
 st.plotly_chart(attention_map, key="attention_map")
 notes = [f"Layer {layer} scale {captured.scaling[layer]:.4g}."]
 if run.num_tokens > 256:
-    notes.append("Long prompt: each cell is the largest probability in its block of positions (max-pooled), so sharp peaks stay visible.")
+    notes.append("Long prompt: each cell is the largest probability in its "
+                 "block of positions (max-pooled), so sharp peaks stay visible.")
 if strips:
     notes.append(
-        f"Rectangles: the {len(strips)} chunks of this chunked run. Chunk c computed query rows [b_c, b_c+1) against every key "
-        "up to its end: the earlier keys from the KV cache, its own causally."
+        f"Rectangles: the {len(strips)} chunks of this chunked run. Chunk c computed query rows [b_c, b_c+1) against "
+        "every key up to its end: the earlier keys from the KV cache, its own causally."
     )
 st.caption(" ".join(notes))
 heatmap = attention_map.data[0]
@@ -99,7 +108,8 @@ downloads(
         "head": head,
         "cells": "log10 probability" if log_scale else "probability",
         "labels": list(heatmap.x),  # query rows and key columns (positions, or bins of positions)
-        "matrix": [[None if v != v else float(v) for v in row] for row in heatmap.z],  # None: masked (above the diagonal)
+        # None: masked (above the diagonal)
+        "matrix": [[None if v != v else float(v) for v in row] for row in heatmap.z],
         "chunk_boundaries": boundaries,
     },
 )

@@ -28,15 +28,16 @@ st.markdown(
 
 st.subheader("Workload")
 choice = workload_controls(
-    "chunked", budget_help="Most tokens one step may run (vLLM's max_num_batched_tokens). Decodes take 1 each; the long prompt gets the rest."
+    "chunked", budget_help="Most tokens one step may run (vLLM's max_num_batched_tokens). "
+    "Decodes take 1 each; the long prompt gets the rest."
 )
 x_axis = st.radio("Timeline x axis", ["time (ms)", "engine step"], horizontal=True, key="chunked_timeline_x")
 
 
 def workload(token_budget):
     return build_workload(
-        loaded.tokenizer, choice.num_short, choice.short_tokens, choice.short_new, choice.long_tokens, arrival_step=choice.arrival,
-        token_budget=int(token_budget),
+        loaded.tokenizer, choice.num_short, choice.short_tokens, choice.short_new, choice.long_tokens,
+        arrival_step=choice.arrival, token_budget=int(token_budget),
     )
 
 
@@ -47,7 +48,8 @@ if loaded is not None and st.button("Run with chunking off, then on", type="prim
         progress = progress_callback(total, "Chunking off, then on")
         with MachineLoad() as load:
             comparison = compare_chunking(loaded.model, work, progress, loaded.model_id)
-        save_result("chunked", {"comparison": comparison, "label": f"{run_label(loaded, 'none')} · {load.reading.label()}"})
+        save_result("chunked", {"comparison": comparison,
+                                "label": f"{run_label(loaded, 'none')} · {load.reading.label()}"})
 
 result = get_result("chunked")
 if result is None:
@@ -57,21 +59,23 @@ comparison, label = result["comparison"], result["label"]
 work, off, on = comparison.workload, comparison.off, comparison.on
 summaries = {"chunking off": comparison.summary_off, "chunking on": comparison.summary_on}
 st.caption(
-    f"Last run: {len(work.short_prompts)} short request(s) of {len(work.short_prompts[0])} tokens + {work.short_max_new_tokens} new; "
-    f"long prompt {len(work.long_prompt):,} tokens arriving at step {work.arrival_step}; token budget {work.token_budget}. "
-    f"All times: {label}."
+    f"Last run: {len(work.short_prompts)} short request(s) of {len(work.short_prompts[0])} tokens + "
+    f"{work.short_max_new_tokens} new; long prompt {len(work.long_prompt):,} tokens arriving at step "
+    f"{work.arrival_step}; token budget {work.token_budget}. All times: {label}."
 )
 
 columns = st.columns(4)
 columns[0].metric("Max ITL, chunking off", f"{summaries['chunking off'].itl_max_ms:,.0f} ms")
 columns[1].metric(
     "Max ITL, chunking on", f"{summaries['chunking on'].itl_max_ms:,.0f} ms",
-    delta=f"{summaries['chunking on'].itl_max_ms - summaries['chunking off'].itl_max_ms:,.0f} ms", delta_color="inverse",
+    delta=f"{summaries['chunking on'].itl_max_ms - summaries['chunking off'].itl_max_ms:,.0f} ms",
+    delta_color="inverse",
 )
 columns[2].metric("TTFT of the long prompt, off", f"{summaries['chunking off'].long_ttft_ms:,.0f} ms")
 columns[3].metric(
     "TTFT of the long prompt, on", f"{summaries['chunking on'].long_ttft_ms:,.0f} ms",
-    delta=f"{summaries['chunking on'].long_ttft_ms - summaries['chunking off'].long_ttft_ms:,.0f} ms", delta_color="inverse",
+    delta=f"{summaries['chunking on'].long_ttft_ms - summaries['chunking off'].long_ttft_ms:,.0f} ms",
+    delta_color="inverse",
 )
 
 st.subheader("Who ran what, step by step")
@@ -92,8 +96,10 @@ for name, trace, summary in [("off", off, summaries["chunking off"]), ("on", on,
     st.plotly_chart(timeline, key=f"chunked_timeline_{name}")
     chunk_rows = [
         {
-            "step": step.step_index, "start (ms)": step.start_time_s * 1000, "step wall time (ms)": step.wall_time_s * 1000,
-            "request": chunk.request_id, "kind": "prefill" if chunk.is_prefill else "decode", "tokens": chunk.num_tokens,
+            "step": step.step_index, "start (ms)": step.start_time_s * 1000,
+            "step wall time (ms)": step.wall_time_s * 1000,
+            "request": chunk.request_id, "kind": "prefill" if chunk.is_prefill else "decode",
+            "tokens": chunk.num_tokens,
             "first position": chunk.start_position,
         }
         for step in trace.steps
@@ -101,9 +107,12 @@ for name, trace, summary in [("off", off, summaries["chunking off"]), ("on", on,
     ]
     downloads(f"chunked_timeline_{name}", f"chunked_timeline_{name}_dl", figure=timeline, table=chunk_rows)
 
-peer_requests = [PeerRequest(short_request_id(i), list(prompt), work.short_max_new_tokens) for i, prompt in enumerate(work.short_prompts)]
-peer_requests.append(PeerRequest(LONG_REQUEST_ID, list(work.long_prompt), work.long_max_new_tokens, arrival_step=work.arrival_step))
-whole_prompt_budget = max(work.token_budget, len(work.long_prompt) + len(work.short_prompts))  # vLLM: the prompt must fit one step
+peer_requests = [PeerRequest(short_request_id(i), list(prompt), work.short_max_new_tokens)
+                 for i, prompt in enumerate(work.short_prompts)]
+peer_requests.append(PeerRequest(LONG_REQUEST_ID, list(work.long_prompt), work.long_max_new_tokens,
+                                 arrival_step=work.arrival_step))
+# vLLM: the prompt must fit one step
+whole_prompt_budget = max(work.token_budget, len(work.long_prompt) + len(work.short_prompts))
 vllm_panel(
     "chunked", loaded,
     {
@@ -111,7 +120,9 @@ vllm_panel(
         "chunking on": (peer_requests, work.token_budget, 0, {"prefix_caching": False}),
     },
     lambda runs: [
-        figures.timeline_figure(run.theirs, f"vLLM, {run.label}: {run.theirs.num_steps} steps (its own SchedulerOutput, every step)", "step")
+        figures.timeline_figure(
+            run.theirs, f"vLLM, {run.label}: {run.theirs.num_steps} steps (its own SchedulerOutput, every step)", "step"
+        )
         for run in runs
     ],
 )
@@ -131,23 +142,26 @@ downloads("chunked_latency", "chunked_latency_dl", figure=latency, table=rows)
 st.subheader("Same tokens either way")
 checks = comparison.output_checks
 same_model = loaded is not None and loaded.model_id == comparison.model_id
-shown = (lambda ids: repr(loaded.tokenizer.decode(ids))) if same_model else str  # token ids when another model is loaded now
+# token ids when another model is loaded now
+shown = (lambda ids: repr(loaded.tokenizer.decode(ids))) if same_model else str
 same_tokens_block(
     [("", check) for check in checks],
     shown,
     ("chunking off", "chunking on"),
     "chunked_output_table",
     f"Identical outputs: all {len(checks)} requests generated the same tokens with chunking off and on.",
-    f"Computing a prompt in chunks rounds differently from one pass, and in {comparison.dtype} that was enough to flip a "
-    "near-tie between the top two tokens. float32 (sidebar) makes this much rarer.",
+    f"Computing a prompt in chunks rounds differently from one pass, and in {comparison.dtype} that was enough to flip "
+    "a near-tie between the top two tokens. float32 (sidebar) makes this much rarer.",
 )
 
 st.subheader("The token budget trade-off")
 st.markdown(
     "A smaller budget gives the decoding users shorter steps (lower ITL) but spreads the long prompt over more "
-    "steps (higher TTFT). The sweep reruns the workload above with chunking on at each budget, plus once with chunking off."
+    "steps (higher TTFT). The sweep reruns the workload above "
+    "with chunking on at each budget, plus once with chunking off."
 )
-budgets = st.multiselect("Token budgets", [16, 32, 64, 128, 256, 512, 1024, 2048], [32, 64, 128, 256], max_selections=hosted_policy().limit("sweep_points", 64), key="chunked_sweep_budgets")
+budgets = st.multiselect("Token budgets", [16, 32, 64, 128, 256, 512, 1024, 2048], [32, 64, 128, 256],
+                         max_selections=hosted_policy().limit("sweep_points", 64), key="chunked_sweep_budgets")
 if loaded is not None and st.button("Run the budget sweep", key="chunked_sweep_run"):
     with run_guarded("The budget sweep"):
         if not budgets:
@@ -163,8 +177,10 @@ if saved is not None:
     sweep = saved["sweep"]
     figure = figures.sweep_figure(sweep, "Max ITL vs TTFT of the long prompt, per token budget (ms)")
     st.plotly_chart(figure, key="chunked_sweep")
-    st.caption(f"Sweep of {len(sweep.points) - 1} budget(s) on the long prompt of {len(sweep.workload.long_prompt):,} tokens · {saved['label']}.")
+    st.caption(f"Sweep of {len(sweep.points) - 1} budget(s) on the long prompt of "
+               f"{len(sweep.workload.long_prompt):,} tokens · {saved['label']}.")
     sweep_rows = figures.sweep_rows(sweep)
-    one_decimal = {name: st.column_config.NumberColumn(format="%.1f") for name in sweep_rows[0] if name.endswith("(ms)")}
+    one_decimal = {name: st.column_config.NumberColumn(format="%.1f")
+                   for name in sweep_rows[0] if name.endswith("(ms)")}
     st.dataframe(sweep_rows, hide_index=True, column_config=one_decimal, key="chunked_sweep_table")
     downloads("chunked_budget_sweep", "chunked_sweep_dl", figure=figure, table=sweep_rows)

@@ -88,7 +88,8 @@ if loaded is not None:
     dispatch_rows = table.rows()
     columns = st.columns(2)
     for column, family in zip(columns, ("attention", "linears")):
-        dispatch_chart = figures.dispatch_figure(dispatch_rows, family, f"{loaded.model_id}, {table.dtype}, {table.num_threads} threads")
+        dispatch_chart = figures.dispatch_figure(dispatch_rows, family,
+                                                 f"{loaded.model_id}, {table.dtype}, {table.num_threads} threads")
         column.plotly_chart(dispatch_chart, key=f"kernels_dispatch_{family}_chart")
     excluded = [f"{name} ({why})" for reasons in table.excluded.values() for name, why in reasons.items()]
     st.caption(
@@ -99,7 +100,8 @@ if loaded is not None:
     )
     downloads("kernels_dispatch", "kernels_dispatch_dl", table=dispatch_rows, data=table.as_dict())
     if st.button("Measure again", key="kernels_dispatch_again", disabled=policy.enabled,
-                 help="time every candidate again now (a few seconds); the choice is kept per machine and re-measured after a week"):
+                 help="time every candidate again now (a few seconds); "
+                      "the choice is kept per machine and re-measured after a week"):
         with run_guarded("Measuring the dispatch again"), st.spinner("Timing every candidate on every step shape…"):
             experiments.dispatch_table(loaded.model, refresh=True)
         st.rerun()
@@ -129,14 +131,16 @@ if comparison is not None:
     subtitle = f"{comparison.num_tokens:,} tokens, {comparison.model_id} on {comparison.device}, {comparison.dtype}"
     backends_chart = figures.backends_figure(comparison.rows(), subtitle)
     st.plotly_chart(backends_chart, key="kernels_backends_chart")
-    ran = [{"backend": run.name, "what its step ran": ", ".join(f"{k}: {v}" for k, v in run.ran.items() if k != "backend"),
-            "median time to first token (ms)": run.ttft_s * 1e3} for run in comparison.runs.values()]
+    ran = [{"backend": run.name,
+            "what its step ran": ", ".join(f"{k}: {v}" for k, v in run.ran.items() if k != "backend"),
+            "median time to first token (ms)": round(run.ttft_s * 1e3, 1)} for run in comparison.runs.values()]
     st.dataframe(pd.DataFrame(ran), hide_index=True)
     st.caption(
-        f"Medians of {len(tuned.ttft_runs_s)} timing passes of each backend, taken in turns, after an untimed pass of each; "
-        f"the layers' parts from the median pass's clocks. {comparison.machine_load.label().capitalize()}."
+        f"Medians of {len(tuned.ttft_runs_s)} timing passes of each backend, taken in turns, after an untimed pass of "
+        f"each; the layers' parts from the median pass's clocks. {comparison.machine_load.label().capitalize()}."
     )
-    downloads("kernels_backends", "kernels_backends_dl", figure=backends_chart, table=comparison.rows(), data=comparison.as_dict())
+    downloads("kernels_backends", "kernels_backends_dl", figure=backends_chart, table=comparison.rows(),
+              data=comparison.as_dict())
 
 result = get_result("kernels")
 if result is None:
@@ -157,8 +161,10 @@ layer_figure = figures.layer_time_figure(rows, experiments.pass_label(result, "t
 st.plotly_chart(layer_figure, key="kernels_layers_chart")
 totals = {key: sum(row[key] for row in rows) for key in ("attention_ms", "mlp_ms", "norms_ms", "other_ms", "layer_ms")}
 metrics = st.columns(4)
-for column, (key, name) in zip(metrics, [("attention_ms", "Attention"), ("mlp_ms", "MLP"), ("norms_ms", "Norms"), ("other_ms", "Other")]):
-    column.metric(f"{name}, all layers", f"{totals[key]:,.2f} ms", f"{100 * totals[key] / totals['layer_ms']:.0f}% of the layers", delta_color="off")
+for column, (key, name) in zip(metrics, [("attention_ms", "Attention"), ("mlp_ms", "MLP"), ("norms_ms", "Norms"),
+                                         ("other_ms", "Other")]):
+    column.metric(f"{name}, all layers", f"{totals[key]:,.2f} ms",
+                  f"{100 * totals[key] / totals['layer_ms']:.0f}% of the layers", delta_color="off")
 st.caption(
     f"{label}. Clock: {result.layer_times.clock}. Attention covers the q/k/v/o projections, RoPE, the KV write and "
     "the attention itself; other = the layer's clock minus its parts (residual adds, hooks)."
@@ -193,15 +199,20 @@ peaks_row[0].caption(peaks.history_label())
 predicted = result.predicted
 ratios = {group: statistics.median(row[f"{group}_ratio"] for row in predicted) for group in ("attention", "mlp")}
 metrics = st.columns(3)
-metrics[0].metric("Attention: measured / predicted", f"{ratios['attention']:,.1f}×", f"{predicted[0]['attention_bound']}-bound by the roofline", delta_color="off")
-metrics[1].metric("MLP: measured / predicted", f"{ratios['mlp']:,.1f}×", f"{predicted[0]['mlp_bound']}-bound by the roofline", delta_color="off")
-metrics[2].metric("Machine peaks", f"{peaks.matmul_gflops:,.0f} GFLOP/s", f"{peaks.memory_gb_s:,.0f} GB/s", delta_color="off")
-prediction_figure = figures.predicted_vs_measured_figure(predicted, f"measured: {experiments.pass_label(result, 'timing', short=True)}")
+metrics[0].metric("Attention: measured / predicted", f"{ratios['attention']:,.1f}×",
+                  f"{predicted[0]['attention_bound']}-bound by the roofline", delta_color="off")
+metrics[1].metric("MLP: measured / predicted", f"{ratios['mlp']:,.1f}×",
+                  f"{predicted[0]['mlp_bound']}-bound by the roofline", delta_color="off")
+metrics[2].metric("Machine peaks", f"{peaks.matmul_gflops:,.0f} GFLOP/s", f"{peaks.memory_gb_s:,.0f} GB/s",
+                  delta_color="off")
+prediction_figure = figures.predicted_vs_measured_figure(
+    predicted, f"measured: {experiments.pass_label(result, 'timing', short=True)}"
+)
 st.plotly_chart(prediction_figure, key="kernels_prediction_chart")
 st.caption(
-    f"Predicted: roofline from peaks measured on {peaks.machine} ({peaks.device}, {peaks.dtype}, {peaks.num_threads} threads, "
-    f"{peaks.measured_at}). Measured: {experiments.pass_label(result, 'timing')}. Ratios are medians over layers. "
-    "The gap is what the roofline leaves out: Python and dispatch per op, small matmuls far from peak, "
+    f"Predicted: roofline from peaks measured on {peaks.machine} ({peaks.device}, {peaks.dtype}, {peaks.num_threads} "
+    f"threads, {peaks.measured_at}). Measured: {experiments.pass_label(result, 'timing')}. Ratios are medians over "
+    "layers. The gap is what the roofline leaves out: Python and dispatch per op, small matmuls far from peak, "
     "RoPE and the KV write, and anything else running on the machine."
 )
 with st.expander("Per-layer numbers"):
@@ -225,7 +236,8 @@ downloads("kernels_op_table", "kernels_ops_dl", figure=op_figure, table=op_rows)
 st.subheader("Timeline of one prefill")
 timeline_figure = figures.timeline_figure(result.timeline, experiments.pass_label(result, "profile", short=True))
 st.plotly_chart(timeline_figure, key="kernels_timeline_chart")
-st.caption(f"From the Chrome trace's record_function scopes ({profile_label}). Zoom in to see the sub-layers of one layer.")
+st.caption(f"From the Chrome trace's record_function scopes ({profile_label}). "
+           "Zoom in to see the sub-layers of one layer.")
 downloads("kernels_timeline", "kernels_timeline_dl", figure=timeline_figure, table=result.timeline)
 if result.profile.profile.chrome_trace_gz:
     st.download_button(
@@ -249,11 +261,14 @@ st.markdown(
 st.dataframe(pd.DataFrame([{"version": k.name, "what it changes": k.changes} for k in KERNELS]), hide_index=True)
 kernel_rows = kernel_bench.kernel_rows(result.kernel_results)
 kernel_label = experiments.pass_label(result, "inspect")
-on_prompt = f"**On your prompt:** layer {result.kernel_layer}'s queries, keys and values, N = {result.kernel_num_tokens:,} tokens"
+on_prompt = (
+    f"**On your prompt:** layer {result.kernel_layer}'s queries, keys and values, "
+    f"N = {result.kernel_num_tokens:,} tokens"
+)
 if result.kernel_num_tokens < result.num_tokens:
     on_prompt += (
-        f" (the first {result.kernel_num_tokens:,} of {result.num_tokens:,}: the naive oracle's N x N scores would not fit; "
-        "causal attention of a prefix needs only the prefix)"
+        f" (the first {result.kernel_num_tokens:,} of {result.num_tokens:,}: the naive oracle's N x N scores would not "
+        "fit; causal attention of a prefix needs only the prefix)"
     )
 st.markdown(on_prompt + ".")
 columns = st.columns(2)
@@ -266,8 +281,8 @@ st.dataframe(pd.DataFrame(kernel_rows), hide_index=True)
 memory_method = kernel_rows[0]["memory_method"] if kernel_rows else ""
 st.caption(
     f"{kernel_label}. |Δ v1| = max absolute difference from the naive oracle. Memory measured with {memory_method}: "
-    "the peak of bytes allocated minus freed during one call, output included (a library's private scratch is not seen). "
-    "Largest intermediate: computed from the shapes (v1's (H, N, N) scores, v3's one fp32 tile; unknown for v2)."
+    "the peak of bytes allocated minus freed during one call, output included (a library's private scratch is not "
+    "seen). Largest intermediate: computed from the shapes (v1's (H, N, N) scores, v3's one fp32 tile; unknown for v2)."
 )
 downloads("kernels_attention_kernels", "kernels_kernel_dl", figure=kernel_time, table=kernel_rows)
 
@@ -276,14 +291,16 @@ BENCHMARK_VIEWS = [  # (family, workload, what the N tokens are, chart key)
     (
         "paged",
         "prefill",
-        "an engine step with one fresh prompt of N tokens, through the paged cache (`prefillviz/kernels/paged_attention.py`); "
+        "an engine step with one fresh prompt of N tokens, through the paged cache "
+        "(`prefillviz/kernels/paged_attention.py`); "
         "here v2 and v3 make the very same SDPA call, so any gap between them is run-to-run noise",
         "paged_prefill",
     ),
     (
         "paged",
         "mixed",
-        "a chunked-prefill step: 128 new tokens after N - 128 cached, packed with 4 decodes of requests holding N tokens",
+        "a chunked-prefill step: 128 new tokens after N - 128 cached, "
+        "packed with 4 decodes of requests holding N tokens",
         "paged_mixed",
     ),
 ]
@@ -308,8 +325,10 @@ if result.benchmark is not None:
             continue
         st.markdown(f"**{family.capitalize()} kernels, {workload}:** {what}.")
         columns = st.columns(2)
-        sweep_time = figures.sweep_time_figure(rows, sweep_subtitle, f"{family.capitalize()} attention, {workload}: time vs N")
-        sweep_memory = figures.sweep_memory_figure(rows, sweep_subtitle, f"{family.capitalize()} attention, {workload}: memory vs N")
+        sweep_time = figures.sweep_time_figure(rows, sweep_subtitle,
+                                               f"{family.capitalize()} attention, {workload}: time vs N")
+        sweep_memory = figures.sweep_memory_figure(rows, sweep_subtitle,
+                                                   f"{family.capitalize()} attention, {workload}: memory vs N")
         columns[0].plotly_chart(sweep_time, key=f"kernels_sweep_{chart}_time_chart")
         columns[1].plotly_chart(sweep_memory, key=f"kernels_sweep_{chart}_memory_chart")
         downloads(f"kernels_benchmark_{chart}", f"kernels_sweep_{chart}_dl", figure=sweep_time, table=rows)
@@ -323,6 +342,6 @@ if result.benchmark is not None:
         st.markdown("**Not run here:**")
         st.dataframe(pd.DataFrame(result.benchmark.skipped), hide_index=True)
     st.caption(
-        f"{experiments.pass_label(result, 'sweep')}. Every point passed the check against its family's v1 before it was timed "
-        "(the check computes v1 a few hundred rows at a time, so long N are checked too)."
+        f"{experiments.pass_label(result, 'sweep')}. Every point passed the check against its family's v1 before it "
+        "was timed (the check computes v1 a few hundred rows at a time, so long N are checked too)."
     )

@@ -19,12 +19,16 @@ st.markdown(
     "engine's **KV write log** and block allocations of a real run (inspection pass)."
 )
 
-run = inspection_source("kv_cache", "kv", "A chunked run gives the engine this token budget per step, so the prompt is written in several steps.", "Run a prompt here, or on the Prefill page: this page then shows that run's KV cache.")
+run = inspection_source(
+    "kv_cache", "kv",
+    "A chunked run gives the engine this token budget per step, so the prompt is written in several steps.",
+    "Run a prompt here, or on the Prefill page: this page then shows that run's KV cache.",
+)
 trace, request_id = run.trace, run.request_id
 steps = "one step" if run.num_steps == 1 else f"{run.num_steps} steps of up to {run.chunk_size} tokens"
 st.caption(
-    f"Showing {run.source}'s run: {run.num_tokens:,} tokens in {steps} · {trace.model_id} ({trace.device}, {trace.dtype}) · "
-    "inspection pass (KV write log, q/k captured; slower than the timing pass)."
+    f"Showing {run.source}'s run: {run.num_tokens:,} tokens in {steps} · {trace.model_id} ({trace.device}, "
+    f"{trace.dtype}) · inspection pass (KV write log, q/k captured; slower than the timing pass)."
 )
 
 st.subheader("What each layer wrote, per position")
@@ -35,14 +39,15 @@ st.caption(
     "Norms are the L2 norms of the post-RoPE key / value vectors as written to the cache, averaged over the KV heads. "
     "Bytes are the same for every cell: K and V of every KV head, in the cache's dtype."
 )
-downloads(f"kv_writes_{quantity}", "kv_heatmap_dl", figure=heatmap, table=inspect_run.kv_write_table(trace, request_id, quantity))
+downloads(f"kv_writes_{quantity}", "kv_heatmap_dl", figure=heatmap,
+          table=inspect_run.kv_write_table(trace, request_id, quantity))
 
 st.subheader("The block table")
 usage = kv_memory.block_usage(trace, request_id, run.num_tokens)
 st.plotly_chart(figures.block_table_figure(usage), key="kv_blocks")
 st.caption(
-    f"The request's {run.num_tokens:,} positions need ⌈{run.num_tokens} / {usage.block_size}⌉ = {len(usage.block_ids)} blocks "
-    f"(block table {usage.block_ids[:12]}{' …' if len(usage.block_ids) > 12 else ''}); the last holds "
+    f"The request's {run.num_tokens:,} positions need ⌈{run.num_tokens} / {usage.block_size}⌉ = {len(usage.block_ids)} "
+    f"blocks (block table {usage.block_ids[:12]}{' …' if len(usage.block_ids) > 12 else ''}); the last holds "
     f"{usage.tokens_in_block[-1]} of {usage.block_size} slots. The cache has {usage.num_blocks:,} blocks in all. "
     f"Once the first token was sampled the request finished and its blocks went back to the free queue "
     f"({usage.num_free_after_run:,} free after the run); full blocks keep their hash so a later prompt with "
@@ -78,7 +83,8 @@ downloads(
     "kv_growth_dl",
     figure=growth_figure,
     table=[
-        {"tokens": int(t), "bytes_written": float(w), "bytes_reserved": int(r), "formula_bytes": int(t) * report.bytes_per_token}
+        {"tokens": int(t), "bytes_written": float(w), "bytes_reserved": int(r),
+         "formula_bytes": int(t) * report.bytes_per_token}
         for t, w, r in zip(growth.tokens, growth.bytes_written, growth.bytes_reserved)
     ],
 )
@@ -87,8 +93,8 @@ st.subheader("Grouped-query attention shrinks the cache")
 bars = figures.gqa_bars_figure(report)
 st.plotly_chart(bars, key="kv_gqa")
 st.caption(
-    f"{report.num_heads} query heads share {report.num_kv_heads} KV heads ({report.num_heads // report.num_kv_heads} each), "
-    f"so the cache is {report.gqa_saving_factor:g}x smaller than with one KV head per query head (MHA): "
+    f"{report.num_heads} query heads share {report.num_kv_heads} KV heads ({report.num_heads // report.num_kv_heads} "
+    f"each), so the cache is {report.gqa_saving_factor:g}x smaller than with one KV head per query head (MHA): "
     f"{report.total_bytes:,} B instead of {report.mha_bytes_per_token * run.num_tokens:,} B for this prompt."
 )
 downloads(

@@ -9,7 +9,8 @@ def main() -> None:
     st.set_page_config(page_title="prefillviz", page_icon=":material/fast_forward:", layout="wide")
     pages = [
         st.Page("views/prefill.py", title="Prefill", icon=":material/fast_forward:", default=True),
-        st.Page("views/parallel_vs_sequential.py", title="Parallel vs token-by-token", icon=":material/compare_arrows:"),
+        st.Page("views/parallel_vs_sequential.py", title="Parallel vs token-by-token",
+                icon=":material/compare_arrows:"),
         st.Page("views/kv_cache.py", title="KV cache", icon=":material/storage:"),
         st.Page("views/attention.py", title="Attention", icon=":material/visibility:"),
         st.Page("views/kernels.py", title="Kernel timings", icon=":material/timer:"),

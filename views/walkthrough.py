@@ -31,7 +31,8 @@ except lessons.LessonError as error:
     st.stop()
 
 here = classroom.room_controls()  # a class room: start, join, or its code and link
-following = classroom.follow_teacher(here, [lesson.slug for lesson in LESSONS])  # a student: the teacher's lesson and step
+# a student: the teacher's lesson and step
+following = classroom.follow_teacher(here, [lesson.slug for lesson in LESSONS])
 
 state = st.session_state
 runs = state.setdefault("lesson_runs", lessons.RunStore())  # action key (action, settings, model, dtype) -> run
@@ -88,15 +89,19 @@ classroom.watch_room(here, lesson_index, index)
 
 def navigation(where: str) -> None:
     back, middle, forward = st.columns([1, 2, 1], vertical_alignment="center")
-    back.button("◀ Back", key=f"lesson_back_{where}", on_click=move, args=(position_key, lesson.num_steps, -1), disabled=index == 0 or following, width="stretch")
+    back.button("◀ Back", key=f"lesson_back_{where}", on_click=move, args=(position_key, lesson.num_steps, -1),
+                disabled=index == 0 or following, width="stretch")
     middle.progress((index + 1) / lesson.num_steps, text=f"Step {index + 1} of {lesson.num_steps}: {step.title}")
     if last_step:
-        forward.button("Next lesson ▶", key=f"lesson_next_{where}", type="primary", on_click=next_lesson, args=(lesson_index,), disabled=last_lesson or following, width="stretch")
+        forward.button("Next lesson ▶", key=f"lesson_next_{where}", type="primary", on_click=next_lesson,
+                       args=(lesson_index,), disabled=last_lesson or following, width="stretch")
     else:
-        forward.button("Next ▶", key=f"lesson_next_{where}", type="primary", on_click=move, args=(position_key, lesson.num_steps, 1), disabled=following, width="stretch")
+        forward.button("Next ▶", key=f"lesson_next_{where}", type="primary", on_click=move,
+                       args=(position_key, lesson.num_steps, 1), disabled=following, width="stretch")
 
 
-done = " · ".join(f"{'✓ ' if step_id(lesson, s.index) in revealed else ''}{s.index + 1}. {s.title}" for s in lesson.steps)
+done = " · ".join(f"{'✓ ' if step_id(lesson, s.index) in revealed else ''}{s.index + 1}. {s.title}"
+                  for s in lesson.steps)
 st.caption(f"About {lesson.minutes} minutes, model runs included · {done}")
 with st.expander("About this lesson", expanded=index == 0):
     st.markdown(lesson.intro)
@@ -106,7 +111,8 @@ st.header(f"{index + 1}. {step.title}")
 st.markdown(step.narration)
 if step.settings:
     changes = ", ".join(f"{name} = {value}" for name, value in step.settings.items())
-    st.caption(f"This step sets the sidebar's {changes} when you run it (the model is loaded in that setting first if needed).")
+    st.caption(f"This step sets the sidebar's {changes} when you run it "
+               "(the model is loaded in that setting first if needed).")
 
 # ---------------------------------------------------------------- 1. predict
 question, locked = step.question, sid in revealed
@@ -125,7 +131,8 @@ if question.kind == "number":
     )
     in_room = classroom.locked_in_room(here, sid)
     if sid not in predictions or (here is not None and in_room is None):
-        st.button(f"Lock in my prediction: {lessons.format_value(value, question.unit)}", key="lesson_lock", on_click=record_prediction, args=(sid, widget_key))
+        st.button(f"Lock in my prediction: {lessons.format_value(value, question.unit)}", key="lesson_lock",
+                  on_click=record_prediction, args=(sid, widget_key))
     elif in_room is not None:
         st.caption(f"Locked in for the class: {lessons.format_value(in_room, question.unit)}")
 else:
@@ -140,7 +147,8 @@ else:
         disabled=locked,
     )
 
-classroom.class_histogram(here, question, sid)  # in a room: the class's predictions (the teacher's, and everyone's after the reveal)
+# in a room: the class's predictions (the teacher's, and everyone's after the reveal)
+classroom.class_histogram(here, question, sid)
 
 # ---------------------------------------------------------------- 2. run
 st.subheader("② Run it on the model")
@@ -162,7 +170,9 @@ if clicked and loaded is not None:
         try:  # a class running the same step at once: measured once (the same action, settings, model and dtype)
             shared = measured_once(
                 ("lesson step", sid, key),
-                lambda others: lessons.run_action(loaded, step.action, progress=lambda fraction, text: bar.progress(min(1.0, fraction), text=text)),
+                lambda others: lessons.run_action(
+                    loaded, step.action, progress=lambda fraction, text: bar.progress(min(1.0, fraction), text=text)
+                ),
             )
             outcome = shared.result
             state["lesson_sharing"] = (key, shared.viewers, shared.joined)
@@ -176,16 +186,21 @@ if outcome is not None:
     origin = runs.origin(key)
     shared = "" if origin == f"lesson {lesson.number}, step {index + 1}" else f" (the run of {origin})"
     sharing = state.get("lesson_sharing")
-    viewers = f" Measured once for {sharing[1]} viewer(s){' (you joined a run another session started)' if sharing[2] else ''}." if sharing and sharing[0] == key else ""
+    viewers = (
+        f" Measured once for {sharing[1]} viewer(s)"
+        f"{' (you joined a run another session started)' if sharing[2] else ''}."
+        if sharing and sharing[0] == key else ""
+    )
     st.caption(
-        f"Ran in {outcome.elapsed_s:,.1f} s on {outcome.model_id} ({outcome.device}, {outcome.dtype}){shared}.{viewers} "
-        "The answer stays hidden until you reveal it."
+        f"Ran in {outcome.elapsed_s:,.1f} s on {outcome.model_id} ({outcome.device}, "
+        f"{outcome.dtype}){shared}.{viewers} The answer stays hidden until you reveal it."
     )
 
 # ---------------------------------------------------------------- 3. reveal
 st.subheader("③ Reveal")
 if sid not in predictions:
-    st.caption("Make your prediction first: " + ("move the slider, or lock in its value." if question.kind == "number" else "pick an answer."))
+    st.caption("Make your prediction first: "
+               + ("move the slider, or lock in its value." if question.kind == "number" else "pick an answer."))
 elif outcome is None:
     st.caption("Now run the step on the model.")
 st.button(
@@ -211,11 +226,15 @@ if locked and outcome is not None:
     st.plotly_chart(lessons.step_figure(step, outcome), key="lesson_figure")
     st.caption(f"Measured on {outcome.model_id} ({outcome.device}, {outcome.dtype}) in this session's run.")
     if step.after_reveal:
-        st.markdown(lessons.step_after_reveal(step, outcome))  # written from this run: its numbers, its outcome's variant
+        # written from this run: its numbers, its outcome's variant
+        st.markdown(lessons.step_after_reveal(step, outcome))
     same_run = bool(lessons.page_results(outcome, ""))
-    st.page_link(step.view, label="Open the full view of this run" if same_run else "Open the full view to explore further", icon=":material/open_in_new:")
+    st.page_link(step.view,
+                 label="Open the full view of this run" if same_run else "Open the full view to explore further",
+                 icon=":material/open_in_new:")
 elif locked:
-    st.caption("Revealed before, but that run is no longer kept or was on another model or setting: run the step again to see its answer.")
+    st.caption("Revealed before, but that run is no longer kept or was on another model or setting: "
+               "run the step again to see its answer.")
 
 navigation("bottom")
 

@@ -40,7 +40,9 @@ def _distribution(logits: torch.Tensor, k: int) -> TokenDistribution:
     return TokenDistribution(top.indices.tolist(), top.values.tolist(), float(entropy), int(nonzero.sum()))
 
 
-def first_token_view(logits, params: SamplingParams, sampled_token_id: int | None = None, k: int = 10, seed: int | None = None) -> FirstTokenView:
+def first_token_view(
+    logits, params: SamplingParams, sampled_token_id: int | None = None, k: int = 10, seed: int | None = None
+) -> FirstTokenView:
     """Both distributions and the rank of the sampled token.
 
     Args:

@@ -55,7 +55,8 @@ def token_by_token_flops(source: Any, num_tokens: int, dtype_bytes: int = 4) -> 
 def flop_ttft_ratio(source: Any, short_tokens: int, long_tokens: int) -> float:
     """The long prompt's TTFT over the short one's if time were exactly proportional to FLOPs."""
     shape = model_shape(source)
-    return model_costs(shape, long_tokens, long_tokens, 4).total_flops / model_costs(shape, short_tokens, short_tokens, 4).total_flops
+    long_flops = model_costs(shape, long_tokens, long_tokens, 4).total_flops
+    return long_flops / model_costs(shape, short_tokens, short_tokens, 4).total_flops
 
 
 def attention_share(source: Any, num_tokens: int) -> float:
@@ -92,7 +93,8 @@ def predicted_quadratic_coefficient(source: Any, b_s_per_token: float) -> float:
     shape = model_shape(source)
     one = model_costs(shape, 1, 1, 4)
     attention_per_pair = one.attention_flops  # k: one (query, key) pair, all layers
-    per_token = one.total_flops - one.attention_flops - one.lm_head.flops  # the lm_head runs once per step, not per token
+    # the lm_head runs once per step, not per token
+    per_token = one.total_flops - one.attention_flops - one.lm_head.flops
     return b_s_per_token * (attention_per_pair / 2) / per_token
 
 

@@ -197,7 +197,11 @@ def _linear(name: str, n: int, in_features: int, out_features: int, bias: bool, 
 
 
 def layer_op_costs(
-    info_or_config: Any, num_new_tokens: int, context_len: int, dtype_bytes: int | None = None, kept_rows: int | None = None
+    info_or_config: Any,
+    num_new_tokens: int,
+    context_len: int,
+    dtype_bytes: int | None = None,
+    kept_rows: int | None = None,
 ) -> list[OpCost]:
     """Costs of every op of one decoder layer for one step.
 
@@ -237,7 +241,10 @@ def layer_op_costs(
     ops.append(_linear("o_proj", m, q_width, hidden, shape.o_bias, b))
     inter = shape.intermediate_size
     if shape.family == "gpt2":
-        ops += [_linear("mlp_fc", m, hidden, inter, shape.mlp_bias, b), _linear("mlp_proj", m, inter, hidden, shape.mlp_bias, b)]
+        ops += [
+            _linear("mlp_fc", m, hidden, inter, shape.mlp_bias, b),
+            _linear("mlp_proj", m, inter, hidden, shape.mlp_bias, b),
+        ]
     else:
         ops += [
             _linear("mlp_gate", m, hidden, inter, shape.mlp_bias, b),
@@ -252,7 +259,8 @@ def _norm(name: str, shape: ModelShape, rows: tuple[int, ...], b: int) -> OpCost
     """Norms of ``rows[i]`` rows each (one norm per entry)."""
     weights_per_norm = shape.hidden_size * (2 if shape.norm == "layernorm" else 1)
     elements = sum(rows) * shape.hidden_size
-    return OpCost(name, _NORM_FLOPS_PER_ELEMENT[shape.norm] * elements, len(rows) * weights_per_norm * b, 2 * elements * b, kind="norm")
+    flops = _NORM_FLOPS_PER_ELEMENT[shape.norm] * elements
+    return OpCost(name, flops, len(rows) * weights_per_norm * b, 2 * elements * b, kind="norm")
 
 
 def model_costs(
@@ -278,7 +286,9 @@ def model_costs(
     b = _resolve_dtype_bytes(shape, dtype_bytes)
     n, hidden = num_new_tokens, shape.hidden_size
     tables = 2 if shape.family == "gpt2" else 1  # GPT-2 also gathers and adds a position embedding
-    embedding = OpCost("embedding", (tables - 1) * n * hidden, tables * n * hidden * b, n * hidden * b, kind="embedding")
+    embedding = OpCost(
+        "embedding", (tables - 1) * n * hidden, tables * n * hidden * b, n * hidden * b, kind="embedding"
+    )
     lm_head = _linear("lm_head", num_logit_rows, hidden, shape.vocab_size, False, b)
     pruned = engine and num_logit_rows < n
     return ModelCost(
@@ -288,7 +298,8 @@ def model_costs(
         num_layers=shape.num_layers,
         layer_ops=layer_op_costs(shape, n, context_len, b),
         embedding=embedding,
-        final_norm=_norm("final_norm", shape, (num_logit_rows if pruned else n,), b),  # HF norms all N rows before slicing
+        # HF norms all N rows before slicing
+        final_norm=_norm("final_norm", shape, (num_logit_rows if pruned else n,), b),
         lm_head=lm_head,
         num_logit_rows=num_logit_rows,
         last_layer_ops=layer_op_costs(shape, n, context_len, b, num_logit_rows) if pruned else None,
@@ -296,5 +307,6 @@ def model_costs(
 
 
 def engine_step_costs(model: Any, num_new_tokens: int, context_len: int) -> ModelCost:
-    """One engine step of one request on ``model`` (an ``nn.Module``): the own forward's pruned last layer, or the stock's."""
+    """One engine step of one request on ``model`` (an ``nn.Module``): the own forward's pruned last layer,
+    or the stock's."""
     return model_costs(model, num_new_tokens, context_len, engine=own_forward_status(model)[0])

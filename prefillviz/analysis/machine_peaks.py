@@ -79,7 +79,8 @@ class MachinePeaks:
         else:
             history = (
                 f"Peaks: the best of {self.num_measurements} measurements ({_short_time(self.oldest_measured_at)} to "
-                f"{_short_time(self.newest_measured_at)}; matmul {self.matmul_gflops_min:,.0f}–{self.matmul_gflops:,.0f} GFLOP/s, "
+                f"{_short_time(self.newest_measured_at)}; "
+                f"matmul {self.matmul_gflops_min:,.0f}–{self.matmul_gflops:,.0f} GFLOP/s, "
                 f"memory {self.memory_gb_s_min:,.1f}–{self.memory_gb_s:,.1f} GB/s). "
                 f"The best matmul figure is from {_short_time(self.measured_at)}."
             )

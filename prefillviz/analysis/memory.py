@@ -87,7 +87,9 @@ def _dtype_of(dtype: str | torch.dtype | None, default: torch.dtype | None) -> t
     return dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype_name(dtype))
 
 
-def kv_memory_report(engine_or_info: Any, dtype: str | torch.dtype | None = None, num_tokens: int = 1) -> KVMemoryReport:
+def kv_memory_report(
+    engine_or_info: Any, dtype: str | torch.dtype | None = None, num_tokens: int = 1
+) -> KVMemoryReport:
     """Accounts the KV cache of a model, and of an engine's real cache tensors.
 
     Args:
@@ -110,7 +112,8 @@ def kv_memory_report(engine_or_info: Any, dtype: str | torch.dtype | None = None
         dtype_bytes = torch.empty((), dtype=torch_dtype).element_size()
         kv_dtype = dtype_name(torch_dtype)
     per_token = kv_bytes_per_token(info.num_layers, info.num_kv_heads, info.head_dim, dtype_bytes)
-    mha_per_token = kv_bytes_per_token(info.num_layers, info.num_heads, info.head_dim, dtype_bytes)  # one KV head per query head
+    # one KV head per query head
+    mha_per_token = kv_bytes_per_token(info.num_layers, info.num_heads, info.head_dim, dtype_bytes)
     report = KVMemoryReport(
         dtype=kv_dtype,
         dtype_bytes=dtype_bytes,

@@ -92,7 +92,8 @@ def _shape_from_config(config: Any) -> ModelShape:
         num_kv_heads=first("num_key_value_heads", "num_kv_heads") or num_heads,
         head_dim=first("head_dim") or hidden_size // num_heads,
         hidden_size=hidden_size,
-        intermediate_size=first("intermediate_size", "n_inner", "ffn_dim") or 4 * hidden_size,  # GPT-2: n_inner None means 4 * n_embd
+        # GPT-2: n_inner None means 4 * n_embd
+        intermediate_size=first("intermediate_size", "n_inner", "ffn_dim") or 4 * hidden_size,
         vocab_size=config.vocab_size,
         max_context=first("max_position_embeddings", "n_positions"),
         qkv_bias=gpt2 or attention_bias or model_type in _QKV_BIAS_MODEL_TYPES,

@@ -56,9 +56,13 @@ class RooflinePoint:
     achieved_gflops: float
 
     @classmethod
-    def measured(cls, label: str, phase: str, num_tokens: int, context_len: int, flops: int, bytes_moved: int, time_s: float) -> RooflinePoint:
+    def measured(
+        cls, label: str, phase: str, num_tokens: int, context_len: int, flops: int, bytes_moved: int, time_s: float
+    ) -> RooflinePoint:
         """The point of a step (or steps together) that did ``flops`` moving ``bytes_moved`` in ``time_s``."""
-        return cls(label, phase, num_tokens, context_len, flops, bytes_moved, flops / bytes_moved, time_s, flops / time_s / 1e9)
+        return cls(
+            label, phase, num_tokens, context_len, flops, bytes_moved, flops / bytes_moved, time_s, flops / time_s / 1e9
+        )
 
 
 def roof(peaks: MachinePeaks, intensities: Iterable[float]) -> list[float]:
@@ -80,7 +84,12 @@ def ridge_point(peaks: MachinePeaks) -> float:
 
 
 def predict_layer_times(
-    info: Any, num_new_tokens: int, context_len: int, dtype_bytes: int | None, peaks: MachinePeaks, kept_rows: int | None = None
+    info: Any,
+    num_new_tokens: int,
+    context_len: int,
+    dtype_bytes: int | None,
+    peaks: MachinePeaks,
+    kept_rows: int | None = None,
 ) -> list[dict]:
     """Roofline prediction of each op of one decoder layer.
 
@@ -90,7 +99,8 @@ def predict_layer_times(
         context_len: keys the last token attends to (C >= N).
         dtype_bytes: bytes per element; None takes the model's.
         peaks: the machine's measured peaks.
-        kept_rows: the last rows, the only ones that attend and go on (None: all; the engine's last layer: the kept ones).
+        kept_rows: the last rows, the only ones that attend and go on (None: all; the engine's last layer:
+            the kept ones).
 
     Returns:
         One dict per op: ``op``, ``flops``, ``bytes``, ``intensity``, ``predicted_s`` =

@@ -45,4 +45,7 @@ def longest_sum(config, num_tokens: int = 0) -> int:
 
 def describe(dtype: torch.dtype | str, steps: float, terms: int) -> str:
     """The bound in words, for captions and JSON."""
-    return f"{steps:g} rounding steps of {dtype_name(dtype)} (eps {torch.finfo(as_dtype(dtype)).eps:.1e}) plus a {terms:,}-term fp32 sum's"
+    return (
+        f"{steps:g} rounding steps of {dtype_name(dtype)} (eps {torch.finfo(as_dtype(dtype)).eps:.1e}) "
+        f"plus a {terms:,}-term fp32 sum's"
+    )

@@ -14,11 +14,14 @@ from prefillviz.backends.ops import engine_ops
 from prefillviz.backends.ops.engine_ops import BRGEMM, COMPILED, COMPILED_TILES, engine_ops_status, step_meta
 from prefillviz.backends.ops.paged import LOOP, LOOP_FP32_DECODES, NAIVE, PACKED, PagedKernel
 
-ENGINE_KERNELS: dict[str, PagedKernel] = {kernel.name: kernel for kernel in (COMPILED, COMPILED_TILES, BRGEMM, LOOP_FP32_DECODES, LOOP, PACKED, NAIVE)}
+ENGINE_KERNELS: dict[str, PagedKernel] = {
+    kernel.name: kernel for kernel in (COMPILED, COMPILED_TILES, BRGEMM, LOOP_FP32_DECODES, LOOP, PACKED, NAIVE)
+}
 """The attention versions the engine can run (the dispatch's candidates, and v1, their oracle), by name."""
 
 
-def compiled_attention_status(device: torch.device | str, dtype: torch.dtype, head_dim: int) -> tuple[object | None, str]:
+def compiled_attention_status(device: torch.device | str, dtype: torch.dtype,
+                              head_dim: int) -> tuple[object | None, str]:
     """(the engine's C++ ops when v7 runs this head size and dtype here, else None; why not)."""
     if torch.device(device).type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return None, "the engine's C++ ops run float32 and bfloat16 on a CPU only"
@@ -31,8 +34,8 @@ def compiled_attention_status(device: torch.device | str, dtype: torch.dtype, he
     return ops, why
 
 
-def attend(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache, value_cache, step, scale: float, meta=None,
-           rows: torch.Tensor | None = None) -> torch.Tensor:
+def attend(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache, value_cache, step, scale: float,
+           meta=None, rows: torch.Tensor | None = None) -> torch.Tensor:
     """One layer's attention with candidate ``name``: q (T, H, D), k and v (T, KVH, D) -> (T, H D).
 
     The step's new K/V are already in the cache. ``meta`` is ``engine_ops.step_meta(step)``,
@@ -42,16 +45,19 @@ def attend(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cac
     num_tokens, num_heads, head_dim = q.shape
     if name in ROWS_CANDIDATES:
         queries = rows if rows is not None else q.reshape(num_tokens, num_heads * head_dim)
-        return engine_ops.paged_attention(engine_ops.engine_ops(), queries, key_cache, value_cache, step, num_heads, scale, meta,
-                                          row_lanes=name == V7, brgemm=name == V8)
+        return engine_ops.paged_attention(engine_ops.engine_ops(), queries, key_cache, value_cache, step, num_heads,
+                                          scale, meta, row_lanes=name == V7, brgemm=name == V8)
     kernel = ENGINE_KERNELS[name]
-    out = kernel(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), key_cache, value_cache, step, scale)  # (H, T, D)
+    out = kernel(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                 key_cache, value_cache, step, scale)  # (H, T, D)
     return out.transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
 
 
-def step_attention(name: str, layer: int, q, k, v, scale: float, meta, rows: torch.Tensor | None, keep: torch.Tensor | None) -> torch.Tensor:
+def step_attention(name: str, layer: int, q, k, v, scale: float, meta, rows: torch.Tensor | None,
+                   keep: torch.Tensor | None) -> torch.Tensor:
     """One layer's attention in an engine step with candidate ``name`` (the K/V already in the cache): (T, H D);
-    with ``keep`` (batch rows, each its request's last: the forward's last layer), (kept, H D), computed at those rows only."""
+    with ``keep`` (batch rows, each its request's last: the forward's last layer), (kept, H D), computed at those
+    rows only."""
     cache, step = meta.kv_cache, meta.step
     compiled_meta = step.kept(("compiled meta",), lambda: step_meta(step)) if name in ROWS_CANDIDATES else None
     kept = meta.last_rows_step(keep.tolist()) if keep is not None else None
@@ -60,4 +66,5 @@ def step_attention(name: str, layer: int, q, k, v, scale: float, meta, rows: tor
         rows = rows.index_select(0, keep) if rows is not None else None
         step, compiled_meta = kept, step_meta(kept) if name in ROWS_CANDIDATES else None
     out = attend(name, q, k, v, cache.key_cache[layer], cache.value_cache[layer], step, scale, compiled_meta, rows)
-    return out.index_select(0, keep) if keep is not None and kept is None else out  # a kept row inside a request: every row's, then those
+    # a kept row inside a request: every row's, then those
+    return out.index_select(0, keep) if keep is not None and kept is None else out

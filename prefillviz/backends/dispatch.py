@@ -6,8 +6,9 @@ The engine has several correct implementations of two op families:
                 engine's softmax between Q K^T and P V on oneDNN's brgemm micro-kernel, bf16 on AMX
                 tiles where the CPU has them), v6 loop with fp32 decodes, v2 loop and v3 packed (torch's SDPA inside;
                 on a CPU its bf16 flash attention calls oneDNN's gemm a block at a time)
-    linears     oneDNN's matmul primitive (``ops/onednn_linear.py``), the brgemm and slab linears (``ops/brgemm_linear.py``:
-                the engine's, SiLU in gate|up; slab: its own fp32 micro-kernel), torch's packed linear, ``F.linear``
+    linears     oneDNN's matmul primitive (``ops/onednn_linear.py``), the brgemm and slab linears
+                (``ops/brgemm_linear.py``: the engine's, SiLU in gate|up; slab: its own fp32 micro-kernel),
+                torch's packed linear, ``F.linear``
 
 Which is fastest depends on the machine: on a Zen 4 with AVX512-BF16, v7 beat SDPA; on a Xeon with
 AMX, SDPA beat v7 by 4x at 2,048 tokens (and v8 beat SDPA). So no CPU flag and no preference written
@@ -19,7 +20,8 @@ shapes (``BUCKETS``), and the fastest of each family in each bucket is what the 
 
 A ``DispatchTable`` is kept per machine, device, dtype, thread count and model shape, on disk
 (``dispatch_tables``) as the machine peaks are; ``dispatch_tables.table_for`` finds it,
-measuring once when there is none. This module only reads a table: it never times anything. ``PREFILLVIZ_ATTENTION`` / ``PREFILLVIZ_LINEARS`` name a candidate to force (the
+measuring once when there is none. This module only reads a table: it never times anything.
+``PREFILLVIZ_ATTENTION`` / ``PREFILLVIZ_LINEARS`` name a candidate to force (the
 ISA-cap runs and the tests use them); a forced candidate that can't run here is refused with its
 reason. Tests inject timings with ``dispatch_tables.injected_table``.
 """
@@ -43,14 +45,22 @@ V7 = "v7 compiled"
 V7_TILES = "v7 tiles"  # v7's kernel without the rows across the lanes: which layout wins is measured too
 COMPILED_CANDIDATES = (V7, V7_TILES)  # the engine's C++ kernel (``backends/ops/csrc``), one op with a layout switch
 V8 = "v8 brgemm"  # bf16 or fp32: the engine's C++ softmax between two matmuls on oneDNN's brgemm micro-kernel
-ROWS_CANDIDATES = (V7, V7_TILES, V8)  # C++ ops over the whole step: q read from the q|k|v rows, K/V from the cache through the slots
+# C++ ops over the whole step: q read from the q|k|v rows, K/V from the cache through the slots
+ROWS_CANDIDATES = (V7, V7_TILES, V8)
 ATTENTION_CANDIDATES = (V7, V7_TILES, V8, "v6 loop, fp32 decodes", "v2 loop", "v3 packed")
-ONEDNN, BRGEMM_LINEAR, SLAB_LINEAR, TORCH_PACKED, STOCK = "oneDNN matmul", "brgemm linear", "slab linear", "torch packed", "stock"
-LINEAR_CANDIDATES = (ONEDNN, BRGEMM_LINEAR, SLAB_LINEAR, TORCH_PACKED, STOCK)  # brgemm, slab: the engine's own (slab: fp32, AVX-512)
+ONEDNN, BRGEMM_LINEAR, SLAB_LINEAR, TORCH_PACKED, STOCK = (
+    "oneDNN matmul", "brgemm linear", "slab linear", "torch packed", "stock")
+# brgemm, slab: the engine's own (slab: fp32, AVX-512)
+LINEAR_CANDIDATES = (ONEDNN, BRGEMM_LINEAR, SLAB_LINEAR, TORCH_PACKED, STOCK)
 CANDIDATES = {ATTENTION: ATTENTION_CANDIDATES, LINEARS: LINEAR_CANDIDATES}
-KINDS = {V7: "C++", V7_TILES: "C++", V8: "brgemm", "v6 loop, fp32 decodes": "SDPA", "v2 loop": "SDPA", "v3 packed": "SDPA"}  # a caption compares across kinds
-BUSY_PERCENT = 10.0  # other processes' share of the cores above which a measurement is taken again (stricter than a page's 25%)
-NOISY_SPREAD = 3.0  # a candidate's slowest run over its fastest above this, where it may have decided the choice: measured again (1.3-2.5 is ordinary jitter on a 2-core VM)
+# a caption compares across kinds
+KINDS = {V7: "C++", V7_TILES: "C++", V8: "brgemm",
+         "v6 loop, fp32 decodes": "SDPA", "v2 loop": "SDPA", "v3 packed": "SDPA"}
+# other processes' share of the cores above which a measurement is taken again (stricter than a page's 25%)
+BUSY_PERCENT = 10.0
+# a candidate's slowest run over its fastest above this, where it may have decided the choice: measured again
+# (1.3-2.5 is ordinary jitter on a 2-core VM)
+NOISY_SPREAD = 3.0
 SECOND_PACK_GAIN = 1.10  # a bucket runs another pack than the primary only when it is this much faster there
 PLAIN_NAMES = {  # what a caption calls each candidate
     V7: "the engine's C++ kernel (v7)",
@@ -61,7 +71,8 @@ PLAIN_NAMES = {  # what a caption calls each candidate
     "v3 packed": "torch's SDPA (v3: one packed call)",
     ONEDNN: "oneDNN matmul primitives",
     BRGEMM_LINEAR: "the engine's linear on oneDNN's brgemm micro-kernel, SiLU fused into gate|up",
-    SLAB_LINEAR: "the engine's linear on its own fp32 micro-kernel, the next weights fetched as it multiplies, SiLU fused into gate|up",
+    SLAB_LINEAR: "the engine's linear on its own fp32 micro-kernel, the next weights fetched as it multiplies, "
+                 "SiLU fused into gate|up",
     TORCH_PACKED: "torch's packed linear",
     STOCK: "stock F.linear",
 }
@@ -82,7 +93,8 @@ class Bucket:
 
 BUCKETS = (
     Bucket("decode", ((512, 1),), "one decode step over 512 cached tokens"),
-    Bucket("mixed", ((1024, 29), (96, 1), (96, 1), (96, 1)), "a 29-token chunk after 1,024 cached tokens with 3 decodes"),
+    Bucket("mixed", ((1024, 29), (96, 1), (96, 1), (96, 1)),
+           "a 29-token chunk after 1,024 cached tokens with 3 decodes"),
     Bucket("prefill_128", ((0, 128),), "a fresh 128-token prompt"),
     Bucket("prefill_512", ((0, 512),), "a fresh 512-token prompt"),
     Bucket("prefill_2048", ((0, 2048),), "a fresh 2,048-token prompt"),
@@ -91,7 +103,8 @@ BUCKET_NAMES = tuple(b.name for b in BUCKETS)
 
 
 def bucket_of(step) -> str:
-    """The bucket a step (``PagedStep``) is timed as: decodes only, anything over cached context, or a fresh prefill by size."""
+    """The bucket a step (``PagedStep``) is timed as: decodes only, anything over cached context, or a fresh prefill
+    by size."""
     return bucket_for([step.query_len(r) for r in range(step.num_requests)], step.num_computed)
 
 
@@ -143,7 +156,8 @@ class DispatchTable:
             return forced
         timed = self.timings.get(bucket, {}).get(family, {})
         if not timed:
-            raise RuntimeError(f"no {family} implementation passed its check for {bucket} on this machine: {self.excluded.get(family)}")
+            raise RuntimeError(f"no {family} implementation passed its check for {bucket} on this machine: "
+                               f"{self.excluded.get(family)}")
         if family == LINEARS:  # the fastest of the packs kept (a second pack is a second copy of the weights)
             kept = {name: seconds for name, seconds in timed.items() if name in self.linear_packs}
             if kept:
@@ -167,7 +181,8 @@ class DispatchTable:
 
     @functools.cached_property
     def primary_linears(self) -> str:
-        """The linears candidate with the least time over all buckets (the one pack every bucket shares unless another wins clearly)."""
+        """The linears candidate with the least time over all buckets (the one pack every bucket shares unless
+        another wins clearly)."""
         totals: dict[str, float] = {}
         for bucket in self.timings.values():
             for name, seconds in bucket.get(LINEARS, {}).items():
@@ -209,7 +224,8 @@ class DispatchTable:
             for family in FAMILIES:
                 timed, chosen = families.get(family, {}), self.choice(bucket, family)
                 for name, spread in self.spreads.get(bucket, {}).get(family, {}).items():
-                    if spread > NOISY_SPREAD and (name == chosen or (chosen in timed and timed[name] / spread < timed[chosen])):
+                    if spread > NOISY_SPREAD and (name == chosen or
+                                                  (chosen in timed and timed[name] / spread < timed[chosen])):
                         return True
         return False
 
@@ -229,7 +245,8 @@ class DispatchTable:
             if beaten:
                 chosen_ms = self.timings[widest][family][name] * 1e3
                 versus = f"{beaten[1]:.1f}x faster than" if beaten[1] >= 1.05 else "within 5% of"
-                part += f" (at {widest.replace('_', ' ')}: {chosen_ms:.2f} ms a layer, {versus} {PLAIN_NAMES[beaten[0]]})"
+                part += (f" (at {widest.replace('_', ' ')}: {chosen_ms:.2f} ms a layer, "
+                         f"{versus} {PLAIN_NAMES[beaten[0]]})")
             parts.append(part)
         return f"{family}: " + "; ".join(parts)
 
@@ -237,18 +254,23 @@ class DispatchTable:
         """Where the timings come from: when, how busy, on what."""
         if self.source == "injected":
             return "timings injected by a test"
-        load = "" if self.other_cpu_percent is None else f", other processes used {self.other_cpu_percent:.0f}% of the cores"
+        load = ("" if self.other_cpu_percent is None
+                else f", other processes used {self.other_cpu_percent:.0f}% of the cores")
         when = self.measured_at.replace("T", " ")[:16] + " UTC" if self.measured_at else "unknown time"
-        doubt = " (busy or noisy: measured again at the next start; Measure again when the machine is quiet)" if self.busy or self.noisy else ""
-        return f"measured on this {self.device} ({self.machine}, {self.dtype}, {self.num_threads} threads) at {when}{load}{doubt}"
+        doubt = (" (busy or noisy: measured again at the next start; Measure again when the machine is quiet)"
+                 if self.busy or self.noisy else "")
+        return (f"measured on this {self.device} ({self.machine}, {self.dtype}, {self.num_threads} threads) "
+                f"at {when}{load}{doubt}")
 
     def rows(self) -> list[dict]:
         """One row per bucket, family and timed candidate: ms per layer, and whether the engine runs it there."""
         what = {b.name: b.what for b in BUCKETS}
         return [
-            {"bucket": bucket, "step": what.get(bucket, bucket), "family": family, "candidate": name, "ms_per_layer": seconds * 1e3,
-             "chosen": name == self.choice(bucket, family), "timed_once": name in self.dropped.get(bucket, {}).get(family, [])}
-            for bucket, families in self.timings.items() for family, timed in families.items() for name, seconds in timed.items()
+            {"bucket": bucket, "step": what.get(bucket, bucket), "family": family, "candidate": name,
+             "ms_per_layer": seconds * 1e3, "chosen": name == self.choice(bucket, family),
+             "timed_once": name in self.dropped.get(bucket, {}).get(family, [])}
+            for bucket, families in self.timings.items() for family, timed in families.items()
+            for name, seconds in timed.items()
         ]
 
     def as_dict(self) -> dict:
@@ -272,7 +294,8 @@ def forced_candidate(family: str, table: DispatchTable | None = None) -> str:
         return ""
     matches = [c for c in CANDIDATES[family] if c == name or c.split(",")[0].split(" ")[0] == name]
     if not matches:
-        raise ConfigError(f"{FORCE_ENV[family]}={name!r} names no {family} implementation; pick one of {', '.join(CANDIDATES[family])}.")
+        raise ConfigError(f"{FORCE_ENV[family]}={name!r} names no {family} implementation; "
+                          f"pick one of {', '.join(CANDIDATES[family])}.")
     if table is not None and matches[0] in table.excluded.get(family, {}):
         raise ConfigError(f"{FORCE_ENV[family]}={name!r}, but it can't run here: {table.excluded[family][matches[0]]}")
     return matches[0]
@@ -280,7 +303,8 @@ def forced_candidate(family: str, table: DispatchTable | None = None) -> str:
 
 def injected(timings: dict, excluded: dict | None = None, device: str = "cpu", dtype: str = "float32") -> DispatchTable:
     """A table from given timings, as a test injects them: ``{bucket: {family: {candidate: seconds}}}``."""
-    return DispatchTable(device, dtype, "injected", torch.get_num_threads(), "injected", timings, excluded or {}, source="injected",
+    return DispatchTable(device, dtype, "injected", torch.get_num_threads(), "injected", timings, excluded or {},
+                         source="injected",
                          measured_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
 
 
@@ -294,7 +318,8 @@ class StepChoice:
 
 
 def step_choice(table: DispatchTable, step, pack_linear_weights: bool = True) -> StepChoice:
-    """The implementations for this step (``pack_linear_weights=False``: the stock linears, as the engine's setting asks)."""
+    """The implementations for this step (``pack_linear_weights=False``: the stock linears, as the engine's setting
+    asks)."""
     bucket = bucket_of(step)
     linears = table.choice(bucket, LINEARS) if pack_linear_weights else STOCK
     return StepChoice(bucket, table.choice(bucket, ATTENTION), linears)

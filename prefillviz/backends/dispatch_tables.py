@@ -28,18 +28,24 @@ from prefillviz.backends.dispatch import ATTENTION, BUCKETS, LINEARS, DispatchTa
 from prefillviz.backends.dispatch_tuning import candidate_statuses, fingerprint
 from prefillviz.machine.devices import cache_root, machine_slug
 
-FORMAT = 7  # in the cache file's name and content (an older table is measured again); 2: stock linears timed as the engine calls them; 3: timed under the engine's allocator; 4: v8 a candidate (an fp32 table says why it is out); 5: v8 runs fp32 too; 6: the brgemm linear a candidate, gate|up timed with its SiLU; 7: the slab linear a candidate
+# in the cache file's name and content (an older table is measured again); 2: stock linears timed as the engine
+# calls them; 3: timed under the engine's allocator; 4: v8 a candidate (an fp32 table says why it is out); 5: v8 runs
+# fp32 too; 6: the brgemm linear a candidate, gate|up timed with its SiLU; 7: the slab linear a candidate
+FORMAT = 7
 MAX_AGE = datetime.timedelta(days=7)
 
 
-ISA_CAP_ENVS = ("DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")  # caps that change which code a candidate runs
+# caps that change which code a candidate runs
+ISA_CAP_ENVS = ("DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
 
 
 def table_key(model: torch.nn.Module, parameter: torch.Tensor | None = None) -> tuple:
-    """(device, dtype, threads, shape, ISA caps): what a table is measured for (``parameter``: any of the model's, if at hand)."""
+    """(device, dtype, threads, shape, ISA caps): what a table is measured for (``parameter``: any of the model's,
+    if at hand)."""
     parameter = next(model.parameters()) if parameter is None else parameter
     caps = ",".join(f"{name}={os.environ[name]}" for name in ISA_CAP_ENVS if os.environ.get(name))
-    return str(parameter.device), str(parameter.dtype).removeprefix("torch."), torch.get_num_threads(), dispatch_tuning.model_signature(model), caps
+    return (str(parameter.device), str(parameter.dtype).removeprefix("torch."), torch.get_num_threads(),
+            dispatch_tuning.model_signature(model), caps)
 
 
 # --------------------------------------------------------------------------- the cache
@@ -55,7 +61,8 @@ def cache_folder() -> Path:
 def cache_path(model: torch.nn.Module) -> Path:
     device, dtype, threads, signature, caps = table_key(model)
     digest = hashlib.sha1(f"{signature};{caps}".encode()).hexdigest()[:10]
-    return cache_folder() / f"{machine_slug(device)}_{device.replace(':', '')}_{dtype}_{threads}threads_{digest}_v{FORMAT}.json"
+    return cache_folder() / (f"{machine_slug(device)}_{device.replace(':', '')}_{dtype}_{threads}threads_"
+                             f"{digest}_v{FORMAT}.json")
 
 
 def read_cached(path: Path) -> DispatchTable | None:
@@ -129,8 +136,10 @@ _tables: dict[tuple, DispatchTable] = {}
 _lock = threading.Lock()
 
 
-def table_for(model: torch.nn.Module, refresh: bool = False, progress: Callable[[float, str], None] | None = None) -> DispatchTable:
-    """The model's dispatch table here: injected by a test, kept from earlier in this process, cached on disk, or measured now.
+def table_for(model: torch.nn.Module, refresh: bool = False,
+              progress: Callable[[float, str], None] | None = None) -> DispatchTable:
+    """The model's dispatch table here: injected by a test, kept from earlier in this process, cached on disk, or
+    measured now.
 
     Args:
         refresh: measure again even when a fresh table is kept or cached ("measure again").
@@ -140,7 +149,8 @@ def table_for(model: torch.nn.Module, refresh: bool = False, progress: Callable[
     if table is not None:
         return table
     parameter = next(model.parameters())
-    key = (*table_key(model, parameter), fingerprint(candidate_statuses(model, parameter)))  # a switch or a build measures anew
+    # a switch or a build measures anew
+    key = (*table_key(model, parameter), fingerprint(candidate_statuses(model, parameter)))
     table = _tables.get(key)
     if table is not None and not refresh:
         return table
@@ -166,9 +176,11 @@ def table_for_heads(num_heads: int, num_kv_heads: int, head_dim: int, device: st
     process or cached on disk), or None: what the kernels command marks as the engine's choice."""
     prefix = f"H{num_heads}-KVH{num_kv_heads}-D{head_dim}-"
     threads = torch.get_num_threads()
-    found = [t for t in _tables.values() if t.shape.startswith(prefix) and (t.device, t.dtype, t.num_threads) == (device, dtype, threads)]
+    found = [t for t in _tables.values()
+             if t.shape.startswith(prefix) and (t.device, t.dtype, t.num_threads) == (device, dtype, threads)]
     folder = cache_folder()
-    for path in sorted(folder.glob(f"*_{device.replace(':', '')}_{dtype}_{threads}threads_*_v{FORMAT}.json")) if folder.is_dir() else []:
+    pattern = f"*_{device.replace(':', '')}_{dtype}_{threads}threads_*_v{FORMAT}.json"
+    for path in sorted(folder.glob(pattern)) if folder.is_dir() else []:
         table = read_cached(path)
         if table is not None and table.shape.startswith(prefix):
             found.append(table)
@@ -184,7 +196,8 @@ def choice_label(model: torch.nn.Module, with_reason: bool = False) -> str:
     """What the measured dispatch runs for this model, for captions (nothing is measured here).
 
     Args:
-        with_reason: each family's sentence with the times that chose it, and where they come from (the sidebar's card).
+        with_reason: each family's sentence with the times that chose it, and where they come from (the sidebar's
+            card).
     """
     table = known_table(model)
     if table is None:
@@ -199,7 +212,8 @@ def choice_label(model: torch.nn.Module, with_reason: bool = False) -> str:
         if len(by_choice) == 1:
             parts.append(f"{family}: {dispatch.PLAIN_NAMES[next(iter(by_choice))]}")
         else:
-            parts.append(f"{family}: " + ", ".join(f"{dispatch.PLAIN_NAMES[n]} ({', '.join(b)})" for n, b in by_choice.items()))
+            parts.append(f"{family}: " + ", ".join(f"{dispatch.PLAIN_NAMES[n]} ({', '.join(b)})"
+                                                   for n, b in by_choice.items()))
     return "; ".join(parts) + " (measured here)"
 
 
@@ -212,7 +226,8 @@ def summary(model: torch.nn.Module, trace=None) -> dict:
         LINEARS: table.sentence(LINEARS),
         "provenance": table.provenance(),
         "choices": table.choices(),
-        "timings_ms": {b: {f: {c: round(s * 1e3, 4) for c, s in t.items()} for f, t in fams.items()} for b, fams in table.timings.items()},
+        "timings_ms": {b: {f: {c: round(s * 1e3, 4) for c, s in t.items()} for f, t in fams.items()}
+                       for b, fams in table.timings.items()},
         "excluded": table.excluded,
     }
     if trace is not None:

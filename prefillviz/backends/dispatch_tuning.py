@@ -42,7 +42,16 @@ import torch
 
 from prefillviz.backends import dispatch, packed_weights
 from prefillviz.backends.attention import ENGINE_KERNELS, attend, compiled_attention_status
-from prefillviz.backends.dispatch import ATTENTION, BUCKETS, COMPILED_CANDIDATES, LINEARS, ONEDNN, ROWS_CANDIDATES, TORCH_PACKED, DispatchTable
+from prefillviz.backends.dispatch import (
+    ATTENTION,
+    BUCKETS,
+    COMPILED_CANDIDATES,
+    LINEARS,
+    ONEDNN,
+    ROWS_CANDIDATES,
+    TORCH_PACKED,
+    DispatchTable,
+)
 from prefillviz.backends.host_memory import keep_freed_memory
 from prefillviz.backends.linear_checks import check_linears, input_widths, layer_linears, linear_inputs, linear_layer
 from prefillviz.backends.ops.brgemm_linear import brgemm_linear_why, slab_linear_why
@@ -92,13 +101,16 @@ def candidate_statuses(model: torch.nn.Module, parameter: torch.Tensor | None = 
     if not _has_linears(model):
         linears.update(dict.fromkeys(packs, "the model's layers have no nn.Linear to pack"))
     elif not on_cpu:
-        linears.update(dict.fromkeys(packs, "pre-packed weights are a CPU path (oneDNN); on a GPU the matmuls run as they are"))
+        linears.update(dict.fromkeys(packs, "pre-packed weights are a CPU path (oneDNN); "
+                                            "on a GPU the matmuls run as they are"))
     elif os.environ.get(packed_weights.FORCE_STOCK_ENV, "").strip() not in ("", "0"):
-        linears.update(dict.fromkeys(packs, f"{packed_weights.FORCE_STOCK_ENV} is set: stock linear layers run, as on a CPU that can't pack"))
+        linears.update(dict.fromkeys(packs, f"{packed_weights.FORCE_STOCK_ENV} is set: stock linear layers run, "
+                                            "as on a CPU that can't pack"))
     else:
         if packed_weights.onednn_linear(dtype) is None:  # through the module, so a test's stand-in CPU applies here too
             linears[ONEDNN] = packed_weights.onednn_runs(dtype)[1] or "oneDNN's matmul does not run this dtype here"
-        linears[dispatch.BRGEMM_LINEAR] = next(filter(None, (brgemm_linear_why(device, dtype, width) for width in input_widths(model))), "")
+        linears[dispatch.BRGEMM_LINEAR] = next(filter(None, (brgemm_linear_why(device, dtype, width)
+                                                             for width in input_widths(model))), "")
         linears[dispatch.SLAB_LINEAR] = slab_linear_why(device, dtype)
         runs, why = packed_weights.cpu_runs_packed_linear(dtype)
         if not runs:
@@ -118,21 +130,25 @@ _linears_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def check_attention(model: torch.nn.Module, candidate: str) -> str:
-    """'' when ``candidate`` matches the v1 oracle (fp32) on a mixed step in the model's dtype and heads, else what differed."""
+    """'' when ``candidate`` matches the v1 oracle (fp32) on a mixed step in the model's dtype and heads, else what
+    differed."""
     parameter = next(model.parameters())
     heads, kv_heads, head_dim = attention_heads(model)
-    inputs = random_step([(0, 37), (40, 9), (23, 1)], heads, kv_heads, head_dim, device=parameter.device, dtype=parameter.dtype, seed=1)
+    inputs = random_step([(0, 37), (40, 9), (23, 1)], heads, kv_heads, head_dim, device=parameter.device,
+                         dtype=parameter.dtype, seed=1)
     try:
         check_paged(ENGINE_KERNELS[candidate], inputs)
     except KernelCheckError as error:
         return str(error)
     except RuntimeError as error:
-        return f"failed on this CPU ({str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__})"
+        return ("failed on this CPU "
+                f"({str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__})")
     return ""
 
 
 class _AttentionCall:
-    """One layer's attention of ``inputs`` as the engine's forward calls it: q, k, v as row views of one q|k|v tensor."""
+    """One layer's attention of ``inputs`` as the engine's forward calls it: q, k, v as row views of one q|k|v
+    tensor."""
 
     def __init__(self, candidate: str, inputs) -> None:
         self.candidate, self.inputs = candidate, inputs
@@ -148,14 +164,17 @@ class _AttentionCall:
 
 
 # --------------------------------------------------------------------------- timing
-def _race(calls: dict[str, Callable[[], object]], device: torch.device) -> tuple[dict[str, float], list[str], dict[str, float]]:
-    """({candidate: median seconds per call}, [candidates dropped after one call], {candidate: slowest run over fastest})."""
+def _race(calls: dict[str, Callable[[], object]],
+          device: torch.device) -> tuple[dict[str, float], list[str], dict[str, float]]:
+    """({candidate: median seconds per call}, [candidates dropped after one call], {candidate: slowest run over
+    fastest})."""
 
     first = {}
     for name, call in calls.items():
         call()  # warm-up (packing, primitive creation, the allocator)
         first[name] = run_seconds(call, 1, device)
-    for name, call in calls.items():  # one slow first call (a burst, fresh pages for its outputs) must not drop a candidate
+    # one slow first call (a burst, fresh pages for its outputs) must not drop a candidate
+    for name, call in calls.items():
         if first[name] > RACE_FACTOR * min(first.values()):
             first[name] = min(first[name], run_seconds(call, 1, device))
     best = min(first.values())
@@ -179,7 +198,8 @@ def measure(model: torch.nn.Module, progress: Callable[[float, str], None] | Non
     started = time.perf_counter()
     parameter = next(model.parameters())
     device, dtype = parameter.device, parameter.dtype
-    if device.type == "cpu":  # time the candidates under the engine's allocator (its KV cache sets it; `tune` comes first)
+    # time the candidates under the engine's allocator (its KV cache sets it; `tune` comes first)
+    if device.type == "cpu":
         keep_freed_memory()
     heads, kv_heads, head_dim = attention_heads(model)
     statuses = candidate_statuses(model)
@@ -203,16 +223,18 @@ def measure(model: torch.nn.Module, progress: Callable[[float, str], None] | Non
             linear_calls = {name: (lambda layer=layer: layer(xs)) for name, layer in layers.items()}
             timings[bucket.name], dropped[bucket.name], spreads[bucket.name] = {}, {}, {}
             for family, calls in ((ATTENTION, attention_calls), (LINEARS, linear_calls)):
-                timings[bucket.name][family], dropped[bucket.name][family], spreads[bucket.name][family] = _race(calls, device)
+                (timings[bucket.name][family], dropped[bucket.name][family],
+                 spreads[bucket.name][family]) = _race(calls, device)
     excluded = {family: {n: why for n, why in s.items() if why} for family, s in statuses.items()}
     return DispatchTable(
-        str(device), str(dtype).removeprefix("torch."), machine_name(device), torch.get_num_threads(), model_signature(model),
-        timings, excluded, dropped, measured_at, load.reading.other_cpu_percent, time.perf_counter() - started, "measured",
-        available, spreads,
+        str(device), str(dtype).removeprefix("torch."), machine_name(device), torch.get_num_threads(),
+        model_signature(model), timings, excluded, dropped, measured_at, load.reading.other_cpu_percent,
+        time.perf_counter() - started, "measured", available, spreads,
     )
 
 
 def fingerprint(statuses: dict) -> str:
-    """Which candidates could run (before their checks): a cached table is measured again when this changes (a build, a switch)."""
+    """Which candidates could run (before their checks): a cached table is measured again when this changes (a build,
+    a switch)."""
     runnable = sorted(f"{family}:{name}" for family, s in statuses.items() for name, why in s.items() if not why)
     return f"torch {torch.__version__}; " + ", ".join(runnable)

@@ -45,7 +45,8 @@ NO_HUGE_PAGES_ENV = "PREFILLVIZ_NO_HUGE_PAGES"
 HUGE_PAGE_BYTES = 2 << 20  # x86-64's and arm64's (4 KiB granule) transparent huge page
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024  # glibc's largest: HEAP_MAX_SIZE / 2 on 64-bit
-TRIM_THRESHOLD_BYTES = 256 * 1024 * 1024  # 64 MiB was enough for no faults at 2,048 tokens; the most a peak RSS can grow by
+# 64 MiB was enough for no faults at 2,048 tokens; the most a peak RSS can grow by
+TRIM_THRESHOLD_BYTES = 256 * 1024 * 1024
 
 _lock = threading.Lock()
 _status: str | None = None
@@ -80,8 +81,9 @@ def _apply() -> str:
     if not (mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)):
         return f"the C library's default malloc (glibc {version} refused mallopt)"
     return (
-        f"glibc {version} malloc keeps freed memory for reuse (blocks up to {MMAP_THRESHOLD_BYTES >> 20} MiB from its heap, "
-        f"up to {TRIM_THRESHOLD_BYTES >> 20} MiB of it kept), so a step's tensors don't fault in fresh pages"
+        f"glibc {version} malloc keeps freed memory for reuse (blocks up to {MMAP_THRESHOLD_BYTES >> 20} MiB "
+        f"from its heap, up to {TRIM_THRESHOLD_BYTES >> 20} MiB of it kept), so a step's tensors don't fault in "
+        "fresh pages"
     )
 
 

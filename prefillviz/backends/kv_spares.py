@@ -24,7 +24,8 @@ from prefillviz.backends.host_memory import keep_freed_memory
 SPARE_BYTES = 1024 * 1024 * 1024  # the most cache memory kept for the next engine (1 GiB: two default caches)
 _spares: OrderedDict[tuple, list[tuple[list[torch.Tensor], list[torch.Tensor]]]] = OrderedDict()
 _spares_lock = threading.Lock()
-_returned: deque = deque()  # sets a finalizer gave back, pooled at the next take (a finalizer takes no lock: it may run inside one)
+# sets a finalizer gave back, pooled at the next take (a finalizer takes no lock: it may run inside one)
+_returned: deque = deque()
 
 
 class _Layers(list):
@@ -56,8 +57,10 @@ def _unshared(tensors: list[torch.Tensor]) -> bool:
     if use_count is None:
         return False
     held_by_a_list_only = [torch.empty(0)]
-    baseline = [sys.getrefcount(t) for t in held_by_a_list_only][0]  # this Python's count for a tensor only a list holds, seen from here
-    return all(sys.getrefcount(t) <= baseline and use_count(t.untyped_storage()._cdata) <= 2 for t in tensors)  # 2: the tensor and this call's storage
+    # this Python's count for a tensor only a list holds, seen from here
+    baseline = [sys.getrefcount(t) for t in held_by_a_list_only][0]
+    # 2: the tensor and this call's storage
+    return all(sys.getrefcount(t) <= baseline and use_count(t.untyped_storage()._cdata) <= 2 for t in tensors)
 
 
 def _give_back(key: tuple, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:

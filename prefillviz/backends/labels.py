@@ -19,7 +19,8 @@ def forward_label(model: torch.nn.Module, backend: Backend | None = None, with_r
     """
     backend = backend or backend_for(model)
     available, why = own_forward_status(model)
-    forward = "engine forward" if available else (f"stock transformers forward ({why})" if with_reason else "stock transformers forward")
+    forward = "engine forward" if available else (f"stock transformers forward ({why})" if with_reason
+                                                  else "stock transformers forward")
     if backend.name != "measured":
         return f"{forward}, textbook ops (plain torch)"
     parameter = next(model.parameters())
@@ -28,4 +29,5 @@ def forward_label(model: torch.nn.Module, backend: Backend | None = None, with_r
         return f"{forward}, measured backend: {ops_why.removeprefix('the ')}"
     if parameter.device.type != "cpu":
         return f"{forward}, measured backend: torch ops"
-    return f"{forward}, measured backend: plain torch ops ({ops_why})" if with_reason else f"{forward}, measured backend: plain torch ops"
+    return (f"{forward}, measured backend: plain torch ops ({ops_why})" if with_reason
+            else f"{forward}, measured backend: plain torch ops")

@@ -42,7 +42,9 @@ def layer_linears(model: torch.nn.Module) -> list[list[torch.Tensor]]:
     ``nn.Linear`` of the first decoder block on its own (none for a model whose layers are no
     ``nn.Linear``, such as GPT-2's Conv1D)."""
     layers = getattr(getattr(model, "model", None), "layers", None)
-    if layers is not None and all(hasattr(layers[0].self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) and all(
+    if layers is not None and all(
+        hasattr(layers[0].self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")
+    ) and all(
         hasattr(getattr(layers[0], "mlp", None), n) for n in ("gate_proj", "up_proj", "down_proj")
     ):
         attn, mlp = layers[0].self_attn, layers[0].mlp
@@ -56,20 +58,24 @@ def gated_group(groups: list[list[torch.Tensor]]) -> int | None:
     """The index of a gated MLP's [gate, up] among ``layer_linears``' groups (two weights of one shape
     (I, H) whose activation the next group's (H, I) weight reads), else None."""
     for index, (group, after) in enumerate(zip(groups, groups[1:])):
-        if len(group) == 2 and group[0].shape == group[1].shape and len(after) == 1 and after[0].shape == group[0].shape[::-1]:
+        if (len(group) == 2 and group[0].shape == group[1].shape
+                and len(after) == 1 and after[0].shape == group[0].shape[::-1]):
             return index
     return None
 
 
 def silu_mul_for(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The forward's ``silu_mul`` for this weight's device and dtype: the engine's C++ op where it runs, else torch's."""
+    """The forward's ``silu_mul`` for this weight's device and dtype: the engine's C++ op where it runs, else
+    torch's."""
     ops = engine_ops() if weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) else None
     return ops.silu_mul if ops is not None else silu_mul
 
 
-def linear_layer(groups: list[list[torch.Tensor]], candidate: str) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+def linear_layer(groups: list[list[torch.Tensor]],
+                 candidate: str) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
     """A function running each group on its input (rows, in) with ``candidate``, through the engine's own
-    ``llama_weights.linear_of`` (stock: one ``F.linear`` per weight, outputs side by side; else stacked and packed once now).
+    ``llama_weights.linear_of`` (stock: one ``F.linear`` per weight, outputs side by side; else stacked and packed
+    once now).
     A gated MLP's [gate, up] gives silu(gate) * up, as the forward computes it: in the pack's call
     where it fuses the SiLU (the brgemm linear), else with ``silu_mul`` after."""
     gated = gated_group(groups)
@@ -85,9 +91,11 @@ def linear_layer(groups: list[list[torch.Tensor]], candidate: str) -> Callable[[
     return run
 
 
-def linear_inputs(groups: list[list[torch.Tensor]], rows: int, generator: torch.Generator | None = None) -> list[torch.Tensor]:
+def linear_inputs(groups: list[list[torch.Tensor]], rows: int,
+                  generator: torch.Generator | None = None) -> list[torch.Tensor]:
     """A random (rows, in) input for each group, in its dtype and on its device."""
-    return [torch.randn(rows, g[0].shape[1], generator=generator).to(device=g[0].device, dtype=g[0].dtype) for g in groups]
+    return [torch.randn(rows, g[0].shape[1], generator=generator).to(device=g[0].device, dtype=g[0].dtype)
+            for g in groups]
 
 
 def linear_tolerance(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -102,7 +110,8 @@ def linear_tolerance(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return 2 * (eps + x.shape[-1] * torch.finfo(torch.float32).eps) * magnitude + torch.finfo(torch.float32).tiny
 
 
-def activation_bound(gate_up: torch.Tensor, bound: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def activation_bound(gate_up: torch.Tensor, bound: torch.Tensor,
+                     dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(silu(g) * u, its allowed |error|) from the exact [g | u] and the bound on each of their errors.
 
     |silu'| <= 1.1 and |silu(g)| <= |g|, so errors e_g, e_u move the product by at most
@@ -114,7 +123,8 @@ def activation_bound(gate_up: torch.Tensor, bound: torch.Tensor, dtype: torch.dt
 
 
 def check_linears(groups: list[list[torch.Tensor]], candidate: str) -> str:
-    """'' when ``candidate`` computes layer 0's linears as fp32 ``F.linear`` does within ``linear_tolerance``, else what differed."""
+    """'' when ``candidate`` computes layer 0's linears as fp32 ``F.linear`` does within ``linear_tolerance``, else
+    what differed."""
     if not groups:
         return ""  # nothing to compute differently
     generator = torch.Generator().manual_seed(0)
@@ -131,7 +141,9 @@ def check_linears(groups: list[list[torch.Tensor]], candidate: str) -> str:
                     want, bound = activation_bound(want, bound, dtype)
                 excess = (got.float() - want).abs() - bound
                 if got.shape != want.shape or not bool(torch.isfinite(got).all()) or float(excess.max()) > 0:
-                    return f"differs from fp32 F.linear beyond the {str(dtype).removeprefix('torch.')} bound at {rows} rows"
+                    return (f"differs from fp32 F.linear beyond the {str(dtype).removeprefix('torch.')} bound "
+                            f"at {rows} rows")
     except RuntimeError as error:
-        return f"failed on this CPU ({str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__})"
+        return ("failed on this CPU "
+                f"({str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__})")
     return ""

@@ -33,7 +33,8 @@ class _Linear:
     biases: list[torch.Tensor | None]
     packed: torch.Tensor | None = None
     packed_bias: torch.Tensor | None = None
-    activates: bool = False  # a gated MLP's [gate; up] whose call returns silu(gate) * up (``packed_weights.gated_packs``)
+    # a gated MLP's [gate; up] whose call returns silu(gate) * up (``packed_weights.gated_packs``)
+    activates: bool = False
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
@@ -48,7 +49,8 @@ def stacked(weights: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(weights) if len(weights) > 1 else weights[0]
 
 
-def linear_of(weights: list[torch.Tensor], implementation: str, biases: list[torch.Tensor | None] | None = None, gated: bool = False) -> _Linear:
+def linear_of(weights: list[torch.Tensor], implementation: str, biases: list[torch.Tensor | None] | None = None,
+              gated: bool = False) -> _Linear:
     """One projection (or several stacked) as the engine's forward runs it with ``implementation``
     (the measured dispatch times it through here too, ``linear_checks.linear_layer``).
 
@@ -62,7 +64,8 @@ def linear_of(weights: list[torch.Tensor], implementation: str, biases: list[tor
     bias = None
     if any(b is not None for b in biases):
         bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
-    return _Linear([], [], pack_weight(stacked(weights), implementation), bias)  # the stacked copy is dropped: only its pack is kept
+    # the stacked copy is dropped: only its pack is kept
+    return _Linear([], [], pack_weight(stacked(weights), implementation), bias)
 
 
 def _linear(linears: list[torch.nn.Linear], implementation: str, gated: bool = False) -> _Linear:

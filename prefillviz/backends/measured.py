@@ -13,6 +13,8 @@ textbook's plain torch ops.
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import torch
 
 from prefillviz.backends import dispatch, dispatch_tables
@@ -31,15 +33,15 @@ class MeasuredStepOps(TorchStepOps):
     def __init__(self, model: torch.nn.Module, choice: StepChoice, compiled) -> None:
         super().__init__(model)
         self.model, self.choice, self.compiled = model, choice, compiled
-        self.ran = {"backend": "measured", "bucket": choice.bucket, "attention": choice.attention, "linears": choice.linears}
+        self.ran = {"backend": "measured", "bucket": choice.bucket, "attention": choice.attention,
+                    "linears": choice.linears}
         self.rows = None  # the layer's q|k|v rows, which v7 and v8 read q from as they lie
-        self._weights = None
 
-    @property
+    @cached_property
     def weights(self):
-        if self._weights is None:  # made on first use: a stock forward (an unknown model) never asks
-            self._weights = llama_weights(self.model, self.choice.linears)
-        return self._weights
+        """The model's linears as the step's choice packs them, found on first use (a stock forward, for a model
+        the engine does not know, never asks)."""
+        return llama_weights(self.model, self.choice.linears)
 
     def qkv_proj(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         return self.weights.layers[layer].qkv(x)
@@ -65,7 +67,8 @@ class MeasuredStepOps(TorchStepOps):
             return super().add_rms_norm(residual, h, norm)
         if residual is None:
             return self.compiled.rms_norm(h, norm.weight, norm_eps(norm))
-        # the norm written over `residual` (a linear's output, dead after the add, still in L2), as vLLM's fused_add_rms_norm
+        # the norm written over `residual` (a linear's output, dead after the add, still in L2),
+        # as vLLM's fused_add_rms_norm
         return self.compiled.add_rms_norm(residual, h, norm.weight, norm_eps(norm), True)
 
     def rope_write_kv(self, layer: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta) -> tuple:
@@ -73,7 +76,8 @@ class MeasuredStepOps(TorchStepOps):
             return super().rope_write_kv(layer, qkv, cos, sin, meta)
         H, KVH = self.num_heads, self.num_kv_heads
         cache = meta.kv_cache  # q and k rotated in place, k and v written to the cache in the same call
-        self.compiled.rope_write_kv(qkv, cos.contiguous(), sin.contiguous(), meta.slot_mapping, cache.key_cache[layer], cache.value_cache[layer], H)
+        self.compiled.rope_write_kv(qkv, cos.contiguous(), sin.contiguous(), meta.slot_mapping, cache.key_cache[layer],
+                                    cache.value_cache[layer], H)
         self.rows = qkv
         rows = qkv.view(qkv.shape[0], H + 2 * KVH, -1)
         return rows[:, :H], rows[:, H : H + KVH], rows[:, H + KVH :]
@@ -96,7 +100,8 @@ class MeasuredBackend:
         self.pack_linear_weights = pack_linear_weights
 
     def prepare(self, model: torch.nn.Module) -> None:
-        dispatch_tables.table_for(model)  # measured now (once per machine, model shape and dtype), not inside a timed step
+        # measured now (once per machine, model shape and dtype), not inside a timed step
+        dispatch_tables.table_for(model)
 
     def for_step(self, model: torch.nn.Module, meta) -> MeasuredStepOps:
         choice = dispatch.step_choice(dispatch_tables.table_for(model), meta.step, self.pack_linear_weights)

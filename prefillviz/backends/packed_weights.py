@@ -57,7 +57,8 @@ def gated_packs(implementation: str) -> bool:
 
 
 _active = threading.local()  # .packs: {Linear: packed weight} while packed_linears runs in this thread
-# model -> {implementation: ({Linear: (weight key, the storage it was packed from, packed weight)}, {Linear: packed weight})}
+# model -> {implementation: ({Linear: (weight key, the storage it was packed from, packed weight)},
+#                            {Linear: packed weight})}
 _models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
@@ -98,11 +99,15 @@ def cpu_runs_packed_linear(dtype: torch.dtype) -> tuple[bool, str]:
             expected = F.linear(x, weight)
     except RuntimeError as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return False, f"this CPU can't run oneDNN's packed {dtype_name(dtype)} matmul ({reason}); stock linear layers run instead"
-    # each side rounds its outputs once (a step of dtype each) + two fp32 sums of 32 unit-normal products (sqrt(32) eps_fp32 x sum |x w| ~ 32)
+        return False, (f"this CPU can't run oneDNN's packed {dtype_name(dtype)} matmul ({reason}); "
+                       "stock linear layers run instead")
+    # each side rounds its outputs once (a step of dtype each) + two fp32 sums of 32 unit-normal products
+    # (sqrt(32) eps_fp32 x sum |x w| ~ 32)
     tolerance = 2 * torch.finfo(dtype).eps + 2 * 32**1.5 * torch.finfo(torch.float32).eps
-    if packed.shape != expected.shape or not torch.allclose(packed.float(), expected.float(), rtol=tolerance, atol=tolerance):
-        return False, f"oneDNN's packed {dtype_name(dtype)} matmul gave wrong results on this CPU; stock linear layers run instead"
+    if packed.shape != expected.shape or not torch.allclose(packed.float(), expected.float(),
+                                                            rtol=tolerance, atol=tolerance):
+        return False, (f"oneDNN's packed {dtype_name(dtype)} matmul gave wrong results on this CPU; "
+                       "stock linear layers run instead")
     return True, ""
 
 
@@ -138,7 +143,8 @@ def pack_weight(weight: torch.Tensor, implementation: str | None = None, gated: 
         implementation: ``"oneDNN matmul"`` (``prefillviz/backends/ops/onednn_linear.py``'s ``Linear``: oneDNN's
             matmul primitive, kept per row count, as vLLM's CPU backend runs it),
             ``"brgemm linear"`` (``brgemm_linear.BrgemmLinear``: the engine's C++ linear on oneDNN's brgemm
-            micro-kernel), ``"slab linear"`` (the same, fp32, on the engine's own micro-kernel) or ``"torch packed"`` (an opaque tensor for ``torch.ops.mkldnn._linear_pointwise``);
+            micro-kernel), ``"slab linear"`` (the same, fp32, on the engine's own micro-kernel) or
+            ``"torch packed"`` (an opaque tensor for ``torch.ops.mkldnn._linear_pointwise``);
             None: oneDNN's matmul where it runs here, else torch's packed linear (what the peaks and
             the dtype speed time).
             The engine runs whichever the measured dispatch chose (``dispatch.py``).
@@ -151,7 +157,8 @@ def pack_weight(weight: torch.Tensor, implementation: str | None = None, gated: 
         raise ValueError(f"{implementation} has no gated pack")
     onednn = onednn_linear(weight.dtype) if implementation in (None, "oneDNN matmul") else None
     if implementation == "oneDNN matmul" and onednn is None:
-        raise RuntimeError(f"oneDNN's matmul does not run {dtype_name(weight.dtype)} here: {onednn_runs(weight.dtype)[1]}")
+        raise RuntimeError(f"oneDNN's matmul does not run {dtype_name(weight.dtype)} here: "
+                           f"{onednn_runs(weight.dtype)[1]}")
     with torch.no_grad():
         if onednn is not None:
             return onednn.Linear(weight.detach())
@@ -185,7 +192,8 @@ def _model_packs(model: torch.nn.Module, implementation: str | None) -> dict:
         by_implementation = _models.setdefault(model, {})
         entries, packs = by_implementation.get(implementation, (None, None))
         if entries is None:
-            entries = dict.fromkeys(m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype in PACKABLE_DTYPES)
+            entries = dict.fromkeys(m for m in model.modules()
+                                    if type(m) is torch.nn.Linear and m.weight.dtype in PACKABLE_DTYPES)
         changed = packs is None
         for module, entry in entries.items():
             key = _weight_key(module.weight)

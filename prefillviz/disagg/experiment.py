@@ -125,8 +125,8 @@ class DisaggComparison:
     def threads_label(self) -> str:
         workers = self.disagg.prefill.num_threads, self.disagg.decode.num_threads
         return (
-            f"{self.cores} cores: one engine ran on {self.one_engine_threads} torch thread(s); the prefill and decode workers "
-            f"on {workers[0]} and {workers[1]}, each its own process"
+            f"{self.cores} cores: one engine ran on {self.one_engine_threads} torch thread(s); "
+            f"the prefill and decode workers on {workers[0]} and {workers[1]}, each its own process"
         )
 
     def request_rows(self) -> list[dict]:
@@ -137,8 +137,12 @@ class DisaggComparison:
                 gaps = [g * 1000 for g in record.inter_token_times_s]
                 rows.append({
                     "set-up": setup, "request": request_id, "prompt tokens": record.num_prompt_tokens,
-                    "TTFT (ms)": record.time_to_first_token_s * 1000 if record.time_to_first_token_s is not None else float("nan"),
-                    "ITL median (ms)": statistics.median(gaps) if gaps else float("nan"), "ITL max (ms)": max(gaps, default=float("nan")),
+                    "TTFT (ms)": (
+                        record.time_to_first_token_s * 1000
+                        if record.time_to_first_token_s is not None else float("nan")
+                    ),
+                    "ITL median (ms)": statistics.median(gaps) if gaps else float("nan"),
+                    "ITL max (ms)": max(gaps, default=float("nan")),
                     "tokens": len(record.output_token_ids),
                 })
         return rows
@@ -159,24 +163,34 @@ class DisaggComparison:
         long = next(t for t in transfers if t.request_id == LONG_REQUEST_ID)
         summaries = self.summaries
         return {
-            "model": self.model_id, "device": self.device, "dtype": self.dtype, "placement": self.disagg.spec.placement.label,
-            "cores": self.cores, "threads": {"one_engine": self.one_engine_threads, "prefill_worker": self.disagg.prefill.num_threads, "decode_worker": self.disagg.decode.num_threads},
+            "model": self.model_id, "device": self.device, "dtype": self.dtype,
+            "placement": self.disagg.spec.placement.label, "cores": self.cores,
+            "threads": {
+                "one_engine": self.one_engine_threads, "prefill_worker": self.disagg.prefill.num_threads,
+                "decode_worker": self.disagg.decode.num_threads,
+            },
             "outputs_equal": self.outputs_equal, "kv_bit_identical": self.kv_bit_identical,
             "kv_bytes_per_token": self.kv_bytes_per_token, "kv_bytes_sent": sum(t.num_bytes for t in transfers),
             "kv_bytes_sent_per_request": {t.request_id: t.num_bytes for t in transfers},
             "kv_bytes_match_formula": self.bytes_match_formula,
             "transfer_s_median": statistics.median(seconds), "transfer_s_long": long.transfer_s,
-            "transfer_gb_s": sum(t.num_bytes for t in transfers) / sum(seconds) / 1e9, "transfer_gb_s_long": long.num_bytes / long.transfer_s / 1e9,
+            "transfer_gb_s": sum(t.num_bytes for t in transfers) / sum(seconds) / 1e9,
+            "transfer_gb_s_long": long.num_bytes / long.transfer_s / 1e9,
             "worker_start_s": self.disagg.start_s,
             "workload": {
-                "num_short_requests": len(self.workload.short_prompts), "short_prompt_tokens": len(self.workload.short_prompts[0]) if self.workload.short_prompts else 0,
-                "short_max_new_tokens": self.workload.short_max_new_tokens, "long_prompt_tokens": len(self.workload.long_prompt),
-                "long_max_new_tokens": self.workload.long_max_new_tokens, "arrival_step": self.workload.arrival_step, "token_budget": self.workload.token_budget,
+                "num_short_requests": len(self.workload.short_prompts),
+                "short_prompt_tokens": len(self.workload.short_prompts[0]) if self.workload.short_prompts else 0,
+                "short_max_new_tokens": self.workload.short_max_new_tokens,
+                "long_prompt_tokens": len(self.workload.long_prompt),
+                "long_max_new_tokens": self.workload.long_max_new_tokens, "arrival_step": self.workload.arrival_step,
+                "token_budget": self.workload.token_budget,
             },
             "setups": {
                 SETUP_KEYS[name]: {
-                    "itl_p50_ms": s.itl_p50_ms, "itl_p99_ms": s.itl_p99_ms, "itl_max_ms": s.itl_max_ms, "ttft_long_ms": s.long_ttft_ms,
-                    "num_steps": s.num_steps, "total_ms": s.total_ms, "num_paused_decode_steps": s.num_paused_decode_steps,
+                    "itl_p50_ms": s.itl_p50_ms, "itl_p99_ms": s.itl_p99_ms, "itl_max_ms": s.itl_max_ms,
+                    "ttft_long_ms": s.long_ttft_ms,
+                    "num_steps": s.num_steps, "total_ms": s.total_ms,
+                    "num_paused_decode_steps": s.num_paused_decode_steps,
                 }
                 for name, s in summaries.items()
             },
@@ -191,7 +205,8 @@ class DisaggComparison:
 
 
 def compare_setups(
-    loaded, workload: ChunkedWorkload, progress: StepProgress | None = None, load=None, timeouts: DisaggTimeouts | None = None,
+    loaded, workload: ChunkedWorkload, progress: StepProgress | None = None, load=None,
+    timeouts: DisaggTimeouts | None = None,
 ) -> DisaggComparison:
     """One engine with chunking off and on (this process), then the two workers (fresh processes).
 
@@ -204,9 +219,10 @@ def compare_setups(
     check_workload(workload)  # before any run: a workload the workers can't take fails at once
     one_engine = compare_chunking(loaded.model, workload, progress, loaded.model_id)
     run = run_disaggregated(
-        load or model_loader(loaded.model_id, dtype_name(loaded.dtype)), workload, placement_for(loaded.device), timeouts
+        load or model_loader(loaded.model_id, dtype_name(loaded.dtype)),
+        workload, placement_for(loaded.device), timeouts
     )
     return DisaggComparison(
-        workload, loaded.model_id, str(loaded.device), dtype_name(loaded.dtype), loaded.info.kv_bytes_per_token, one_engine, run,
-        torch.get_num_threads(), available_cores(),
+        workload, loaded.model_id, str(loaded.device), dtype_name(loaded.dtype), loaded.info.kv_bytes_per_token,
+        one_engine, run, torch.get_num_threads(), available_cores(),
     )

@@ -109,13 +109,18 @@ def _wait(work, timeout_s: float, what: str) -> None:
     try:
         work.wait(datetime.timedelta(seconds=timeout_s))
     except RuntimeError as error:  # gloo: "Timed out waiting ...", or the peer's connection closed
-        reason = re.sub(r"\[[^\]]*\]\s*", "", str(error)).split(". ")[0].strip()  # gloo's own words, without its source path
+        # gloo's own words, without its source path
+        reason = re.sub(r"\[[^\]]*\]\s*", "", str(error)).split(". ")[0].strip()
         if "timed out" in reason.lower():
-            raise TransferTimeout(f"{what} did not complete within {timeout_s:g} s: the other worker stalled.") from error
+            raise TransferTimeout(
+                f"{what} did not complete within {timeout_s:g} s: the other worker stalled."
+            ) from error
         raise TransferTimeout(f"{what} failed: {reason} (the other worker is gone).") from error
 
 
-def send_request_kv(header: KVHeader, payload: torch.Tensor, peer: int, wire_device: torch.device, timeout_s: float, before_payload=None) -> float:
+def send_request_kv(
+    header: KVHeader, payload: torch.Tensor, peer: int, wire_device: torch.device, timeout_s: float, before_payload=None
+) -> float:
     """Send a header and its payload to ``peer``; returns when both sends completed (perf_counter).
 
     Args:
@@ -127,7 +132,10 @@ def send_request_kv(header: KVHeader, payload: torch.Tensor, peer: int, wire_dev
         before_payload()
     payload_work = dist.isend(payload.contiguous().to(wire_device), peer, tag=PAYLOAD_TAG)
     _wait(header_work, timeout_s, f"Sending the header of request {header.request_index}")
-    _wait(payload_work, timeout_s, f"Sending {payload.nelement() * payload.element_size():,} bytes of KV for request {header.request_index}")
+    _wait(
+        payload_work, timeout_s,
+        f"Sending {payload.nelement() * payload.element_size():,} bytes of KV for request {header.request_index}",
+    )
     return time.perf_counter()
 
 
@@ -137,9 +145,14 @@ def receive_header(peer: int, wire_device: torch.device, timeout_s: float) -> KV
     return KVHeader.from_tensor(values.cpu())
 
 
-def receive_payload(shape: tuple[int, ...], dtype: torch.dtype, peer: int, wire_device: torch.device, timeout_s: float) -> torch.Tensor:
+def receive_payload(
+    shape: tuple[int, ...], dtype: torch.dtype, peer: int, wire_device: torch.device, timeout_s: float
+) -> torch.Tensor:
     payload = torch.empty(shape, dtype=dtype, device=wire_device)
-    _wait(dist.irecv(payload, peer, tag=PAYLOAD_TAG), timeout_s, f"Receiving a KV payload of {payload.nelement() * payload.element_size():,} bytes")
+    _wait(
+        dist.irecv(payload, peer, tag=PAYLOAD_TAG), timeout_s,
+        f"Receiving a KV payload of {payload.nelement() * payload.element_size():,} bytes",
+    )
     return payload
 
 

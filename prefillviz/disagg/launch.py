@@ -96,14 +96,20 @@ def _collect(results, got: dict[str, WorkerResult], timeout_s: float, processes=
             if exit_code is not None and exit_code < 0:  # the other one was killed first: that is the news
                 how = f"killed by {signal.Signals(-exit_code).name}"
                 raise DisaggError(f"{_died_message(other_rank, how)} (The {item.role} worker saw: {item.message})")
-            raise DisaggError(f"The {item.role} worker failed: {item.message} The {ROLES[other_rank]} worker was stopped; nothing is left running.")
+            raise DisaggError(
+                f"The {item.role} worker failed: {item.message} "
+                f"The {ROLES[other_rank]} worker was stopped; nothing is left running."
+            )
         got[item.role] = item
         deadline = time.perf_counter()  # drain what is there, then return
 
 
 def _died_message(rank: int, how: str) -> str:
     other = ROLES[DECODE_RANK if rank == PREFILL_RANK else PREFILL_RANK]
-    return f"The {ROLES[rank]} worker died mid-run ({how}). The {other} worker was stopped; nothing is left running. Run again."
+    return (
+        f"The {ROLES[rank]} worker died mid-run ({how}). "
+        f"The {other} worker was stopped; nothing is left running. Run again."
+    )
 
 
 def _how_it_exited(error: mp.ProcessExitedException | mp.ProcessRaisedException) -> str:
@@ -127,7 +133,10 @@ def stop_processes(processes) -> None:
 def check_workload(workload: ChunkedWorkload) -> None:
     """Disaggregation hands a request over after its first token, so each must ask for two or more."""
     if min(workload.short_max_new_tokens, workload.long_max_new_tokens) < 2:
-        raise RequestError("A disaggregated run needs at least 2 new tokens per request: the prefill worker makes the first, the decode worker the rest.")
+        raise RequestError(
+            "A disaggregated run needs at least 2 new tokens per request: "
+            "the prefill worker makes the first, the decode worker the rest."
+        )
 
 
 def run_disaggregated(
@@ -150,7 +159,8 @@ def run_disaggregated(
         raise ValueError(f"unknown fault {fault!r} (known: {', '.join(FAULTS)})")
     spec = DisaggSpec(
         load=load, workload=workload, port=free_port(), placement=placement or Placement(("cpu", "cpu"), "gloo"),
-        num_threads=num_threads or threads_per_worker(), timeouts=timeouts or DisaggTimeouts(), fault=fault, keep_payloads=keep_payloads,
+        num_threads=num_threads or threads_per_worker(), timeouts=timeouts or DisaggTimeouts(), fault=fault,
+        keep_payloads=keep_payloads,
     )
     from prefillviz.disagg.workers import worker_main
 
@@ -158,7 +168,9 @@ def run_disaggregated(
     results, arrival = context.Queue(), context.Event()
     spawn_time = time.perf_counter()
     deadline = spawn_time + spec.timeouts.run_s
-    processes = mp.start_processes(worker_main, args=(spec, results, arrival), nprocs=2, join=False, start_method="spawn")
+    processes = mp.start_processes(
+        worker_main, args=(spec, results, arrival), nprocs=2, join=False, start_method="spawn"
+    )
     got: dict[str, WorkerResult] = {}
     try:
         while len(got) < 2:
@@ -173,7 +185,9 @@ def run_disaggregated(
                 if len(got) < 2:
                     raise DisaggError("Both workers exited but did not send their results back.")
             if time.perf_counter() > deadline:
-                raise DisaggError(f"The disaggregated run did not finish within {spec.timeouts.run_s:g} s; both workers were stopped.")
+                raise DisaggError(
+                    f"The disaggregated run did not finish within {spec.timeouts.run_s:g} s; both workers were stopped."
+                )
         pids = tuple(process.pid for process in processes.processes)
         return DisaggRun(spec, got["prefill"], got["decode"], spawn_time, pids)
     finally:

@@ -125,7 +125,10 @@ class DisaggSpec:
         return [*self.workload.short_prompts, self.workload.long_prompt]
 
     def max_new_tokens(self, index: int) -> int:
-        return self.workload.long_max_new_tokens if index == len(self.workload.short_prompts) else self.workload.short_max_new_tokens
+        return (
+            self.workload.long_max_new_tokens if index == len(self.workload.short_prompts)
+            else self.workload.short_max_new_tokens
+        )
 
 
 @dataclass
@@ -139,7 +142,8 @@ class WorkerResult:
     load_s: float
     num_threads: int
     transfers: list[TransferRecord] = field(default_factory=list)
-    payloads: dict[str, np.ndarray] = field(default_factory=dict)  # keep_payloads only: raw bytes (uint8), numpy so they pickle by value
+    # keep_payloads only: raw bytes (uint8), numpy so they pickle by value
+    payloads: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass

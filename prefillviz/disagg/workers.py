@@ -36,7 +36,15 @@ from prefillviz.disagg.kv_transfer import (
     send_request_kv,
     write_request_kv,
 )
-from prefillviz.disagg.spec import DECODE_RANK, PREFILL_RANK, ROLES, DisaggError, DisaggSpec, WorkerFailure, WorkerResult
+from prefillviz.disagg.spec import (
+    DECODE_RANK,
+    PREFILL_RANK,
+    ROLES,
+    DisaggError,
+    DisaggSpec,
+    WorkerFailure,
+    WorkerResult,
+)
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments.warm_up import short_warm_up
@@ -103,7 +111,9 @@ def _prefill_loop(model, spec: DisaggSpec, arrival, wire_device: torch.device):
 
     def add(index: int) -> None:  # 2 tokens asked, so the request is still running (blocks held) after the first
         request_id = spec.request_ids[index]
-        requests[request_id] = (index, engine.add_request(list(spec.prompts[index]), SamplingParams(max_new_tokens=2), request_id))
+        requests[request_id] = (
+            index, engine.add_request(list(spec.prompts[index]), SamplingParams(max_new_tokens=2), request_id)
+        )
 
     for index in range(long_index + (work.arrival_step == 0)):
         add(index)
@@ -113,18 +123,26 @@ def _prefill_loop(model, spec: DisaggSpec, arrival, wire_device: torch.device):
             add(long_index)
         if not engine.has_unfinished_requests():
             if not arrival.wait(timeout=spec.timeouts.idle_s):
-                raise DisaggError(f"The decode worker did not signal the long prompt's arrival within {spec.timeouts.idle_s:g} s.")
+                raise DisaggError(
+                    f"The decode worker did not signal the long prompt's arrival within {spec.timeouts.idle_s:g} s."
+                )
             continue
         record = engine.step()
         for request_id in record.sampled_token_ids:
             index, request = requests[request_id]
             payload = gather_request_kv(engine.kv_cache, request.block_table, request.num_prompt_tokens)
             header = KVHeader(
-                index, request.num_prompt_tokens, request.output_token_ids[0], request.arrival_time, request.first_token_time, time.perf_counter()
+                index, request.num_prompt_tokens, request.output_token_ids[0], request.arrival_time,
+                request.first_token_time, time.perf_counter(),
             )
-            before_payload = {"prefill_killed_mid_transfer": _kill_self, "transfer_stalls": lambda: time.sleep(10 * spec.timeouts.run_s)}.get(spec.fault)
+            before_payload = {
+                "prefill_killed_mid_transfer": _kill_self,
+                "transfer_stalls": lambda: time.sleep(10 * spec.timeouts.run_s),
+            }.get(spec.fault)
             sent = send_request_kv(header, payload, DECODE_RANK, wire_device, spec.timeouts.transfer_s, before_payload)
-            transfers.append(TransferRecord(request_id, header.num_tokens, payload.nelement() * payload.element_size(), header.send_start_time, sent))
+            transfers.append(TransferRecord(
+                request_id, header.num_tokens, payload.nelement() * payload.element_size(), header.send_start_time, sent
+            ))
             payloads[request_id] = payload
             engine.abort_request(request_id)  # handed off: its blocks are free for the next prompt
     return engine, transfers, payloads
@@ -149,7 +167,9 @@ def _decode_loop(model, spec: DisaggSpec, arrival, wire_device: torch.device):
     work = spec.workload
     engine = LLMEngine(model, None, work.engine_config(enable_chunked_prefill=True))
     inbox: queue.Queue = queue.Queue()
-    receiver = threading.Thread(target=_receive_all, args=(spec, engine, wire_device, inbox), name="kv-receiver", daemon=True)
+    receiver = threading.Thread(
+        target=_receive_all, args=(spec, engine, wire_device, inbox), name="kv-receiver", daemon=True
+    )
     receiver.start()
     short_ids = spec.request_ids[: len(work.short_prompts)]
     admitted, transfers, payloads = {}, [], {}
@@ -172,13 +192,18 @@ def _decode_loop(model, spec: DisaggSpec, arrival, wire_device: torch.device):
             request_id = spec.request_ids[header.request_index]
             params = SamplingParams(max_new_tokens=spec.max_new_tokens(header.request_index))
             prompt = list(spec.prompts[header.request_index])
-            request = engine.add_prefilled_request(prompt, header.first_token_id, params, request_id, header.arrival_time, header.first_token_time)
+            request = engine.add_prefilled_request(
+                prompt, header.first_token_id, params, request_id, header.arrival_time, header.first_token_time
+            )
             write_request_kv(engine.kv_cache, request.block_table, payload)
             num_bytes = payload.nelement() * payload.element_size()
-            transfers.append(TransferRecord(request_id, header.num_tokens, num_bytes, header.send_start_time, None, received, time.perf_counter()))
+            transfers.append(TransferRecord(
+                request_id, header.num_tokens, num_bytes, header.send_start_time, None, received, time.perf_counter()
+            ))
             admitted[request_id], payloads[request_id] = request, payload
         if not arrival.is_set() and all(
-            rid in admitted and (len(admitted[rid].output_token_ids) >= work.arrival_step or admitted[rid].is_finished) for rid in short_ids
+            rid in admitted and (len(admitted[rid].output_token_ids) >= work.arrival_step or admitted[rid].is_finished)
+            for rid in short_ids
         ):
             arrival.set()  # the long prompt "arrives" at the prefill worker now
         if engine.has_unfinished_requests():

@@ -64,7 +64,8 @@ class ChunkedWorkload:
     block_size: int = 16
 
     def __post_init__(self) -> None:
-        EngineConfig(block_size=self.block_size, token_budget=self.token_budget)  # impossible values fail here (ConfigError)
+        # impossible values fail here (ConfigError)
+        EngineConfig(block_size=self.block_size, token_budget=self.token_budget)
         if not self.long_prompt or any(not prompt for prompt in self.short_prompts):
             raise RequestError("Every prompt of the workload needs at least one token.")
         if self.arrival_step < 0:
@@ -77,7 +78,9 @@ class ChunkedWorkload:
     @property
     def num_blocks(self) -> int:
         """KV blocks for every request at once: nobody is ever preempted, and no memory is wasted."""
-        prompts = [(p, self.short_max_new_tokens) for p in self.short_prompts] + [(self.long_prompt, self.long_max_new_tokens)]
+        prompts = [(p, self.short_max_new_tokens) for p in self.short_prompts] + [
+            (self.long_prompt, self.long_max_new_tokens)
+        ]
         return sum(math.ceil((len(p) + n) / self.block_size) for p, n in prompts)
 
     def engine_config(self, enable_chunked_prefill: bool) -> EngineConfig:
@@ -180,11 +183,16 @@ def run_workload(
     """
     engine = LLMEngine(model, None, workload.engine_config(enable_chunked_prefill), model_id=model_id)
     for i, prompt in enumerate(workload.short_prompts):
-        engine.add_request(list(prompt), SamplingParams(max_new_tokens=workload.short_max_new_tokens), request_id=short_request_id(i))
+        engine.add_request(
+            list(prompt), SamplingParams(max_new_tokens=workload.short_max_new_tokens), request_id=short_request_id(i)
+        )
     if workload.arrival_step > 0 and engine.has_unfinished_requests():
         engine.run(max_steps=workload.arrival_step, progress=progress)
     steps_before = len(engine.steps)
-    engine.add_request(list(workload.long_prompt), SamplingParams(max_new_tokens=workload.long_max_new_tokens), request_id=LONG_REQUEST_ID)
+    engine.add_request(
+        list(workload.long_prompt), SamplingParams(max_new_tokens=workload.long_max_new_tokens),
+        request_id=LONG_REQUEST_ID,
+    )
     return engine.run(progress=offset_progress(progress, steps_before))
 
 
@@ -268,7 +276,9 @@ class ChunkedComparison:
         return compare_outputs(self.off, self.on)
 
 
-def compare_chunking(model, workload: ChunkedWorkload, progress: StepProgress | None = None, model_id: str = "") -> ChunkedComparison:
+def compare_chunking(
+    model, workload: ChunkedWorkload, progress: StepProgress | None = None, model_id: str = ""
+) -> ChunkedComparison:
     """Warm up, then run the workload with chunking off and on (same tokens, greedy).
 
     ``progress`` counts steps across both runs.

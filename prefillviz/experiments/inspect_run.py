@@ -89,7 +89,8 @@ def run_inspection(
     progress = make_progress(math.ceil(request.num_prompt_tokens / token_budget)) if make_progress else None
     trace = run_captured(engine, progress=progress, capture_level="inspect")
     return InspectionRun(
-        **prompt_fields(loaded.model_id, loaded.tokenizer, prompt, request), trace=trace, chunk_size=chunk_size, source=source
+        **prompt_fields(loaded.model_id, loaded.tokenizer, prompt, request), trace=trace, chunk_size=chunk_size,
+        source=source,
     )
 
 
@@ -164,11 +165,16 @@ def kv_write_table(trace: Trace, request_id: str, quantity: str = "key_norm") ->
     positions, matrix = kv_write_matrix(trace, request_id, quantity)
     num_layers = matrix.shape[0]
     return pd.DataFrame(
-        {"layer": np.repeat(np.arange(num_layers), len(positions)), "position": np.tile(positions, num_layers), quantity: matrix.ravel()}
+        {
+            "layer": np.repeat(np.arange(num_layers), len(positions)), "position": np.tile(positions, num_layers),
+            quantity: matrix.ravel(),
+        }
     )
 
 
-def attention_summaries(run: InspectionRun, progress: Callable[[int, int], None] | None = None) -> dict[str, np.ndarray]:
+def attention_summaries(
+    run: InspectionRun, progress: Callable[[int, int], None] | None = None
+) -> dict[str, np.ndarray]:
     """Entropy, sink score and mean look-back of every head, rebuilt from the captured q/k.
 
     Args:

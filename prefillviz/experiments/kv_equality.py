@@ -85,11 +85,17 @@ class EqualityCheck:
         in a closer race (a near tie, which rounding may decide), the token-by-token top is one of the tied."""
         if self.parallel_top_token_id == self.token_by_token_top_token_id:
             return True
-        return self.top_two_margin <= 2 * self.logits_allowed and self.token_by_token_top_logit_gap <= 2 * self.logits_allowed
+        return (
+            self.top_two_margin <= 2 * self.logits_allowed
+            and self.token_by_token_top_logit_gap <= 2 * self.logits_allowed
+        )
 
     def describe_tolerance(self) -> str:
         """The bound in words (dtype, steps, sums) and as a number."""
-        return f"{rounding.describe(self.dtype, rounding.TWO_FORWARDS_STEPS, self.longest_sum)}: {self.relative_tolerance:.1e} of the largest value"
+        return (
+            f"{rounding.describe(self.dtype, rounding.TWO_FORWARDS_STEPS, self.longest_sum)}: "
+            f"{self.relative_tolerance:.1e} of the largest value"
+        )
 
     @property
     def num_layers(self) -> int:
@@ -105,7 +111,10 @@ class EqualityCheck:
 
     def relative_diffs(self, which: str) -> list[float]:
         """Per layer, max |difference| over the layer's max |value|, of the ``"keys"`` or the ``"values"``."""
-        diffs, scales = (self.key_max_abs_diff, self.key_max_abs) if which == "keys" else (self.value_max_abs_diff, self.value_max_abs)
+        diffs, scales = (
+            (self.key_max_abs_diff, self.key_max_abs) if which == "keys"
+            else (self.value_max_abs_diff, self.value_max_abs)
+        )
         return [diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf) for diff, scale in zip(diffs, scales)]
 
     @property
@@ -124,7 +133,9 @@ class EqualityCheck:
         return [
             {"layer": i, "key_max_abs_diff": k, "key_max_abs": km, "value_max_abs_diff": v, "value_max_abs": vm,
              "key_allowed": self.relative_tolerance * km, "value_allowed": self.relative_tolerance * vm}
-            for i, (k, km, v, vm) in enumerate(zip(self.key_max_abs_diff, self.key_max_abs, self.value_max_abs_diff, self.value_max_abs))
+            for i, (k, km, v, vm) in enumerate(
+                zip(self.key_max_abs_diff, self.key_max_abs, self.value_max_abs_diff, self.value_max_abs)
+            )
         ]
 
 
@@ -133,7 +144,9 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum()
 
 
-def compare_inspections(parallel: Trace, token_by_token: Trace, longest_sum: int, request_id: str = REQUEST_ID) -> EqualityCheck:
+def compare_inspections(
+    parallel: Trace, token_by_token: Trace, longest_sum: int, request_id: str = REQUEST_ID
+) -> EqualityCheck:
     """Compare the K/V written in every layer and the first-token logits of two inspection passes.
 
     Args:

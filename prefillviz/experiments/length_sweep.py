@@ -114,7 +114,10 @@ class SweepResult:
 
     def fit_rows(self) -> list[dict]:
         return [
-            {"way": way, "a_s": f.a_s, "b_s_per_token": f.b_s_per_token, "c_s_per_token2": f.c_s_per_token2, "r_squared": f.r_squared}
+            {
+                "way": way, "a_s": f.a_s, "b_s_per_token": f.b_s_per_token, "c_s_per_token2": f.c_s_per_token2,
+                "r_squared": f.r_squared,
+            }
             for way, f in self.fits.items()
         ]
 
@@ -122,7 +125,9 @@ class SweepResult:
 def _check_sizes(name: str, sizes: Sequence[int], limit: float) -> list[int]:
     sizes = sorted({int(n) for n in sizes})
     if len(sizes) < 3:
-        raise ConfigError(f"The {name} sweep needs at least 3 different prompt lengths for the fit t = a + bN + cN²; pick more sizes.")
+        raise ConfigError(
+            f"The {name} sweep needs at least 3 different prompt lengths for the fit t = a + bN + cN²; pick more sizes."
+        )
     if sizes[0] < 1 or sizes[-1] + 1 > limit:
         raise ConfigError(f"The {name} sweep's prompt lengths must lie in 1..{int(limit) - 1}.")
     return sizes
@@ -150,7 +155,9 @@ def run_sweep(
     parallel_sizes = _check_sizes(PARALLEL, parallel_sizes, limit)
     sequential_sizes = _check_sizes(TOKEN_BY_TOKEN, sequential_sizes, limit)
     parallel_runs, sequential_runs = max(1, parallel_runs), max(1, sequential_runs)
-    counter = ProgressCounter(progress, len(parallel_sizes) * (parallel_runs + 1) + sum(sequential_sizes) * sequential_runs)
+    counter = ProgressCounter(
+        progress, len(parallel_sizes) * (parallel_runs + 1) + sum(sequential_sizes) * sequential_runs
+    )
 
     counter.advance("warming up", 0)
     warm_up_both_ways(model, tokenizer, token_ids_of_length(tokenizer, info.vocab_size, 8))
@@ -167,7 +174,8 @@ def run_sweep(
         traces = []
         for run in range(sequential_runs):
             label = f"token-by-token N={n}, run {run + 1}"
-            on_step = counter.per_step(lambda step: f"{label}: step {step} of {n}")  # noqa: B023 (called during this run)
+            # the lambda is called during this run
+            on_step = counter.per_step(lambda step: f"{label}: step {step} of {n}")  # noqa: B023
             traces.append(run_way(model, tokenizer, token_ids, 1, progress=on_step))
         points[TOKEN_BY_TOKEN].append(_length_point(TOKEN_BY_TOKEN, n, traces))
     fits = {

@@ -61,16 +61,21 @@ class OnePrompt:
     """
 
     def __init__(
-        self, model: Any, tokenizer: Any, prompt: str | list[int], token_budget: int | None = None, capture_level: str = "none",
+        self, model: Any, tokenizer: Any, prompt: str | list[int], token_budget: int | None = None,
+        capture_level: str = "none",
         max_new_tokens: int = 1, request_id: str | None = None, model_id: str = "", **config: Any,
     ) -> None:
         token_budget = token_budget or (len(prompt) if isinstance(prompt, list) else 8192)
         num_tokens = len(prompt) + max_new_tokens if isinstance(prompt, list) else None
         self.engine = one_request_engine(model, tokenizer, token_budget, num_tokens, model_id, **config)
-        self.prompt, self.capture_level, self.max_new_tokens, self.request_id = prompt, capture_level, max_new_tokens, request_id
+        self.prompt, self.capture_level, self.max_new_tokens, self.request_id = (
+            prompt, capture_level, max_new_tokens, request_id
+        )
 
     def __call__(self, progress: StepProgress | None = None) -> tuple[Trace, str]:
-        request = self.engine.add_request(self.prompt, SamplingParams(max_new_tokens=self.max_new_tokens), request_id=self.request_id)
+        request = self.engine.add_request(
+            self.prompt, SamplingParams(max_new_tokens=self.max_new_tokens), request_id=self.request_id
+        )
         trace = run_captured(self.engine, capture_level=self.capture_level, progress=progress)
         return trace, request.request_id
 
@@ -93,4 +98,6 @@ def run_one(
     **config: Any,
 ) -> tuple[Trace, str]:
     """One request on a fresh engine (``OnePrompt``, called once); returns (its trace, the request's id)."""
-    return OnePrompt(model, tokenizer, prompt, token_budget, capture_level, max_new_tokens, request_id, model_id, **config)(progress)
+    return OnePrompt(
+        model, tokenizer, prompt, token_budget, capture_level, max_new_tokens, request_id, model_id, **config
+    )(progress)

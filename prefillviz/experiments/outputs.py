@@ -24,4 +24,7 @@ class OutputCheck:
 
 def compare_outputs(reference: Trace, run: Trace) -> list[OutputCheck]:
     """Each request of ``reference`` with its output tokens in both runs."""
-    return [OutputCheck(rid, reference.requests[rid].output_token_ids, run.requests[rid].output_token_ids) for rid in reference.requests]
+    return [
+        OutputCheck(rid, reference.requests[rid].output_token_ids, run.requests[rid].output_token_ids)
+        for rid in reference.requests
+    ]

@@ -75,8 +75,30 @@ def kv_reread_tokens(prompt_tokens: int, chunk_size: int) -> int:
     return sum(start for start in range(0, prompt_tokens, chunk_size))
 
 
+def way_name(chunk_size: int) -> str:
+    """One way of prefilling in words (progress messages): "whole", or "chunks of c"."""
+    return "whole" if chunk_size == WHOLE else f"chunks of {chunk_size}"
+
+
+def chunk_cost_points(
+    prompt_tokens: int, ways: list[int], times_ms: dict[int, list[float]], steps: dict[int, int]
+) -> list[ChunkCostPoint]:
+    """One prompt length's points from its timed runs (TTFT in ms and steps, by chunk size): each way's
+    median, and its overhead over the whole prefill's."""
+    whole = statistics.median(times_ms[WHOLE])
+    points = []
+    for c in ways:
+        median = statistics.median(times_ms[c])
+        points.append(ChunkCostPoint(
+            prompt_tokens, c, steps[c], median, times_ms[c], median / whole, steps[c],
+            kv_reread_tokens(prompt_tokens, c),
+        ))
+    return points
+
+
 def run_chunk_cost(
-    loaded_or_pair, prompt_sizes: list[int], chunk_sizes: list[int], runs: int = 2, progress: FractionProgress | None = None
+    loaded_or_pair, prompt_sizes: list[int], chunk_sizes: list[int], runs: int = 2,
+    progress: FractionProgress | None = None,
 ) -> ChunkCostResult:
     """Each prompt length whole and in each chunk size smaller than it; ``runs`` timed runs each
     after one untimed round, the ways interleaved run by run.
@@ -105,9 +127,6 @@ def run_chunk_cost(
                 if run > 0:
                     times[c].append(trace.requests[request_id].time_to_first_token_s * 1000)
                 steps[c] = trace.num_steps
-                counter.advance(f"N={n:,}, {'whole' if c == WHOLE else f'chunks of {c}'}: round {run + 1} of {runs + 1} (the first warms up)")
-        whole = statistics.median(times[WHOLE])
-        for c in ways:
-            median = statistics.median(times[c])
-            points.append(ChunkCostPoint(n, c, steps[c], median, times[c], median / whole, steps[c], kv_reread_tokens(n, c)))
+                counter.advance(f"N={n:,}, {way_name(c)}: round {run + 1} of {runs + 1} (the first warms up)")
+        points.extend(chunk_cost_points(n, ways, times, steps))
     return ChunkCostResult(model_id, *device_and_dtype(model), runs, points)

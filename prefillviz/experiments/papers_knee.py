@@ -60,7 +60,9 @@ def fit_knee(num_tokens: list[int], times_ms: list[float]) -> KneeFit:
     if len(np.unique(n)) < 3:
         raise ConfigError("Finding a knee needs at least 3 different prompt lengths.")
     sizes = np.unique(n)
-    candidates = sorted({float(a + (b - a) * i / 8) for a, b in zip(sizes, sizes[1:]) for i in range(8)} | {float(sizes[-1])})
+    candidates = sorted(
+        {float(a + (b - a) * i / 8) for a, b in zip(sizes, sizes[1:]) for i in range(8)} | {float(sizes[-1])}
+    )
     best = None
     for k in candidates:
         design = np.stack([np.ones_like(n), np.maximum(0.0, n - k)], axis=1)
@@ -115,11 +117,16 @@ def check_sizes(model, sizes: list[int]) -> list[int]:
     sizes = sorted({int(n) for n in sizes})
     limit = model_shape(model).max_context or math.inf
     if len(sizes) < 3 or sizes[0] < 1 or sizes[-1] + 1 > limit:
-        raise ConfigError(f"Pick at least 3 different prompt lengths from 1 to {limit - 1 if limit != math.inf else 'the context'}.")
+        raise ConfigError(
+            f"Pick at least 3 different prompt lengths from 1 to {limit - 1 if limit != math.inf else 'the context'}."
+        )
     return sizes
 
 
-def run_knee(loaded_or_pair, sizes=DEFAULT_SIZES, runs: int = 3, peaks: MachinePeaks | None = None, progress: FractionProgress | None = None) -> KneeResult:
+def run_knee(
+    loaded_or_pair, sizes=DEFAULT_SIZES, runs: int = 3, peaks: MachinePeaks | None = None,
+    progress: FractionProgress | None = None,
+) -> KneeResult:
     """TTFT of a one-step prefill at each N (median of ``runs`` after one untimed run of each shape).
 
     Raises:
@@ -139,4 +146,7 @@ def run_knee(loaded_or_pair, sizes=DEFAULT_SIZES, runs: int = 3, peaks: MachineP
             counter.advance(f"N={n:,}: round {run + 1} of {runs + 1} (the first warms up)")
     medians = [statistics.median(all_runs[n]) for n in sizes]
     ridge = ridge_tokens(model, peaks) if peaks is not None else None
-    return KneeResult(model_id, *device_and_dtype(model), sizes, medians, [all_runs[n] for n in sizes], fit_knee(sizes, medians), ridge, peaks)
+    return KneeResult(
+        model_id, *device_and_dtype(model), sizes, medians, [all_runs[n] for n in sizes], fit_knee(sizes, medians),
+        ridge, peaks,
+    )

@@ -34,7 +34,8 @@ SHORT_PROMPT_TOKENS = 16  # each decoding user's prompt
 
 def _engine(model, token_budget: int, num_tokens: int) -> LLMEngine:
     config = EngineConfig(
-        token_budget=token_budget, enable_prefix_caching=False, num_blocks=num_tokens // 16 + 8, **hosted_policy().engine_limits()
+        token_budget=token_budget, enable_prefix_caching=False, num_blocks=num_tokens // 16 + 8,
+        **hosted_policy().engine_limits(),
     )
     return LLMEngine(model, None, config)
 
@@ -110,30 +111,48 @@ class PiggybackResult:
 
     @property
     def mixed_over_prefill(self) -> float:
-        """The mixed step's time over the prefill-alone step's (same C tokens): what swapping 3 prompt tokens for 3 decodes costs."""
+        """The mixed step's time over the prefill-alone step's (same C tokens): what swapping 3 prompt tokens
+        for 3 decodes costs."""
         return self.mixed_ms / self.prefill_alone_ms
 
     def rows(self) -> list[dict]:
         c, k = self.chunk_tokens, NUM_PIGGYBACKED
         return [
-            {"batch": f"decode-only ({NUM_DECODES} decodes)", "prefill_tokens": 0, "decode_tokens": NUM_DECODES, "step_ms": self.decode_only_ms, "per_token_ms": self.decode_only_per_token_ms},
-            {"batch": f"prefill alone ({c} tokens)", "prefill_tokens": c, "decode_tokens": 0, "step_ms": self.prefill_alone_ms, "per_token_ms": self.prefill_alone_per_token_ms},
-            {"batch": f"mixed ({c - k} prefill + {k} decodes)", "prefill_tokens": c - k, "decode_tokens": k, "step_ms": self.mixed_ms, "per_token_ms": self.mixed_per_token_ms},
+            {
+                "batch": f"decode-only ({NUM_DECODES} decodes)", "prefill_tokens": 0, "decode_tokens": NUM_DECODES,
+                "step_ms": self.decode_only_ms, "per_token_ms": self.decode_only_per_token_ms,
+            },
+            {
+                "batch": f"prefill alone ({c} tokens)", "prefill_tokens": c, "decode_tokens": 0,
+                "step_ms": self.prefill_alone_ms, "per_token_ms": self.prefill_alone_per_token_ms,
+            },
+            {
+                "batch": f"mixed ({c - k} prefill + {k} decodes)", "prefill_tokens": c - k, "decode_tokens": k,
+                "step_ms": self.mixed_ms, "per_token_ms": self.mixed_per_token_ms,
+            },
         ]
 
 
-def run_piggyback(loaded_or_pair, chunk_tokens: int = 512, runs: int = 3, progress: FractionProgress | None = None) -> PiggybackResult:
+def run_piggyback(
+    loaded_or_pair, chunk_tokens: int = 512, runs: int = 3, progress: FractionProgress | None = None
+) -> PiggybackResult:
     """Time the three steps ``runs`` times each (after one untimed round), interleaved; medians.
 
     Raises:
         RequestError: a chunk too small to hold the 3 decodes and a prompt token.
     """
     if chunk_tokens <= NUM_PIGGYBACKED:
-        raise RequestError(f"The chunk must hold the {NUM_PIGGYBACKED} decodes and at least one prompt token: pick C > {NUM_PIGGYBACKED}.")
+        raise RequestError(
+            f"The chunk must hold the {NUM_PIGGYBACKED} decodes and at least one prompt token: "
+            f"pick C > {NUM_PIGGYBACKED}."
+        )
     model, tokenizer, model_id = model_tokenizer_and_id(loaded_or_pair)
     vocab_size = model.config.vocab_size
     text = token_ids_of_length(tokenizer, vocab_size, chunk_tokens + SHORT_PROMPT_TOKENS * NUM_DECODES)
-    users = [text[chunk_tokens + i * SHORT_PROMPT_TOKENS : chunk_tokens + (i + 1) * SHORT_PROMPT_TOKENS] for i in range(NUM_DECODES)]
+    users = [
+        text[chunk_tokens + i * SHORT_PROMPT_TOKENS : chunk_tokens + (i + 1) * SHORT_PROMPT_TOKENS]
+        for i in range(NUM_DECODES)
+    ]
     counter = ProgressCounter(progress, 3 * (runs + 1))
     short_warm_up(model)
     times: dict[str, list[float]] = {"decode-only": [], "prefill alone": [], "mixed": []}
@@ -149,5 +168,6 @@ def run_piggyback(loaded_or_pair, chunk_tokens: int = 512, runs: int = 3, progre
             counter.advance(f"round {run + 1} of {runs + 1} (the first warms up): {name}")
     medians = {name: statistics.median(values) for name, values in times.items()}
     return PiggybackResult(
-        model_id, *device_and_dtype(model), chunk_tokens, runs, medians["decode-only"], medians["prefill alone"], medians["mixed"], times
+        model_id, *device_and_dtype(model), chunk_tokens, runs, medians["decode-only"], medians["prefill alone"],
+        medians["mixed"], times
     )

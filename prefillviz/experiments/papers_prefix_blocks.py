@@ -48,7 +48,10 @@ def block_prompts(tokenizer, vocab_size: int, prefix_tokens: int) -> tuple[list[
 def cached_tokens_of_second(model, first: list[int], second: list[int], block_size: int) -> int:
     """Run ``first`` then ``second`` on one fresh engine (prefix cache on); the second's cached tokens."""
     blocks = -(-(len(first) + 1) // block_size) + -(-(len(second) + 1) // block_size) + 2
-    config = EngineConfig(block_size=block_size, token_budget=max(len(first), len(second)), enable_prefix_caching=True, num_blocks=blocks, **hosted_policy().engine_limits())
+    config = EngineConfig(
+        block_size=block_size, token_budget=max(len(first), len(second)), enable_prefix_caching=True, num_blocks=blocks,
+        **hosted_policy().engine_limits(),
+    )
     engine = LLMEngine(model, None, config)
     for request_id, prompt in (("first", first), ("second", second)):
         engine.add_request(prompt, SamplingParams(max_new_tokens=1), request_id=request_id)
@@ -81,17 +84,21 @@ class BlockHitResult:
 
     def rows(self) -> list[dict]:
         return [
-            {"engine": self.engine, "block_size": p.block_size, "shared_prefix_tokens": p.prefix_tokens, "cached_tokens": p.cached_tokens,
+            {"engine": self.engine, "block_size": p.block_size, "shared_prefix_tokens": p.prefix_tokens,
+             "cached_tokens": p.cached_tokens,
              "whole_blocks_x_block_size": p.expected_tokens, "hit_percent_of_prefix": p.hit_percent}
             for p in self.points
         ]
 
     def cached(self, block_size: int, prefix_tokens: int) -> int:
-        return next(p.cached_tokens for p in self.points if p.block_size == block_size and p.prefix_tokens == prefix_tokens)
+        return next(
+            p.cached_tokens for p in self.points if p.block_size == block_size and p.prefix_tokens == prefix_tokens
+        )
 
 
 def prefix_lengths(block_sizes: list[int], num_blocks: int = 3) -> list[int]:
-    """Lengths around every block edge of each block size (B-1, B, B+1 for B up to ``num_blocks`` blocks of the largest), plus a few between."""
+    """Lengths around every block edge of each block size (B-1, B, B+1 for B up to ``num_blocks`` blocks of the
+    largest), plus a few between."""
     largest = max(block_sizes)
     lengths = {max(1, k * b + d) for b in block_sizes for k in range(1, num_blocks * largest // b + 1) for d in (-1, 0)}
     lengths |= {largest * num_blocks * i // 8 for i in range(1, 9)}
@@ -105,7 +112,9 @@ def check_block_sizes(block_sizes: list[int]) -> list[int]:
     return sizes
 
 
-def run_block_hits(loaded_or_pair, block_sizes: list[int], lengths: list[int] | None = None, progress: FractionProgress | None = None) -> BlockHitResult:
+def run_block_hits(
+    loaded_or_pair, block_sizes: list[int], lengths: list[int] | None = None, progress: FractionProgress | None = None
+) -> BlockHitResult:
     """The second request's cached tokens for each block size and shared-prefix length (our engine).
 
     Raises:
@@ -155,18 +164,25 @@ class LongOutputSaving:
         for k in range(1, self.output_tokens + 1):
             if k > 1:
                 t_on, t_off = t_on + on.inter_token_times_s[k - 2], t_off + off.inter_token_times_s[k - 2]
-            rows.append({"output_tokens": k, "time_on_ms": t_on * 1000, "time_off_ms": t_off * 1000, "saved_percent": 100 * (t_off - t_on) / t_off})
+            rows.append({
+                "output_tokens": k, "time_on_ms": t_on * 1000, "time_off_ms": t_off * 1000,
+                "saved_percent": 100 * (t_off - t_on) / t_off,
+            })
         return rows
 
 
-def run_long_output_saving(model, tokenizer, prefix_tokens: int, output_tokens: int, model_id: str = "", progress=None) -> LongOutputSaving:
+def run_long_output_saving(
+    model, tokenizer, prefix_tokens: int, output_tokens: int, model_id: str = "", progress=None
+) -> LongOutputSaving:
     """Two questions on the first ``prefix_tokens`` of the Prefix cache page's document, ``output_tokens``
     new tokens each, cache on and off; the second question's TTFT and whole time, both ways."""
     prefix_text, template = prefix.SHARED_PREFIXES["Questions about one long document"]
     ids = tokenizer(prefix_text)["input_ids"]
     if prefix_tokens < len(ids):
         prefix_text = tokenizer.decode(ids[:prefix_tokens])
-    stream = prefix.build_stream(tokenizer, prefix_text, list(prefix.QUESTIONS[:2]), template, output_tokens, other_user_after=None)
+    stream = prefix.build_stream(
+        tokenizer, prefix_text, list(prefix.QUESTIONS[:2]), template, output_tokens, other_user_after=None
+    )
     experiment = prefix.run_prefix_experiment(model, stream, None, progress, model_id)
     on, off = experiment.cache_on.trace.requests["q2"], experiment.cache_off.trace.requests["q2"]
 
@@ -175,7 +191,8 @@ def run_long_output_saving(model, tokenizer, prefix_tokens: int, output_tokens: 
 
     device, dtype = device_and_dtype(model)
     return LongOutputSaving(
-        model_id, device, dtype, on.num_prompt_tokens, on.num_cached_tokens, len(on.output_token_ids), on.time_to_first_token_s * 1000,
+        model_id, device, dtype, on.num_prompt_tokens, on.num_cached_tokens, len(on.output_token_ids),
+        on.time_to_first_token_s * 1000,
         off.time_to_first_token_s * 1000, total_ms(on), total_ms(off), experiment,
     )
 

@@ -24,7 +24,14 @@ from prefillviz.engine.request_checks import check_prompt_text
 from prefillviz.engine.trace import Trace
 from prefillviz.experiments.kv_equality import EqualityCheck, compare_inspections
 from prefillviz.experiments.model_setup import device_and_dtype, model_tokenizer_and_id
-from prefillviz.experiments.ways import PARALLEL, REQUEST_ID, TOKEN_BY_TOKEN, run_way, time_to_first_token_s, warm_up_both_ways
+from prefillviz.experiments.ways import (
+    PARALLEL,
+    REQUEST_ID,
+    TOKEN_BY_TOKEN,
+    run_way,
+    time_to_first_token_s,
+    warm_up_both_ways,
+)
 from prefillviz.machine.load import LoadReading, MachineLoad
 from prefillviz.machine.progress import FractionProgress, ProgressCounter, StepProgress
 
@@ -55,7 +62,9 @@ class WayRun:
         """Keeps the timing run with the median time to first token (the lower one of an even count)."""
         times = [time_to_first_token_s(trace) for trace in timings]
         median_run = sorted(range(len(times)), key=times.__getitem__)[(len(times) - 1) // 2]
-        return cls(way, token_budget, timings[median_run], times, inspection.num_steps, time_to_first_token_s(inspection))
+        return cls(
+            way, token_budget, timings[median_run], times, inspection.num_steps, time_to_first_token_s(inspection)
+        )
 
     @property
     def record(self):
@@ -181,7 +190,9 @@ def prompt_token_ids(tokenizer: Any, prompt: str | list[int], max_tokens: int | 
     return token_ids[:max_tokens] if max_tokens else token_ids, len(token_ids)
 
 
-def _prompt_roofline_points(model: Any, parallel: WayRun, token_by_token: WayRun, num_tokens: int) -> list[RooflinePoint]:
+def _prompt_roofline_points(
+    model: Any, parallel: WayRun, token_by_token: WayRun, num_tokens: int
+) -> list[RooflinePoint]:
     """This prompt on the roofline: the parallel step, and all token-by-token steps together
     (their FLOPs, bytes and forward times summed)."""
     cost = engine_step_costs(model, num_tokens, num_tokens)
@@ -193,8 +204,14 @@ def _prompt_roofline_points(model: Any, parallel: WayRun, token_by_token: WayRun
     parallel_label = f"this prompt, parallel (1 step, N={num_tokens})"
     token_by_token_label = f"this prompt, token-by-token ({token_by_token.num_steps} steps together)"
     return [
-        RooflinePoint.measured(parallel_label, PARALLEL, num_tokens, num_tokens, cost.total_flops, cost.total_bytes, parallel.forward_time_s),
-        RooflinePoint.measured(token_by_token_label, TOKEN_BY_TOKEN, num_tokens, num_tokens, flops, bytes_moved, token_by_token.forward_time_s),
+        RooflinePoint.measured(
+            parallel_label, PARALLEL, num_tokens, num_tokens, cost.total_flops, cost.total_bytes,
+            parallel.forward_time_s,
+        ),
+        RooflinePoint.measured(
+            token_by_token_label, TOKEN_BY_TOKEN, num_tokens, num_tokens, flops, bytes_moved,
+            token_by_token.forward_time_s,
+        ),
     ]
 
 
@@ -226,7 +243,8 @@ def run_both_ways(
     token_ids, length_before_cut = prompt_token_ids(tokenizer, prompt, max_tokens)
     n = len(token_ids)
     runs = max(1, parallel_timing_runs)
-    counter = ProgressCounter(progress, total_units=1 + runs + n + 1 + n)  # warm-up, timing runs (parallel, N steps), inspection (1, N steps)
+    # warm-up, timing runs (parallel, N steps), inspection (1, N steps)
+    counter = ProgressCounter(progress, total_units=1 + runs + n + 1 + n)
 
     def one_token_steps(pass_name: str) -> StepProgress | None:
         return counter.per_step(lambda steps_done: f"{pass_name}: token-by-token step {steps_done} of {n}")

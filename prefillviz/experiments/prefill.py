@@ -60,7 +60,8 @@ def run_prefill(
     token_budget: int = 8192,
     timing_runs: int = TIMING_RUNS,
 ) -> PrefillResult:
-    """Prefill ``prompt`` in one step: an untimed pass, ``timing_runs`` timing passes, then optionally an inspection pass.
+    """Prefill ``prompt`` in one step: an untimed pass, ``timing_runs`` timing passes, then optionally an
+    inspection pass.
 
     Args:
         loaded: the model.

@@ -49,7 +49,9 @@ DOCUMENT = PRESETS["Long document"][: PRESETS["Long document"].rindex("Summary")
 
 SHARED_PREFIXES = {
     # name: (shared prefix, the template of each request's own turn)
-    "Chat: one system prompt, many users": (CHAT_SYSTEM_PROMPT, "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"),
+    "Chat: one system prompt, many users": (
+        CHAT_SYSTEM_PROMPT, "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+    ),
     "Questions about one long document": (DOCUMENT, "Question: {}\nAnswer:"),
 }
 QUESTIONS = (
@@ -176,7 +178,9 @@ def request_blocks(trace: Trace, request_id: str) -> RequestBlocks:
         "hit" if i < num_hit else "computed" if (i + 1) * block_size <= record.num_prompt_tokens else "partial"
         for i in range(num_blocks)
     ]
-    return RequestBlocks(request_id, physical[:num_blocks], statuses, record.num_prompt_tokens, record.num_cached_tokens)
+    return RequestBlocks(
+        request_id, physical[:num_blocks], statuses, record.num_prompt_tokens, record.num_cached_tokens
+    )
 
 
 @dataclass
@@ -205,7 +209,8 @@ class StreamRunner:
     """
 
     def __init__(
-        self, model, stream: PrefixStream, enable_prefix_caching: bool, num_blocks: int | None, label: str, model_id: str = ""
+        self, model, stream: PrefixStream, enable_prefix_caching: bool, num_blocks: int | None, label: str,
+        model_id: str = "",
     ) -> None:
         self.engine = LLMEngine(model, None, stream.engine_config(enable_prefix_caching, num_blocks), model_id=model_id)
         self.params = SamplingParams(max_new_tokens=stream.max_new_tokens)
@@ -227,7 +232,10 @@ class StreamRunner:
         return len(engine.steps) - first
 
     def result(self) -> StreamRun:
-        return StreamRun(self.label, self.enable_prefix_caching, self.engine.num_blocks, self.engine.trace(), self.counters, self.request_steps)
+        return StreamRun(
+            self.label, self.enable_prefix_caching, self.engine.num_blocks, self.engine.trace(), self.counters,
+            self.request_steps,
+        )
 
 
 @dataclass
@@ -257,7 +265,8 @@ def estimated_num_steps(stream: PrefixStream, small_cache: bool) -> int:
 
 
 def run_prefix_experiment(
-    model, stream: PrefixStream, small_num_blocks: int | None = None, progress: StepProgress | None = None, model_id: str = ""
+    model, stream: PrefixStream, small_num_blocks: int | None = None, progress: StepProgress | None = None,
+    model_id: str = "",
 ) -> PrefixExperiment:
     """Warm up, then run the stream with the cache on, off, and (if ``small_num_blocks``) in a small cache.
 

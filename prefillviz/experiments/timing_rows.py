@@ -34,7 +34,10 @@ def layer_rows(layer_times: LayerTimes) -> list[dict]:
             "layer_ms": layer * 1e3,
         }
         for i, (attention, mlp, norms, other, layer) in enumerate(
-            zip(layer_times.attention_s, layer_times.mlp_s, layer_times.norms_s, layer_times.other_s, layer_times.layer_s)
+            zip(
+                layer_times.attention_s, layer_times.mlp_s, layer_times.norms_s, layer_times.other_s,
+                layer_times.layer_s,
+            )
         )
     ]
 
@@ -96,19 +99,26 @@ def timeline_events(chrome_trace: bytes) -> list[dict]:
             part = "layer"
         else:
             part = "norm" if "norm" in child else child
-        seen[name] = {"name": name, "layer": None if layer is None else int(layer), "part": part, "ts": float(event["ts"]), "dur": float(event["dur"])}
+        seen[name] = {
+            "name": name, "layer": None if layer is None else int(layer), "part": part, "ts": float(event["ts"]),
+            "dur": float(event["dur"]),
+        }
     if not seen:
         return []
     origin = min(row["ts"] for row in seen.values())
     rows = [
-        {"name": r["name"], "layer": r["layer"], "part": r["part"], "start_ms": (r["ts"] - origin) / 1e3, "duration_ms": r["dur"] / 1e3}
+        {
+            "name": r["name"], "layer": r["layer"], "part": r["part"], "start_ms": (r["ts"] - origin) / 1e3,
+            "duration_ms": r["dur"] / 1e3,
+        }
         for r in seen.values()
     ]
     return sorted(rows, key=lambda row: row["start_ms"])
 
 
 def predicted_vs_measured(
-    info: ModelShape | LoadedModel, num_tokens: int, layer_times: LayerTimes, peaks: MachinePeaks, last_layer_rows: int | None = None
+    info: ModelShape | LoadedModel, num_tokens: int, layer_times: LayerTimes, peaks: MachinePeaks,
+    last_layer_rows: int | None = None,
 ) -> list[dict]:
     """Roofline prediction of each layer (every layer has the same shape) next to its measured time.
 

@@ -28,7 +28,8 @@ class BackendRun:
 
     name: str
     ttft_runs_s: list[float]  # every timing pass's time to first token, in run order
-    parts_ms: dict[str, float]  # the median pass's time in attention, MLP, norms and the rest of the layers, summed over layers
+    # the median pass's time in attention, MLP, norms and the rest of the layers, summed over layers
+    parts_ms: dict[str, float]
     ran: dict[str, str]  # what the step ran (``StepRecord.ran``)
 
     @property
@@ -52,17 +53,25 @@ class BackendComparison:
 
     def rows(self) -> list[dict]:
         """One row per backend and part of the layers, in ms (a table and the figure's bars)."""
-        return [{"backend": name, "part": part, "ms": run.parts_ms[part]} for name, run in self.runs.items() for part in PARTS]
+        return [
+            {"backend": name, "part": part, "ms": run.parts_ms[part]}
+            for name, run in self.runs.items() for part in PARTS
+        ]
 
     def as_dict(self) -> dict:
         return {
             "model": self.model_id, "device": self.device, "dtype": self.dtype, "num_tokens": self.num_tokens,
             "speedup": self.speedup, "machine_load": self.machine_load.as_dict(),
-            "runs": {name: {"ttft_runs_s": run.ttft_runs_s, "parts_ms": run.parts_ms, "ran": run.ran} for name, run in self.runs.items()},
+            "runs": {
+                name: {"ttft_runs_s": run.ttft_runs_s, "parts_ms": run.parts_ms, "ran": run.ran}
+                for name, run in self.runs.items()
+            },
         }
 
 
-def compare_backends(loaded, prompt: str | list[int], timing_runs: int = 5, progress: FractionProgress | None = None) -> BackendComparison:
+def compare_backends(
+    loaded, prompt: str | list[int], timing_runs: int = 5, progress: FractionProgress | None = None
+) -> BackendComparison:
     """One untimed pass of each backend, then ``timing_runs`` timing passes of each, in turns.
 
     Raises:
@@ -70,7 +79,9 @@ def compare_backends(loaded, prompt: str | list[int], timing_runs: int = 5, prog
     """
     counter = ProgressCounter(progress, len(BACKENDS) * (timing_runs + 1))
     passes = {
-        name: OnePrompt(loaded.model, loaded.tokenizer, prompt, capture_level="timing", model_id=loaded.model_id, backend=backend)
+        name: OnePrompt(
+            loaded.model, loaded.tokenizer, prompt, capture_level="timing", model_id=loaded.model_id, backend=backend
+        )
         for name, backend in BACKENDS.items()
     }
     traces: dict[str, list] = {name: [] for name in BACKENDS}
@@ -85,11 +96,16 @@ def compare_backends(loaded, prompt: str | list[int], timing_runs: int = 5, prog
     runs = {}
     for name, passes_of_backend in traces.items():
         ttfts = [trace.requests[request_id].time_to_first_token_s for trace, request_id in passes_of_backend]
-        median_trace = passes_of_backend[sorted(range(len(ttfts)), key=ttfts.__getitem__)[(len(ttfts) - 1) // 2]][0]
-        step = median_trace.steps[0]
-        times = step.layer_times
-        parts = {"attention": times.attention_s, "mlp": times.mlp_s, "norms": times.norms_s, "other": times.other_s}
-        runs[name] = BackendRun(name, ttfts, {part: 1e3 * sum(values) for part, values in parts.items()}, dict(step.ran or {}))
+        median_pass = sorted(range(len(ttfts)), key=ttfts.__getitem__)[(len(ttfts) - 1) // 2]
+        trace, request_id = passes_of_backend[median_pass]
+        # the pass's own steps: its engine keeps the earlier passes' too
+        steps = [s for s in trace.steps if any(c.request_id == request_id for c in s.chunks)]
+        parts = {part: 0.0 for part in PARTS}
+        for step in steps:
+            times = step.layer_times
+            for part, values in zip(PARTS, (times.attention_s, times.mlp_s, times.norms_s, times.other_s)):
+                parts[part] += 1e3 * sum(values)
+        runs[name] = BackendRun(name, ttfts, parts, dict(steps[-1].ran or {}))
     trace = traces["measured"][0][0]
     num_tokens = len(trace.requests[traces["measured"][0][1]].prompt_token_ids)
     return BackendComparison(loaded.model_id, trace.device, trace.dtype, num_tokens, runs, load.reading)

@@ -24,7 +24,8 @@ def warm_up(loaded: LoadedModel) -> float:
 
     def first_runs() -> None:
         run_prefill(loaded, prompt, timing_runs=1)  # timing + inspection capture, one step
-        run_one(loaded.model, loaded.tokenizer, prompt, 1, "timing", max_new_tokens=4, model_id=loaded.model_id)  # token by token, then decodes
+        # token by token, then decodes
+        run_one(loaded.model, loaded.tokenizer, prompt, 1, "timing", max_new_tokens=4, model_id=loaded.model_id)
 
     return run_timed(first_runs, loaded.device)[0]
 

@@ -23,7 +23,8 @@ REQUEST_ID = "prompt"
 
 
 def run_way(
-    model: Any, tokenizer: Any, token_ids: list[int], token_budget: int, capture_level: str = "none", progress: StepProgress | None = None
+    model: Any, tokenizer: Any, token_ids: list[int], token_budget: int, capture_level: str = "none",
+    progress: StepProgress | None = None,
 ) -> Trace:
     """One request of ``token_ids`` (id ``REQUEST_ID``) generating its first token only, on a fresh engine."""
     return run_one(model, tokenizer, token_ids, token_budget, capture_level, progress, request_id=REQUEST_ID)[0]

@@ -84,7 +84,10 @@ def attention_map_figure(
     fig.update_yaxes(autorange="reversed")
     groups = q.shape[0] // k.shape[0]
     pooled_note = "" if bin_size == 1 else f", max-pooled to {num_bins}x{num_bins}"
-    title = f"Layer {layer}, head {head} (KV head {head // groups}): {num_tokens:,} x {num_tokens:,} causal map{pooled_note}"
+    title = (
+        f"Layer {layer}, head {head} (KV head {head // groups}): "
+        f"{num_tokens:,} x {num_tokens:,} causal map{pooled_note}"
+    )
     unit = "token" if bin_size == 1 else f"bin of {bin_size} positions"
     return style.apply_layout(fig, title, f"key position ({unit})", f"query position ({unit})", height=620)
 

@@ -26,7 +26,9 @@ def timeline_figure(trace: Trace, title: str, x_axis: str = "time", x_max: float
         x_max: the right end of the x axis, to line up two runs.
     """
     request_ids = list(trace.requests)
-    bars: dict[bool, dict[str, list]] = {kind: {"y": [], "base": [], "x": [], "text": [], "hover": []} for kind in (True, False)}
+    bars: dict[bool, dict[str, list]] = {
+        kind: {"y": [], "base": [], "x": [], "text": [], "hover": []} for kind in (True, False)
+    }
     for step in trace.steps:
         if x_axis == "time":
             base, width = step.start_time_s * 1000, step.wall_time_s * 1000
@@ -57,9 +59,14 @@ def timeline_figure(trace: Trace, title: str, x_axis: str = "time", x_max: float
         if x_axis == "time":
             arrival = long.arrival_time_s * 1000
         else:
-            arrival = next((s.step_index for s in trace.steps if s.start_time_s >= long.arrival_time_s), trace.num_steps) - 0.5
+            arrival = next(
+                (s.step_index for s in trace.steps if s.start_time_s >= long.arrival_time_s), trace.num_steps
+            ) - 0.5
         fig.add_vline(x=arrival, line={"color": style.NEUTRAL, "dash": "dash", "width": 2})
-        fig.add_annotation(x=arrival, y=1.0, yref="paper", text="long prompt arrives", showarrow=False, xanchor="left", yanchor="bottom")
+        fig.add_annotation(
+            x=arrival, y=1.0, yref="paper", text="long prompt arrives", showarrow=False,
+            xanchor="left", yanchor="bottom",
+        )
     fig.update_layout(barmode="overlay", bargap=0.25)
     fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(request_ids)))
     if x_max is not None:
@@ -133,7 +140,8 @@ def sweep_figure(sweep: BudgetSweep, title: str) -> go.Figure:
     fig.add_scatter(
         x=[p.summary.long_ttft_ms for p in chunked], y=[p.summary.itl_max_ms for p in chunked],
         mode="lines+markers+text", text=[f"budget {p.token_budget}" for p in chunked], textposition="top center",
-        name="chunking on (one point per token budget)", marker={"color": style.PREFILL, "size": 12}, line={"color": style.PREFILL},
+        name="chunking on (one point per token budget)", marker={"color": style.PREFILL, "size": 12},
+        line={"color": style.PREFILL},
     )
     fig.add_scatter(
         x=[p.summary.long_ttft_ms for p in off], y=[p.summary.itl_max_ms for p in off], mode="markers+text",
@@ -145,4 +153,6 @@ def sweep_figure(sweep: BudgetSweep, title: str) -> go.Figure:
     if xs and ys:  # room for the labels around the outermost points
         fig.update_xaxes(range=[min(xs) - 0.15 * (max(xs) - min(xs)) - 1, max(xs) + 0.15 * (max(xs) - min(xs)) + 1])
         fig.update_yaxes(range=[0, max(ys) * 1.2 + 1])
-    return style.apply_layout(fig, title, "TTFT of the long prompt (ms)", "max ITL of the decoding requests (ms)", height=480)
+    return style.apply_layout(
+        fig, title, "TTFT of the long prompt (ms)", "max ITL of the decoding requests (ms)", height=480
+    )

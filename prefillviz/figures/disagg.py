@@ -27,13 +27,15 @@ def gantt_figure(run: DisaggRun, title: str) -> go.Figure:
             if not steps:
                 continue
             fig.add_bar(
-                y=[lane] * len(steps), base=[offset + s.start_time_s * 1000 for s in steps], x=[s.wall_time_s * 1000 for s in steps],
-                orientation="h", name=f"{name} ({lane})", marker={"color": color, "line": {"color": "white", "width": 1}},
+                y=[lane] * len(steps), base=[offset + s.start_time_s * 1000 for s in steps],
+                x=[s.wall_time_s * 1000 for s in steps], orientation="h", name=f"{name} ({lane})",
+                marker={"color": color, "line": {"color": "white", "width": 1}},
                 text=[" + ".join(c.request_id for c in s.chunks) if is_prefill else str(len(s.chunks)) for s in steps],
                 textposition="inside", insidetextanchor="middle",
                 hovertext=[
                     f"{lane}, step {s.step_index}: {s.num_scheduled_tokens} token(s) of "
-                    f"{', '.join(f'{c.request_id} ({c.num_tokens})' for c in s.chunks)}<br>{s.wall_time_s * 1000:,.1f} ms"
+                    f"{', '.join(f'{c.request_id} ({c.num_tokens})' for c in s.chunks)}"
+                    f"<br>{s.wall_time_s * 1000:,.1f} ms"
                     for s in steps
                 ],
                 hoverinfo="text",
@@ -41,8 +43,9 @@ def gantt_figure(run: DisaggRun, title: str) -> go.Figure:
     for i, transfer in enumerate(run.transfers):
         start, end = (transfer.send_start_time - run.origin) * 1000, (transfer.recv_end_time - run.origin) * 1000
         fig.add_scatter(
-            x=[start, end], y=[PREFILL_LANE, DECODE_LANE], mode="lines+markers", line={"color": style.CACHE_HIT, "width": 3},
-            marker={"size": 9, "symbol": ["circle", "triangle-down"]}, name="KV transfer", legendgroup="transfer", showlegend=i == 0,
+            x=[start, end], y=[PREFILL_LANE, DECODE_LANE], mode="lines+markers",
+            line={"color": style.CACHE_HIT, "width": 3}, marker={"size": 9, "symbol": ["circle", "triangle-down"]},
+            name="KV transfer", legendgroup="transfer", showlegend=i == 0,
             hovertext=f"{transfer.request_id}: {transfer.num_bytes:,} bytes of K/V ({transfer.num_tokens} tokens) in "
             f"{transfer.transfer_s * 1000:,.2f} ms = {transfer.num_bytes / transfer.transfer_s / 1e9:,.2f} GB/s",
             hoverinfo="text",
@@ -51,7 +54,10 @@ def gantt_figure(run: DisaggRun, title: str) -> go.Figure:
     if long is not None:
         arrival = (run.decode.engine_start_time - run.origin) * 1000 + long.arrival_time_s * 1000
         fig.add_vline(x=arrival, line={"color": style.NEUTRAL, "dash": "dash", "width": 2})
-        fig.add_annotation(x=arrival, y=1.0, yref="paper", text="long prompt arrives", showarrow=False, xanchor="left", yanchor="bottom")
+        fig.add_annotation(
+            x=arrival, y=1.0, yref="paper", text="long prompt arrives", showarrow=False,
+            xanchor="left", yanchor="bottom",
+        )
     fig.update_layout(barmode="overlay", bargap=0.35)
     fig.update_yaxes(categoryorder="array", categoryarray=[DECODE_LANE, PREFILL_LANE])
     return style.apply_layout(fig, title, "time since the prefill worker's first step (ms)", "worker", height=340)
@@ -77,5 +83,7 @@ def gaps_figure(comparison: DisaggComparison, title: str) -> go.Figure:
             hovertext=hover, hoverinfo="text",
         )
     fig.add_vline(x=0, line={"color": style.NEUTRAL, "dash": "dash", "width": 2})
-    fig.add_annotation(x=0, y=1.0, yref="paper", text="long prompt arrives", showarrow=False, xanchor="left", yanchor="bottom")
+    fig.add_annotation(
+        x=0, y=1.0, yref="paper", text="long prompt arrives", showarrow=False, xanchor="left", yanchor="bottom"
+    )
     return style.apply_layout(fig, title, "when the token came, ms since the long prompt arrived", "gap before it (ms)")

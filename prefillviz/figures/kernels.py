@@ -27,7 +27,8 @@ TIMELINE_LANES = [  # (part, lane, colour): top lane first
     ("final_norm", "embedding / final norm / lm_head", style.NORMS),
     ("lm_head", "embedding / final norm / lm_head", style.DECODE),
 ]
-KERNEL_COLOURS = {1: style.EVICTED, 2: style.PREFILL, 3: style.CACHE_HIT, 4: style.DECODE, 5: style.PARTIAL}  # by version
+# by version
+KERNEL_COLOURS = {1: style.EVICTED, 2: style.PREFILL, 3: style.CACHE_HIT, 4: style.DECODE, 5: style.PARTIAL}
 
 
 def _layout(fig: go.Figure, title: str, subtitle: str, x_title: str, y_title: str, height: int = 420) -> go.Figure:
@@ -36,7 +37,8 @@ def _layout(fig: go.Figure, title: str, subtitle: str, x_title: str, y_title: st
     full_title = f"{title}<br><sup>{subtitle}</sup>" if subtitle else title
     style.apply_layout(fig, full_title, x_title, y_title, height=height + 90)
     fig.update_layout(
-        legend={"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "left", "x": 0.0}, margin={"t": 80, "b": 150}
+        legend={"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "left", "x": 0.0},
+        margin={"t": 80, "b": 150},
     )
     return fig
 
@@ -46,10 +48,16 @@ def layer_time_figure(rows: list[dict], subtitle: str = "") -> go.Figure:
     fig = go.Figure()
     layers = [row["layer"] for row in rows]
     for key, name, colour in LAYER_PARTS:
-        fig.add_bar(x=layers, y=[row[key] for row in rows], name=name, marker_color=colour, hovertemplate="layer %{x}: %{y:.3f} ms")
+        fig.add_bar(
+            x=layers, y=[row[key] for row in rows], name=name, marker_color=colour,
+            hovertemplate="layer %{x}: %{y:.3f} ms",
+        )
     fig.update_layout(barmode="relative")  # stacks (a negative part would show below zero)
     total = sum(row["layer_ms"] for row in rows)
-    return _layout(fig, f"Time per decoder layer · {len(rows)} layers, {total:,.1f} ms in all", subtitle, "decoder layer", "time (ms)")
+    return _layout(
+        fig, f"Time per decoder layer · {len(rows)} layers, {total:,.1f} ms in all", subtitle, "decoder layer",
+        "time (ms)",
+    )
 
 
 def op_table_figure(rows: list[dict], top: int = 15, subtitle: str = "") -> go.Figure:
@@ -65,10 +73,13 @@ def op_table_figure(rows: list[dict], top: int = 15, subtitle: str = "") -> go.F
             name=kind,
             marker_color=colour,
             customdata=[[row["calls"], row["total_ms"], row["gflop"] or 0.0] for row in members],
-            hovertemplate="%{y}<br>self %{x:.3f} ms · %{customdata[0]} calls · total %{customdata[1]:.3f} ms · %{customdata[2]:.3f} GFLOP",
+            hovertemplate="%{y}<br>self %{x:.3f} ms · %{customdata[0]} calls · "
+            "total %{customdata[1]:.3f} ms · %{customdata[2]:.3f} GFLOP",
         )
     fig.update_yaxes(categoryorder="array", categoryarray=[row["op"] for row in shown])
-    return _layout(fig, f"Top {len(shown)} ops by self time (under torch.profiler)", subtitle, "self time (ms)", "op", height=520)
+    return _layout(
+        fig, f"Top {len(shown)} ops by self time (under torch.profiler)", subtitle, "self time (ms)", "op", height=520
+    )
 
 
 def timeline_figure(events: list[dict], subtitle: str = "") -> go.Figure:
@@ -94,7 +105,10 @@ def timeline_figure(events: list[dict], subtitle: str = "") -> go.Figure:
     fig.update_layout(barmode="overlay", bargap=0.25)
     fig.update_yaxes(categoryorder="array", categoryarray=lanes[::-1])
     end = max((event["start_ms"] + event["duration_ms"] for event in events), default=0.0)
-    return _layout(fig, f"Timeline of one prefill · {end:,.1f} ms from embedding to lm_head", subtitle, "time since the embedding started (ms)", "", height=440)
+    return _layout(
+        fig, f"Timeline of one prefill · {end:,.1f} ms from embedding to lm_head", subtitle,
+        "time since the embedding started (ms)", "", height=440,
+    )
 
 
 def predicted_vs_measured_figure(rows: list[dict], subtitle: str = "") -> go.Figure:
@@ -102,7 +116,9 @@ def predicted_vs_measured_figure(rows: list[dict], subtitle: str = "") -> go.Fig
     layers = [row["layer"] for row in rows]
     fig = go.Figure()
     for group, name, colour in (("attention", "attention", style.ATTENTION), ("mlp", "MLP", style.MLP)):
-        fig.add_bar(x=layers, y=[row[f"measured_{group}_ms"] for row in rows], name=f"{name} measured", marker_color=colour)
+        fig.add_bar(
+            x=layers, y=[row[f"measured_{group}_ms"] for row in rows], name=f"{name} measured", marker_color=colour
+        )
         fig.add_scatter(
             x=layers,
             y=[row[f"predicted_{group}_ms"] for row in rows],
@@ -125,19 +141,32 @@ def kernel_time_figure(rows: list[dict], subtitle: str = "") -> go.Figure:
             y=[row["median_ms"]],
             name=row["kernel"],
             marker_color=KERNEL_COLOURS.get(row["version"], style.NEUTRAL),
-            error_y={"type": "data", "symmetric": False, "array": [row["max_ms"] - row["median_ms"]], "arrayminus": [row["median_ms"] - row["min_ms"]]},
-            hovertemplate=f"{row['kernel']}: median %{{y:.4f}} ms (min {row['min_ms']:.4f}, max {row['max_ms']:.4f}; {row['runs']} runs)<extra></extra>",
+            error_y={
+                "type": "data", "symmetric": False, "array": [row["max_ms"] - row["median_ms"]],
+                "arrayminus": [row["median_ms"] - row["min_ms"]],
+            },
+            hovertemplate=f"{row['kernel']}: median %{{y:.4f}} ms (min {row['min_ms']:.4f}, max {row['max_ms']:.4f}; "
+            f"{row['runs']} runs)<extra></extra>",
         )
     n = rows[0]["N"] if rows else 0
-    return _layout(fig, f"Attention kernels on N = {n:,} tokens: time", subtitle, "kernel (max |difference| from v1)", "median time per call (ms)")
+    return _layout(
+        fig, f"Attention kernels on N = {n:,} tokens: time", subtitle, "kernel (max |difference| from v1)",
+        "median time per call (ms)",
+    )
 
 
 def kernel_memory_figure(rows: list[dict], subtitle: str = "") -> go.Figure:
     """Per kernel: measured peak memory and the analytic largest intermediate tensor (MiB)."""
     labels = [row["kernel"] for row in rows]
     fig = go.Figure()
-    fig.add_bar(x=labels, y=[row["peak_memory_MiB"] for row in rows], name="measured peak (allocator, output included)", marker_color=style.PREFILL)
-    fig.add_bar(x=labels, y=[row["largest_intermediate_MiB"] for row in rows], name="largest intermediate (from shapes; v2: unknown)", marker_color=style.PARTIAL)
+    fig.add_bar(
+        x=labels, y=[row["peak_memory_MiB"] for row in rows], name="measured peak (allocator, output included)",
+        marker_color=style.PREFILL,
+    )
+    fig.add_bar(
+        x=labels, y=[row["largest_intermediate_MiB"] for row in rows],
+        name="largest intermediate (from shapes; v2: unknown)", marker_color=style.PARTIAL,
+    )
     fig.update_layout(barmode="group")
     n = rows[0]["N"] if rows else 0
     return _layout(fig, f"Attention kernels on N = {n:,} tokens: memory", subtitle, "kernel", "memory (MiB)")
@@ -146,7 +175,9 @@ def kernel_memory_figure(rows: list[dict], subtitle: str = "") -> go.Figure:
 def _sweep_lines(rows: list[dict], key: str, dash: str | None = None, suffix: str = "") -> list[go.Scatter]:
     lines, versions = [], set()
     for name in dict.fromkeys(row["kernel"] for row in rows):
-        members = sorted((row for row in rows if row["kernel"] == name and row[key] is not None), key=lambda row: row["N"])
+        members = sorted(
+            (row for row in rows if row["kernel"] == name and row[key] is not None), key=lambda row: row["N"]
+        )
         if not members:
             continue
         version = members[0]["version"]
@@ -171,16 +202,23 @@ def _log_axes(fig: go.Figure, rows: list[dict]) -> None:
     fig.update_yaxes(type="log")
 
 
-def sweep_time_figure(rows: list[dict], subtitle: str = "", title: str = "Attention time vs prompt length") -> go.Figure:
+def sweep_time_figure(
+    rows: list[dict], subtitle: str = "", title: str = "Attention time vs prompt length"
+) -> go.Figure:
     """Median time per call vs N for each kernel (log-log)."""
     fig = go.Figure(_sweep_lines(rows, "median_ms"))
     _log_axes(fig, rows)
     return _layout(fig, title, subtitle, "tokens N (log scale)", "median time per call (ms, log scale)")
 
 
-def sweep_memory_figure(rows: list[dict], subtitle: str = "", title: str = "Attention memory vs prompt length") -> go.Figure:
+def sweep_memory_figure(
+    rows: list[dict], subtitle: str = "", title: str = "Attention memory vs prompt length"
+) -> go.Figure:
     """Measured peak memory (solid) and analytic largest intermediate (dotted) vs N (log-log, MiB)."""
-    fig = go.Figure(_sweep_lines(rows, "peak_memory_MiB", suffix=" measured") + _sweep_lines(rows, "largest_intermediate_MiB", "dot", " largest intermediate"))
+    fig = go.Figure(
+        _sweep_lines(rows, "peak_memory_MiB", suffix=" measured")
+        + _sweep_lines(rows, "largest_intermediate_MiB", "dot", " largest intermediate")
+    )
     _log_axes(fig, rows)
     return _layout(fig, title, subtitle, "tokens N (log scale)", "memory (MiB, log scale)")
 
@@ -198,13 +236,18 @@ def dispatch_figure(rows: list[dict], family: str, subtitle: str = "") -> go.Fig
             name=candidate,
             x=[bucket.replace("_", " ") for bucket in buckets],
             y=[mine[b]["ms_per_layer"] if b in mine else None for b in buckets],
-            marker={"color": palette[index % len(palette)], "line": {"width": [4 if mine.get(b, {}).get("chosen") else 0 for b in buckets],
-                                                                    "color": "black"}},
+            marker={
+                "color": palette[index % len(palette)],
+                "line": {"width": [4 if mine.get(b, {}).get("chosen") else 0 for b in buckets], "color": "black"},
+            },
             text=["chosen" if mine.get(b, {}).get("chosen") else "" for b in buckets],
             textposition="outside",
             hovertemplate="%{x}: %{y:.3f} ms a layer<extra>" + candidate + "</extra>",
         )
-    _layout(fig, f"Measured dispatch: {family}, one layer per step shape", subtitle, "step shape (bucket)", "ms per layer (log)")
+    _layout(
+        fig, f"Measured dispatch: {family}, one layer per step shape", subtitle, "step shape (bucket)",
+        "ms per layer (log)",
+    )
     fig.update_layout(barmode="group")
     fig.update_yaxes(type="log")
     return fig
@@ -221,4 +264,6 @@ def backends_figure(rows: list[dict], subtitle: str = "") -> go.Figure:
         fig.add_trace(go.Bar(x=backends, y=[values.get(b, 0.0) for b in backends], name=name, marker_color=colour,
                              hovertemplate="%{x}: %{y:,.2f} ms<extra>" + name + "</extra>"))
     fig.update_layout(barmode="stack")
-    return _layout(fig, "The same prefill on the textbook and the measured backend", subtitle, "backend", "time in the layers (ms)")
+    return _layout(
+        fig, "The same prefill on the textbook and the measured backend", subtitle, "backend", "time in the layers (ms)"
+    )

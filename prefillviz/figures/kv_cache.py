@@ -33,7 +33,9 @@ def token_label(position: int, text: str) -> str:
     return f"{position} {shown}"
 
 
-def _mean_pool_columns(positions: np.ndarray, matrix: np.ndarray, max_columns: int) -> tuple[np.ndarray, np.ndarray, int]:
+def _mean_pool_columns(
+    positions: np.ndarray, matrix: np.ndarray, max_columns: int
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Average columns in bins of ceil(N / max_columns) positions; returns bin starts, pooled, bin size."""
     num = matrix.shape[1]
     bin_size = max(1, math.ceil(num / max_columns))
@@ -76,9 +78,15 @@ def kv_writes_heatmap(
         )
     )
     if token_texts is not None and bin_size == 1 and num_positions <= max_token_labels:
-        fig.update_xaxes(tickmode="array", tickvals=list(positions), ticktext=[token_label(int(p), token_texts[int(p)]) for p in positions], tickangle=-60)
+        fig.update_xaxes(
+            tickmode="array", tickvals=list(positions),
+            ticktext=[token_label(int(p), token_texts[int(p)]) for p in positions], tickangle=-60,
+        )
     x_title = "position (token)" if bin_size == 1 else f"position (token; mean over bins of {bin_size})"
-    title = f"KV writes: {KV_QUANTITIES[quantity]} per layer and position ({z.shape[0]} layers x {num_positions:,} positions)"
+    title = (
+        f"KV writes: {KV_QUANTITIES[quantity]} per layer and position "
+        f"({z.shape[0]} layers x {num_positions:,} positions)"
+    )
     return style.apply_layout(fig, title, x_title, "layer", height=520)
 
 
@@ -102,7 +110,8 @@ def block_table_figure(usage: BlockUsage, columns: int | None = None) -> go.Figu
         z[block // columns, block % columns] = state
         first = logical * usage.block_size
         hover[block // columns, block % columns] = (
-            f"block {block}: logical block {logical}, {tokens}/{usage.block_size} tokens (positions {first}–{first + tokens - 1})"
+            f"block {block}: logical block {logical}, {tokens}/{usage.block_size} tokens "
+            f"(positions {first}–{first + tokens - 1})"
         )
     colorscale = []
     for state, (_, color) in enumerate(BLOCK_STATES):
@@ -124,13 +133,18 @@ def block_table_figure(usage: BlockUsage, columns: int | None = None) -> go.Figu
     )
     counts = {"filled": usage.num_filled, "partly filled": usage.num_partial, "free": usage.num_free}
     for name, color in reversed(BLOCK_STATES):  # legend entries with the counts
-        fig.add_scatter(x=[None], y=[None], mode="markers", marker={"symbol": "square", "size": 14, "color": color}, name=f"{name}: {counts[name]:,}")
+        fig.add_scatter(
+            x=[None], y=[None], mode="markers", marker={"symbol": "square", "size": 14, "color": color},
+            name=f"{name}: {counts[name]:,}",
+        )
     fig.update_yaxes(autorange="reversed")
     title = (
         f"Block table: {len(usage.block_ids)} of {usage.num_blocks:,} blocks used "
         f"({usage.block_size} tokens each), {usage.num_free:,} free"
     )
-    return style.apply_layout(fig, title, f"block id mod {columns}", f"block id // {columns}", height=max(260, 60 + 18 * rows + 80))
+    return style.apply_layout(
+        fig, title, f"block id mod {columns}", f"block id // {columns}", height=max(260, 60 + 18 * rows + 80)
+    )
 
 
 def memory_growth_figure(growth: MemoryGrowth) -> go.Figure:
@@ -172,7 +186,9 @@ def memory_growth_figure(growth: MemoryGrowth) -> go.Figure:
     )
     title = f"KV cache growth: {int(growth.bytes_written[-1]):,} B for {num_tokens:,} tokens"
     style.apply_layout(fig, title, "tokens in the cache", "KV cache size (bytes)", height=460)
-    fig.update_layout(legend={"orientation": "v", "x": 0.01, "y": 0.99, "xanchor": "left", "yanchor": "top", "font": {"size": 13}})
+    fig.update_layout(
+        legend={"orientation": "v", "x": 0.01, "y": 0.99, "xanchor": "left", "yanchor": "top", "font": {"size": 13}}
+    )
     return fig
 
 

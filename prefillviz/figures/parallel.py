@@ -40,13 +40,16 @@ def step_latency_figure(comparison: ParallelComparison) -> go.Figure:
             x=[step.step_index + 1 for step in steps],
             y=[step.wall_time_s * 1e3 for step in steps],
             customdata=[[step.num_scheduled_tokens, step.forward_time_s * 1e3] for step in steps],
-            hovertemplate="step %{x}: %{y:.1f} ms<br>%{customdata[0]} token(s), forward %{customdata[1]:.1f} ms<extra></extra>",
+            hovertemplate="step %{x}: %{y:.1f} ms<br>%{customdata[0]} token(s), "
+            "forward %{customdata[1]:.1f} ms<extra></extra>",
             name=f"{WAY_LABELS[run.way]}: {len(steps)} step(s)",
             marker_color=WAY_COLORS[run.way],
         )
     fig.update_layout(barmode="group", bargap=0.1)
     n = comparison.num_tokens
-    style.apply_layout(fig, f"Per-step latency: 1 step of {n} tokens vs {n} steps of 1 token", "engine step", "step wall time (ms)")
+    style.apply_layout(
+        fig, f"Per-step latency: 1 step of {n} tokens vs {n} steps of 1 token", "engine step", "step wall time (ms)"
+    )
     return _legend_below(fig)
 
 
@@ -63,7 +66,9 @@ def tokens_over_time_figure(comparison: ParallelComparison) -> go.Figure:
             x=times_ms, y=tokens, mode="lines+markers", line_shape="hv", name=WAY_LABELS[run.way],
             line={"color": WAY_COLORS[run.way], "width": 3}, marker={"size": 5},
         )
-    style.apply_layout(fig, "Prompt tokens in the KV cache over time", "time since the first step (ms)", "prompt tokens processed")
+    style.apply_layout(
+        fig, "Prompt tokens in the KV cache over time", "time since the first step (ms)", "prompt tokens processed"
+    )
     return _legend_below(fig)
 
 
@@ -74,12 +79,14 @@ def kv_difference_figure(check: EqualityCheck) -> go.Figure:
     fig = go.Figure()
     for which, symbol, color in (("keys", "K", style.PREFILL), ("values", "V", style.ATTENTION)):
         fig.add_scatter(
-            x=layers, y=check.relative_diffs(which), mode="lines+markers", name=f"{which}: max |Δ{symbol}| / max |{symbol}|",
-            line={"color": color}, hovertemplate=f"layer %{{x}}: %{{y:.2e}} of the layer's largest |{symbol}|<extra></extra>",
+            x=layers, y=check.relative_diffs(which), mode="lines+markers",
+            name=f"{which}: max |Δ{symbol}| / max |{symbol}|", line={"color": color},
+            hovertemplate=f"layer %{{x}}: %{{y:.2e}} of the layer's largest |{symbol}|<extra></extra>",
         )
     fig.add_scatter(
-        x=[layers[0] - 0.5, layers[-1] + 0.5] if layers else [], y=[check.relative_tolerance] * (2 if layers else 0), mode="lines",
-        name=f"tolerance {check.relative_tolerance:.1e} ({check.dtype}: a few roundings)", line={"color": style.EVICTED, "dash": "dash"},
+        x=[layers[0] - 0.5, layers[-1] + 0.5] if layers else [], y=[check.relative_tolerance] * (2 if layers else 0),
+        mode="lines", name=f"tolerance {check.relative_tolerance:.1e} ({check.dtype}: a few roundings)",
+        line={"color": style.EVICTED, "dash": "dash"},
     )
     fig.update_yaxes(type="log")
     fig.update_xaxes(dtick=1 if check.num_layers <= 12 else 5)
@@ -106,13 +113,19 @@ def sweep_figure(sweep: SweepResult) -> go.Figure:
         grid = np.linspace(min(sizes), max(sizes), 60)
         fig.add_scatter(
             x=grid, y=fit.predict(grid), mode="lines", line={"color": WAY_COLORS[way], "dash": "dash"},
-            name=f"{way} fit: {fit.a_s * 1e3:.3g} ms + {fit.b_s_per_token * 1e3:.3g} ms·N + {fit.c_s_per_token2 * 1e6:.3g} µs·N²",
+            name=f"{way} fit: {fit.a_s * 1e3:.3g} ms + {fit.b_s_per_token * 1e3:.3g} ms·N + "
+            f"{fit.c_s_per_token2 * 1e6:.3g} µs·N²",
         )
-    style.apply_layout(fig, "Time to first token against prompt length N", "prompt length N (tokens)", "time to first token (s)", height=460)
+    style.apply_layout(
+        fig, "Time to first token against prompt length N", "prompt length N (tokens)", "time to first token (s)",
+        height=460,
+    )
     return _legend_below(fig, rows=2)
 
 
-def roofline_figure(peaks: MachinePeaks, points: Sequence[RooflinePoint], prompt_points: Sequence[RooflinePoint] = ()) -> go.Figure:
+def roofline_figure(
+    peaks: MachinePeaks, points: Sequence[RooflinePoint], prompt_points: Sequence[RooflinePoint] = ()
+) -> go.Figure:
     """Log-log roofline: the measured roofs, and measured steps at their intensity and GFLOP/s."""
     everything = [*points, *prompt_points]
     intensities = [p.intensity for p in everything] + [peaks.ridge_intensity]
@@ -135,15 +148,21 @@ def roofline_figure(peaks: MachinePeaks, points: Sequence[RooflinePoint], prompt
             continue
         fig.add_scatter(
             x=[p.intensity for p in chosen], y=[p.achieved_gflops for p in chosen], mode="markers+text", name=name,
-            text=[p.label.removeprefix("this prompt, ") for p in chosen], textposition="bottom center" if symbol == "star" else "top center",
-            marker={"color": color, "size": 16 if symbol == "star" else 12, "symbol": symbol, "line": {"width": 1, "color": "black"}},
+            text=[p.label.removeprefix("this prompt, ") for p in chosen],
+            textposition="bottom center" if symbol == "star" else "top center",
+            marker={
+                "color": color, "size": 16 if symbol == "star" else 12, "symbol": symbol,
+                "line": {"width": 1, "color": "black"},
+            },
             customdata=[[p.measured_time_s * 1e3, p.flops / 1e9, p.bytes / 1e6] for p in chosen],
             hovertemplate="%{text}<br>%{x:.2f} FLOP/byte, %{y:.1f} GFLOP/s<br>"
             "forward %{customdata[0]:.2f} ms, %{customdata[1]:.3f} GFLOP, %{customdata[2]:.1f} MB<extra></extra>",
         )
     fig.add_scatter(
-        x=[peaks.ridge_intensity], y=[peaks.matmul_gflops], mode="markers+text", marker={"color": style.NEUTRAL, "size": 10, "symbol": "diamond"},
-        text=[f"ridge {peaks.ridge_intensity:.1f} FLOP/byte"], textposition="bottom right", name="ridge: memory roof meets compute roof",
+        x=[peaks.ridge_intensity], y=[peaks.matmul_gflops], mode="markers+text",
+        marker={"color": style.NEUTRAL, "size": 10, "symbol": "diamond"},
+        text=[f"ridge {peaks.ridge_intensity:.1f} FLOP/byte"], textposition="bottom right",
+        name="ridge: memory roof meets compute roof",
     )
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
@@ -167,4 +186,6 @@ def engines_ttft_figure(runs) -> go.Figure:
             hovertext=[f"{len(t)} run(s), {min(t) * 1e3:,.1f}-{max(t) * 1e3:,.1f} ms" for t in times],
         )
     fig.update_layout(barmode="group")
-    return style.apply_layout(fig, "Time to first token: our engine and vLLM, the same prompt both ways", "", "time to first token (ms)")
+    return style.apply_layout(
+        fig, "Time to first token: our engine and vLLM, the same prompt both ways", "", "time to first token (ms)"
+    )

@@ -42,21 +42,37 @@ def one_pass_diagram(timing: Trace, inspection: Trace, request_id: str, first_to
     kv_bytes = sum(w.bytes_per_layer * len(w.layers_written) for w in writes)
     prob = record.first_token_top_probs[0] if record.first_token_top_probs else float("nan")
     boxes = [
-        (0.0, f"<b>{record.num_prompt_tokens:,} tokens in</b><br>one (1, {record.num_prompt_tokens}) batch<br>step 1 of {timing.num_steps}", style.PREFILL),
+        (
+            0.0,
+            f"<b>{record.num_prompt_tokens:,} tokens in</b><br>one (1, {record.num_prompt_tokens}) batch<br>"
+            f"step 1 of {timing.num_steps}",
+            style.PREFILL,
+        ),
         (
             0.37,
             f"<b>{num_layers} layers</b>, one pass<br>K,V written for {positions:,} positions<br>in each layer = "
-            f"{num_layers * positions:,} writes<br>{kv_bytes / 2**20:,.2f} MiB of KV cache<br>forward {step.forward_time_s * 1000:,.1f} ms",
+            f"{num_layers * positions:,} writes<br>{kv_bytes / 2**20:,.2f} MiB of KV cache<br>"
+            f"forward {step.forward_time_s * 1000:,.1f} ms",
             style.ATTENTION,
         ),
-        (0.74, f"<b>1 distribution out</b><br>top token {html.escape(repr(first_token_text))}<br>p = {prob:.3f}", style.DECODE),
+        (
+            0.74,
+            f"<b>1 distribution out</b><br>top token {html.escape(repr(first_token_text))}<br>p = {prob:.3f}",
+            style.DECODE,
+        ),
     ]
     fig = go.Figure()
     for x, text, color in boxes:
-        fig.add_shape(type="rect", x0=x, x1=x + 0.26, y0=0.1, y1=0.9, line={"color": color, "width": 3}, fillcolor=color, opacity=0.15)
+        fig.add_shape(
+            type="rect", x0=x, x1=x + 0.26, y0=0.1, y1=0.9, line={"color": color, "width": 3}, fillcolor=color,
+            opacity=0.15,
+        )
         fig.add_annotation(x=x + 0.13, y=0.5, text=text, showarrow=False, font={"size": style.FONT_SIZE})
     for x in (0.26, 0.63):
-        fig.add_annotation(x=x + 0.11, y=0.5, ax=x + 0.005, ay=0.5, xref="x", yref="y", axref="x", ayref="y", showarrow=True, arrowhead=3, arrowwidth=3, text="")
+        fig.add_annotation(
+            x=x + 0.11, y=0.5, ax=x + 0.005, ay=0.5, xref="x", yref="y", axref="x", ayref="y",
+            showarrow=True, arrowhead=3, arrowwidth=3, text="",
+        )
     fig.update_xaxes(visible=False, range=[0, 1])
     fig.update_yaxes(visible=False, range=[0, 1])
     return style.apply_layout(fig, "Prefill: the whole prompt in one forward pass (measured)", "", "", height=300)
@@ -89,7 +105,10 @@ def first_token_figure(view: FirstTokenView, decode) -> go.Figure:
     fig = go.Figure()
     fig.add_bar(x=labels, y=view.greedy.top_probs, name="greedy (temperature 1, no cut)", marker_color=style.PREFILL)
     sampling = dict(zip(view.sampling.top_token_ids, view.sampling.top_probs))
-    fig.add_bar(x=labels, y=[sampling.get(t, 0.0) for t in view.greedy.top_token_ids], name="with your sampling settings", marker_color=style.DECODE)
+    fig.add_bar(
+        x=labels, y=[sampling.get(t, 0.0) for t in view.greedy.top_token_ids], name="with your sampling settings",
+        marker_color=style.DECODE,
+    )
     fig.update_layout(barmode="group")
     title = (
         f"First-token distribution · entropy {view.greedy.entropy_nats:.2f} nats (greedy) · "

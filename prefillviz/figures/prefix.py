@@ -40,10 +40,14 @@ def block_grid_figure(
                 text.append(str(physical))
                 first, last = i * block_size, min((i + 1) * block_size, request.num_prompt_tokens) - 1
                 words = f"<br>{token_text(request.request_id, i)}" if token_text else ""
-                hover.append(f"{request.request_id} · block {i} (tokens {first}–{last}) · physical block {physical}<br>{name}{words}")
+                hover.append(
+                    f"{request.request_id} · block {i} (tokens {first}–{last}) · physical block {physical}"
+                    f"<br>{name}{words}"
+                )
         fig.add_bar(
             y=y, base=base, x=[1] * len(y), text=text, hovertext=hover, hoverinfo="text", orientation="h", name=name,
-            marker={"color": color, "line": {"color": "white", "width": 2}}, textposition="inside", insidetextanchor="middle",
+            marker={"color": color, "line": {"color": "white", "width": 2}}, textposition="inside",
+            insidetextanchor="middle",
         )
     fig.update_layout(barmode="overlay", bargap=0.15)
     fig.update_yaxes(categoryorder="array", categoryarray=[b.request_id for b in reversed(blocks)])
@@ -76,8 +80,12 @@ def hit_rate_figure(run: StreamRun, title: str) -> go.Figure:
     rows = hit_rate_rows(run)
     requests = [row["request"] for row in rows]
     fig = go.Figure()
-    fig.add_bar(x=requests, y=[r["queried tokens"] for r in rows], name="queried (prompt tokens)", marker_color=style.FREE)
-    fig.add_bar(x=requests, y=[r["hit tokens"] for r in rows], name="hit (found in the cache)", marker_color=style.CACHE_HIT)
+    fig.add_bar(
+        x=requests, y=[r["queried tokens"] for r in rows], name="queried (prompt tokens)", marker_color=style.FREE
+    )
+    fig.add_bar(
+        x=requests, y=[r["hit tokens"] for r in rows], name="hit (found in the cache)", marker_color=style.CACHE_HIT
+    )
     fig.add_scatter(
         x=requests, y=[r["hit rate (cumulative, %)"] for r in rows], yaxis="y2", mode="lines+markers+text",
         text=[f"{r['hit rate (cumulative, %)']:.0f}%" for r in rows], textposition="top center",
@@ -86,7 +94,10 @@ def hit_rate_figure(run: StreamRun, title: str) -> go.Figure:
     fig.update_layout(barmode="group", yaxis2={"overlaying": "y", "side": "right"})
     style.apply_layout(fig, title, "request (in arrival order)", "tokens (count)")
     fig.update_layout(  # after apply_layout, which titles every y axis alike
-        yaxis2={"title": {"text": "cumulative hit rate (%)"}, "range": [0, 105], "tickvals": [0, 25, 50, 75, 100], "showgrid": False}
+        yaxis2={
+            "title": {"text": "cumulative hit rate (%)"}, "range": [0, 105], "tickvals": [0, 25, 50, 75, 100],
+            "showgrid": False,
+        }
     )
     return fig
 
@@ -124,8 +135,8 @@ def ttft_figure(experiment: PrefixExperiment, title: str) -> go.Figure:
 
 def eviction_rows(run: StreamRun) -> list[dict]:
     return [
-        {"step": index, "request": request_id, "evicted blocks": len(evicted), "evicted block ids": " ".join(map(str, evicted)),
-         "free blocks after": run.trace.steps[index].num_free_blocks}
+        {"step": index, "request": request_id, "evicted blocks": len(evicted),
+         "evicted block ids": " ".join(map(str, evicted)), "free blocks after": run.trace.steps[index].num_free_blocks}
         for index, request_id, evicted in run.evictions()
     ]
 
@@ -135,17 +146,23 @@ def eviction_figure(run: StreamRun, title: str) -> go.Figure:
     rows = eviction_rows(run)
     fig = go.Figure()
     fig.add_bar(
-        x=[r["step"] for r in rows], y=[r["evicted blocks"] for r in rows], name="evicted cached blocks", marker_color=style.EVICTED,
-        hovertext=[f"step {r['step']} ({r['request']})<br>evicted: {r['evicted block ids'] or 'none'}" for r in rows], hoverinfo="text",
+        x=[r["step"] for r in rows], y=[r["evicted blocks"] for r in rows], name="evicted cached blocks",
+        marker_color=style.EVICTED,
+        hovertext=[f"step {r['step']} ({r['request']})<br>evicted: {r['evicted block ids'] or 'none'}" for r in rows],
+        hoverinfo="text",
     )
     fig.add_scatter(
-        x=[r["step"] for r in rows], y=[r["free blocks after"] for r in rows], mode="markers+lines", name="free blocks after the step",
+        x=[r["step"] for r in rows], y=[r["free blocks after"] for r in rows], mode="markers+lines",
+        name="free blocks after the step",
         line={"color": style.NEUTRAL, "dash": "dot", "width": 1}, marker={"size": 5},
     )
     for request_id, indices in run.request_steps.items():
         if indices:
             fig.add_vline(x=indices[0] - 0.5, line={"color": style.FREE, "width": 2, "dash": "dash"})
-            fig.add_annotation(x=indices[0] - 0.5, y=1.0, yref="paper", text=request_id, showarrow=False, xanchor="left", yanchor="bottom")
+            fig.add_annotation(
+                x=indices[0] - 0.5, y=1.0, yref="paper", text=request_id, showarrow=False,
+                xanchor="left", yanchor="bottom",
+            )
     fig.update_yaxes(range=[0, run.num_blocks + 0.5])
     return style.apply_layout(fig, title, "engine step (index)", "blocks (count)")
 
@@ -156,6 +173,8 @@ def cached_tokens_figure(ours: Trace, theirs: Trace, title: str) -> go.Figure:
     requests = list(ours.requests)
     for name, trace, color in (("ours", ours, style.CACHE_HIT), ("vLLM", theirs, style.DECODE)):
         cached = [trace.requests[rid].num_cached_tokens for rid in requests]
-        fig.add_bar(x=requests, y=cached, name=name, marker_color=color, text=[str(c) for c in cached], textposition="outside")
+        fig.add_bar(
+            x=requests, y=cached, name=name, marker_color=color, text=[str(c) for c in cached], textposition="outside"
+        )
     fig.update_layout(barmode="group")
     return style.apply_layout(fig, title, "request (in arrival order)", "prompt tokens from the cache")

@@ -124,11 +124,15 @@ class Capture:
             self._norms = StepNorms(self.engine.num_layers, self.engine.num_kv_heads, tokens)
         return self._norms
 
-    def attention(self, layer_idx: int, module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta) -> None:
+    def attention(
+        self, layer_idx: int, module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta
+    ) -> None:
         """Inspect: the K/V just written, and the post-RoPE q/k/v of each request: q (T, H, D), k and v (T, KVH, D)."""
         self._kv_step_meta = meta
-        query, key, value = query.transpose(0, 1)[None], key.transpose(0, 1)[None], value.transpose(0, 1)[None]  # (1, heads, T, D)
-        self._step_norms(key.shape[2]).keep_kv(layer_idx, key[0].float().norm(dim=-1), value[0].float().norm(dim=-1))  # (KVH, T)
+        # each now (1, heads, T, D)
+        query, key, value = query.transpose(0, 1)[None], key.transpose(0, 1)[None], value.transpose(0, 1)[None]
+        # the norms: (KVH, T)
+        self._step_norms(key.shape[2]).keep_kv(layer_idx, key[0].float().norm(dim=-1), value[0].float().norm(dim=-1))
         for r, request_id in enumerate(meta.request_ids):
             start, end = meta.query_start_loc[r], meta.query_start_loc[r + 1]
             if request_id not in self._qk:
@@ -152,7 +156,8 @@ class Capture:
     # ---------------------------------------------------------------- the engine's RunObserver
     @contextmanager
     def installed(self) -> Iterator[Capture]:
-        """Start the profiler (profile level) and, on a stock forward, hook its modules; undo all on exit, even on error."""
+        """Start the profiler (profile level) and, on a stock forward, hook its modules; undo all on exit,
+        even on error."""
         handles: list = []
         with ExitStack() as stack:
             try:
@@ -235,7 +240,9 @@ class Capture:
 
     def _profile_record(self) -> ProfileRecord:
         with ExitStack() as stack:  # without a profile_dir the export's file goes with a temporary folder
-            directory = self.profile_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="prefillviz-profile-"))
+            directory = self.profile_dir or stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="prefillviz-profile-")
+            )
             os.makedirs(directory, exist_ok=True)
             export = os.path.join(directory, "chrome_trace.json")
             self.profiler.export_chrome_trace(export)
@@ -257,11 +264,14 @@ class Capture:
             )
         rows.sort(key=lambda row: row["self_time_s"] + row["device_time_s"], reverse=True)
         activities = ["cpu"] + (["cuda"] if self.engine.device.type == "cuda" else [])
-        return ProfileRecord(op_table=rows, chrome_trace_path=path, activities=activities, chrome_trace_gz=gzip.compress(chrome_trace, 6))
+        return ProfileRecord(
+            op_table=rows, chrome_trace_path=path, activities=activities, chrome_trace_gz=gzip.compress(chrome_trace, 6)
+        )
 
 
 def capture(engine, level: str = "timing", profile_dir: str | None = None):
-    """``Capture(engine, level, profile_dir).installed()``: the instruments of ``level`` on the engine while the block runs.
+    """``Capture(engine, level, profile_dir).installed()``: the instruments of ``level`` on the engine while
+    the block runs.
 
     Args:
         engine: the ``LLMEngine`` whose steps are measured.
@@ -271,7 +281,9 @@ def capture(engine, level: str = "timing", profile_dir: str | None = None):
     return Capture(engine, level, profile_dir).installed()
 
 
-def run_captured(engine, capture_level: str = "none", profile_dir: str | None = None, max_steps: int | None = None, progress=None) -> Trace:
+def run_captured(
+    engine, capture_level: str = "none", profile_dir: str | None = None, max_steps: int | None = None, progress=None
+) -> Trace:
     """``engine.run`` with the instruments of ``capture_level`` installed for the run (the engine's ``RunObserver``).
 
     Raises:

@@ -68,7 +68,9 @@ class Rows:
         start = self.filled.get(layer, 0)
         end = start + rows.shape[1]
         if self.buffer is None or end > self.buffer.shape[2]:
-            grown = torch.empty((self.num_layers, rows.shape[0], max(self.capacity, end, 2 * start), rows.shape[2]), dtype=rows.dtype)
+            grown = torch.empty(
+                (self.num_layers, rows.shape[0], max(self.capacity, end, 2 * start), rows.shape[2]), dtype=rows.dtype
+            )
             if self.buffer is not None:
                 grown[:, :, : self.buffer.shape[2]] = self.buffer
             self.buffer = grown

@@ -40,7 +40,8 @@ def model_parts(model: torch.nn.Module) -> ModelParts:
     )
     base = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
     final_norm = next(
-        (m for name, m in base.named_children() if name in {"norm", "ln_f", "final_layernorm", "final_layer_norm"}), None
+        (m for name, m in base.named_children() if name in {"norm", "ln_f", "final_layernorm", "final_layer_norm"}),
+        None,
     )
     sub_layers = []
     for layer in layers:

@@ -48,7 +48,8 @@ def median_of_passes(runs: int, capture_level: str = "timing") -> str:
     return f"median of {runs} {PASSES[capture_level][0]}{'es' if runs > 1 else ''}"
 
 
-OPS_LABELS = {"torch": "textbook ops (plain torch)", "measured": "the measured backend's ops"}  # ``StepRecord.ran["backend"]``
+# by ``StepRecord.ran["backend"]``
+OPS_LABELS = {"torch": "textbook ops (plain torch)", "measured": "the measured backend's ops"}
 
 
 def ops_label(trace) -> str:

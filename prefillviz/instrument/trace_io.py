@@ -105,7 +105,9 @@ def load_trace(directory: str | Path) -> trace_module.Trace:
     except (OSError, ValueError) as error:
         raise PrefillVizError(f"No readable trace in {directory}: {error}") from error
     if data.get("format_version") != FORMAT_VERSION:
-        raise PrefillVizError(f"Trace format {data.get('format_version')} is not supported (expected {FORMAT_VERSION}).")
+        raise PrefillVizError(
+            f"Trace format {data.get('format_version')} is not supported (expected {FORMAT_VERSION})."
+        )
     trace = _decode(data["trace"], arrays)
     if trace.profile is not None:  # only the folder's own chrome_trace.json: never a path the file names
         path = directory / "chrome_trace.json"

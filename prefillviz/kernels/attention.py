@@ -51,7 +51,8 @@ from prefillviz.backends.ops.paged_check import ORACLE_ROW_BLOCK, KernelCheckErr
 from prefillviz.kernels.harness import KernelResult, time_checked
 
 BLOCK_SIZE = 64  # v3's query and key block (tile) size
-# 8 steps of the dtype (P and the output rounded; 16-bit scores rounded, |s| x half a step, averaging over the keys) + fp32 sums over up to 4,096 keys or dims (sqrt(4096) eps_fp32, twice)
+# 8 steps of the dtype (P and the output rounded; 16-bit scores rounded, |s| x half a step, averaging over the keys)
+# + fp32 sums over up to 4,096 keys or dims (sqrt(4096) eps_fp32, twice)
 """Allowed max |kernel - oracle|, per unit of max |v| (the output is a weighted mean of V rows)."""
 
 
@@ -179,7 +180,9 @@ def get_kernel(name: str) -> AttentionKernel:
 # ------------------------------------------------------------------------------ check
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape:
-        raise KernelCheckError(f"Need q (H, N, D) and k, v (KVH, N, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}.")
+        raise KernelCheckError(
+            f"Need q (H, N, D) and k, v (KVH, N, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}."
+        )
     if q.shape[1:] != k.shape[1:] or q.shape[0] % k.shape[0] or q.shape[1] < 1:
         raise KernelCheckError(
             f"q {tuple(q.shape)} and k/v {tuple(k.shape)} must share N >= 1 and D, and H must be a multiple of KVH."
@@ -188,7 +191,12 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 @torch.inference_mode()
 def check_against_oracle(
-    kernel: AttentionKernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, tolerance: float | None = None
+    kernel: AttentionKernel,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    tolerance: float | None = None,
 ) -> tuple[float, float]:
     """Runs ``kernel`` and the fp32 naive oracle on the same inputs.
 
@@ -241,5 +249,6 @@ def check_and_time(
     difference, allowed = check_against_oracle(kernel, q, k, v, scale, tolerance)
     return time_checked(
         kernel.name, kernel.version, lambda: kernel(q, k, v, scale), q, k.shape[0], (difference, allowed), runs, warmup,
-        measure_memory, largest_intermediate_bytes=kernel.largest_intermediate(q.shape[0], q.shape[1], q.element_size()),
+        measure_memory,
+        largest_intermediate_bytes=kernel.largest_intermediate(q.shape[0], q.shape[1], q.element_size()),
     )

@@ -87,7 +87,15 @@ from functools import cache
 import torch
 
 # ------------------------------------------------------------------------------ the step
-from prefillviz.backends.ops.engine_ops import BRGEMM, COMPILED, COMPILED_TILES, compiled_status, paged_brgemm, paged_compiled, paged_compiled_tiles
+from prefillviz.backends.ops.engine_ops import (
+    BRGEMM,
+    COMPILED,
+    COMPILED_TILES,
+    compiled_status,
+    paged_brgemm,
+    paged_compiled,
+    paged_compiled_tiles,
+)
 from prefillviz.backends.ops.paged import (
     LOOP,
     LOOP_FP32_DECODES,
@@ -108,9 +116,10 @@ from prefillviz.backends.ops.paged_check import PagedInputs, check_paged, random
 from prefillviz.kernels.harness import KernelResult, time_checked
 
 __all__ = [  # the engine's versions, with the teaching ones, as the Kernel timings page lists them
-    "BRGEMM", "COMPILED", "COMPILED_TILES", "FLEX", "LOOP", "LOOP_FP32_DECODES", "NAIVE", "PACKED", "PAGED_KERNELS", "TRITON", "PagedInputs", "PagedKernel",
-    "PagedStep", "check_paged", "check_paged_and_time", "compiled_status", "decode_fp32", "flex_status", "get_paged_kernel",
-    "packed_keys", "packed_mask", "paged_brgemm", "paged_compiled", "paged_compiled_tiles", "paged_flex", "paged_loop", "paged_loop_fp32_decodes", "paged_naive", "paged_packed",
+    "BRGEMM", "COMPILED", "COMPILED_TILES", "FLEX", "LOOP", "LOOP_FP32_DECODES", "NAIVE", "PACKED", "PAGED_KERNELS",
+    "TRITON", "PagedInputs", "PagedKernel", "PagedStep", "check_paged", "check_paged_and_time", "compiled_status",
+    "decode_fp32", "flex_status", "get_paged_kernel", "packed_keys", "packed_mask", "paged_brgemm", "paged_compiled",
+    "paged_compiled_tiles", "paged_flex", "paged_loop", "paged_loop_fp32_decodes", "paged_naive", "paged_packed",
     "paged_triton", "random_step", "triton_status",
 ]
 
@@ -141,11 +150,16 @@ def paged_flex(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: 
         return (key_position[key] <= query_position[query]) & (query_request[query] == key_request[key])
 
     num_queries, num_keys = q.shape[1], k.shape[1]
-    block_mask = create_block_mask(same_request_causal, None, None, num_queries, num_keys, device=q.device, BLOCK_SIZE=FLEX_BLOCK)
+    block_mask = create_block_mask(
+        same_request_causal, None, None, num_queries, num_keys, device=q.device, BLOCK_SIZE=FLEX_BLOCK
+    )
     # on CUDA, a step of fewer than 128 queries would go to inductor's flex-decoding kernel, which found no
     # valid tile for a GQA step on an H200 (torch 2.11: NoValidChoicesError); the main kernel serves any step
     options = {"FORCE_USE_FLEX_ATTENTION": True} if q.is_cuda else None
-    out = _compiled_flex()(q[None], k[None], v[None], block_mask=block_mask, scale=scale, enable_gqa=q.shape[0] != k.shape[0], kernel_options=options)
+    out = _compiled_flex()(
+        q[None], k[None], v[None], block_mask=block_mask, scale=scale, enable_gqa=q.shape[0] != k.shape[0],
+        kernel_options=options,
+    )
     return out[0]
 
 
@@ -169,7 +183,10 @@ def flex_status(device: str = "cpu") -> tuple[bool, str]:
         if not difference < 1e-4:
             return False, f"compiled FlexAttention ran on {device} but differs from the oracle by {difference:.3g}"
     except Exception as error:  # noqa: BLE001 -- any failure means "does not run here", with its reason
-        return False, f"compiled FlexAttention does not run on {device} (torch {torch.__version__}): {type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+        return False, (
+            f"compiled FlexAttention does not run on {device} (torch {torch.__version__}): {type(error).__name__}: "
+            f"{str(error).splitlines()[0][:200] if str(error) else ''}"
+        )
     return True, f"compiled FlexAttention runs on {device} (torch {torch.__version__})"
 
 
@@ -213,11 +230,13 @@ FLEX = PagedKernel(
     lambda device: flex_status(str(torch.device(device).type)),
 )
 TRITON = PagedKernel(
-    "v5 triton", 5, "a Triton kernel: one program per (query block, head, request) walking the block table", paged_triton,
-    triton_status,
+    "v5 triton", 5, "a Triton kernel: one program per (query block, head, request) walking the block table",
+    paged_triton, triton_status,
 )
 
-PAGED_KERNELS: tuple[PagedKernel, ...] = (NAIVE, LOOP, PACKED, FLEX, TRITON, LOOP_FP32_DECODES, COMPILED, COMPILED_TILES, BRGEMM)
+PAGED_KERNELS: tuple[PagedKernel, ...] = (
+    NAIVE, LOOP, PACKED, FLEX, TRITON, LOOP_FP32_DECODES, COMPILED, COMPILED_TILES, BRGEMM
+)
 
 
 def get_paged_kernel(name: str) -> PagedKernel:
@@ -234,6 +253,6 @@ def check_paged_and_time(
     """Check ``kernel`` against v1, then time it, then measure its memory (see ``attention.check_and_time``)."""
     check = check_paged(kernel, inputs)
     return time_checked(
-        kernel.name, kernel.version, lambda: kernel(*inputs.arguments()), inputs.q, inputs.k_new.shape[0], check, runs, warmup,
-        measure_memory, workload=inputs.workload, context_tokens=inputs.num_context_tokens,
+        kernel.name, kernel.version, lambda: kernel(*inputs.arguments()), inputs.q, inputs.k_new.shape[0], check, runs,
+        warmup, measure_memory, workload=inputs.workload, context_tokens=inputs.num_context_tokens,
     )

@@ -83,16 +83,30 @@ def _valid(kind_of: type, value: Any) -> bool:
 def check_parameters(kind: ActionKind, action: dict, where: str) -> None:
     """Raise ``LessonError`` for unknown parameters, wrong types, or an unknown preset."""
     unknown = set(action) - {"kind"} - set(kind.parameters)
-    _require(not unknown, where, f"action {kind.name!r} has no parameter(s) {sorted(unknown)} (it takes: {', '.join(kind.parameters)}).")
+    _require(
+        not unknown, where,
+        f"action {kind.name!r} has no parameter(s) {sorted(unknown)} (it takes: {', '.join(kind.parameters)}).",
+    )
     for name, value in action.items():
         if name != "kind":
             kind_of = kind.parameters[name][0]
-            _require(_valid(kind_of, value), where, f"action {kind.name!r}: {name!r} must be {TYPE_WORDS[kind_of]}, got {value!r}.")
+            _require(
+                _valid(kind_of, value), where,
+                f"action {kind.name!r}: {name!r} must be {TYPE_WORDS[kind_of]}, got {value!r}.",
+            )
     if "preset" in action:
-        _require(action["preset"] in PRESETS, where, f"unknown preset {action['preset']!r} (known: {', '.join(PRESETS)}).")
+        _require(
+            action["preset"] in PRESETS, where, f"unknown preset {action['preset']!r} (known: {', '.join(PRESETS)})."
+        )
     if "shared_prefix" in action:
         names = prefix.SHARED_PREFIXES
-        _require(action["shared_prefix"] in names, where, f"unknown shared prefix {action['shared_prefix']!r} (known: {', '.join(names)}).")
+        _require(
+            action["shared_prefix"] in names, where,
+            f"unknown shared prefix {action['shared_prefix']!r} (known: {', '.join(names)}).",
+        )
 
 
-TYPE_WORDS = {str: "non-empty text", int: "a whole number >= 1", list: "a non-empty list of whole numbers >= 1", bool: "true or false"}
+TYPE_WORDS = {
+    str: "non-empty text", int: "a whole number >= 1", list: "a non-empty list of whole numbers >= 1",
+    bool: "true or false",
+}

@@ -54,13 +54,19 @@ def parse_markdown(text: str, where: str) -> tuple[str, str, list[tuple[str, str
 def parse_question(spec: Any, kind: ActionKind, where: str) -> Question:
     _require(isinstance(spec, dict), where, "'question' must be an object.")
     known = {"kind", "text", "answer", "unit", "options", "default", "compare", "close_within"}
-    _require(not set(spec) - known, where, f"unknown question field(s) {sorted(set(spec) - known)} (known: {sorted(known)}).")
+    _require(
+        not set(spec) - known, where, f"unknown question field(s) {sorted(set(spec) - known)} (known: {sorted(known)})."
+    )
     question_kind, text, answer = spec.get("kind"), spec.get("text"), spec.get("answer")
-    _require(question_kind in ("number", "choice"), where, f"question kind must be 'number' or 'choice', got {question_kind!r}.")
+    _require(
+        question_kind in ("number", "choice"), where,
+        f"question kind must be 'number' or 'choice', got {question_kind!r}.",
+    )
     _require(isinstance(text, str) and text.strip() != "", where, "the question needs a 'text'.")
     _require(
         answer in kind.measured, where,
-        f"the question's answer {answer!r} is not measured by action kind {kind.name!r} (it measures: {', '.join(kind.measured)}).",
+        f"the question's answer {answer!r} is not measured by action kind {kind.name!r} "
+        f"(it measures: {', '.join(kind.measured)}).",
     )
     options = spec.get("options")
     unit = spec.get("unit", "")
@@ -74,7 +80,9 @@ def parse_question(spec: Any, kind: ActionKind, where: str) -> Question:
         default = spec.get("default", options[len(options) // 2])
         _require(default in options, where, f"the 'default' {default!r} is not one of the slider's options.")
         compare = spec.get("compare", "ratio")
-        _require(compare in ("ratio", "difference"), where, f"'compare' must be 'ratio' or 'difference', got {compare!r}.")
+        _require(
+            compare in ("ratio", "difference"), where, f"'compare' must be 'ratio' or 'difference', got {compare!r}."
+        )
         _require(compare == "difference" or options[0] > 0, where, "a 'ratio' comparison needs options above 0.")
         close_within = spec.get("close_within", 1.5 if compare == "ratio" else (options[-1] - options[0]) / 10)
         _require(_number(close_within) and close_within > 0, where, "'close_within' must be a positive number.")
@@ -82,14 +90,16 @@ def parse_question(spec: Any, kind: ActionKind, where: str) -> Question:
     _require(isinstance(options, list) and len(options) >= 2, where, "a choice question needs at least 2 'options'.")
     choices = []
     for i, option in enumerate(options):
-        _require(isinstance(option, dict) and isinstance(option.get("label"), str), where, f"choice {i + 1} needs a 'label'.")
+        _require(
+            isinstance(option, dict) and isinstance(option.get("label"), str), where, f"choice {i + 1} needs a 'label'."
+        )
         _require(not set(option) - {"label", "up_to"}, where, f"choice {i + 1} may only have 'label' and 'up_to'.")
         last = i == len(options) - 1
         up_to = option.get("up_to")
         _require(
             (up_to is None) if last else _number(up_to), where,
-            "every choice but the last needs a number 'up_to' (the measured value falls in the first choice it does not "
-            "exceed); the last choice takes the rest and has none.",
+            "every choice but the last needs a number 'up_to' (the measured value falls in the first choice "
+            "it does not exceed); the last choice takes the rest and has none.",
         )
         choices.append(Choice(option["label"], None if last else float(up_to)))
     bounds = [c.up_to for c in choices[:-1]]
@@ -114,12 +124,18 @@ def parse_step(spec: Any, index: int, section: tuple[str, str, str], where: str)
         f"'view' must name a page file under views/ (got {view!r}).",
     )
     figure = spec.get("figure", next(iter(kind.figures)))
-    _require(figure in kind.figures, where, f"figure {figure!r} is not one that {kind.name!r} draws ({', '.join(kind.figures)}).")
+    _require(
+        figure in kind.figures, where,
+        f"figure {figure!r} is not one that {kind.name!r} draws ({', '.join(kind.figures)}).",
+    )
     settings = spec.get("settings", {})
     _require(isinstance(settings, dict), where, "'settings' must be an object.")
     for name, value in settings.items():
         _require(name in SETTINGS, where, f"unknown setting {name!r} (known: {', '.join(SETTINGS)}).")
-        _require(value in SETTINGS[name][1], where, f"setting {name} must be one of {', '.join(SETTINGS[name][1])}, got {value!r}.")
+        _require(
+            value in SETTINGS[name][1], where,
+            f"setting {name} must be one of {', '.join(SETTINGS[name][1])}, got {value!r}.",
+        )
     question = parse_question(spec.get("question"), kind, where)
     parse_after_reveal(section[2], kind, where)  # its placeholders and variants name what the kind measures
     return Step(index, section[0], section[1], section[2], dict(action), view, question, figure, dict(settings))
@@ -143,7 +159,9 @@ def load_lesson(markdown_path: Path) -> Lesson:
     except json.JSONDecodeError as error:
         raise LessonError(f"{where}: not valid JSON ({error}).") from None
     _require(isinstance(spec, dict), where, "the spec must be an object with 'minutes' and 'steps'.")
-    _require(not set(spec) - {"minutes", "steps"}, where, f"unknown field(s) {sorted(set(spec) - {'minutes', 'steps'})}.")
+    _require(
+        not set(spec) - {"minutes", "steps"}, where, f"unknown field(s) {sorted(set(spec) - {'minutes', 'steps'})}."
+    )
     minutes = spec.get("minutes")
     _require(
         isinstance(minutes, int) and 1 <= minutes <= MAX_MINUTES, where,
@@ -153,7 +171,8 @@ def load_lesson(markdown_path: Path) -> Lesson:
     _require(isinstance(steps, list) and len(steps) > 0, where, "'steps' must be a non-empty list.")
     _require(
         len(steps) == len(sections), where,
-        f"{len(steps)} step spec(s) but {markdown_path.name} has {len(sections)} '## ' step section(s); they must match one to one.",
+        f"{len(steps)} step spec(s) but {markdown_path.name} has {len(sections)} '## ' step section(s); "
+        "they must match one to one.",
     )
     parsed = tuple(parse_step(step, i, section, where) for i, (step, section) in enumerate(zip(steps, sections)))
     return Lesson(markdown_path.stem, int(match.group(1)), title, intro, minutes, parsed)
@@ -168,6 +187,8 @@ def load_lessons(folder: Path | str = LESSONS_DIR) -> list[Lesson]:
     folder = Path(folder)
     markdown = sorted(folder.glob("*.md"))
     orphans = sorted({p.stem for p in folder.glob("*.json")} - {p.stem for p in markdown})
-    _require(not orphans, str(folder), f"step spec(s) without a lesson text: {', '.join(o + '.json' for o in orphans)}.")
+    _require(
+        not orphans, str(folder), f"step spec(s) without a lesson text: {', '.join(o + '.json' for o in orphans)}."
+    )
     _require(bool(markdown), str(folder), "no lessons (NN_slug.md + NN_slug.json) found.")
     return [load_lesson(path) for path in markdown]

@@ -1,5 +1,5 @@
-"""``ACTION_KINDS``, every action a step may run (each kind a module of ``lessons/kinds/``), and running one: ``resolve_parameters``
-(defaults, the spec, then ``scale``) and ``run_action``.
+"""``ACTION_KINDS``, every action a step may run (each kind a module of ``lessons/kinds/``), and running one:
+``resolve_parameters`` (defaults, the spec, then ``scale``) and ``run_action``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ ACTION_KINDS: dict[str, ActionKind] = {
     module.KIND.name: module.KIND
     for module in (
         prefill, ttft_ratio, parallel_vs_sequential, roofline, kv_memory, chunked, disagg, prefix,  # one line a kind
-        papers_piggyback, papers_chunk_cost, papers_knee, papers_prefix_blocks, papers_interference,  # lesson 6: the papers' results
+        # lesson 6: the papers' results
+        papers_piggyback, papers_chunk_cost, papers_knee, papers_prefix_blocks, papers_interference,
     )
 }
 
@@ -41,7 +42,9 @@ def resolve_parameters(action: dict, scale: float | None = None) -> tuple[Action
         LessonError: an unknown kind or parameter, or a scale outside (0, 1].
     """
     kind = ACTION_KINDS.get(action.get("kind"))
-    _require(kind is not None, "action", f"unknown action kind {action.get('kind')!r} (known: {', '.join(ACTION_KINDS)}).")
+    _require(
+        kind is not None, "action", f"unknown action kind {action.get('kind')!r} (known: {', '.join(ACTION_KINDS)})."
+    )
     check_parameters(kind, action, "action")
     parameters = {name: default for name, (_, default) in kind.parameters.items()}
     parameters.update({name: value for name, value in action.items() if name != "kind"})
@@ -56,7 +59,9 @@ def resolve_parameters(action: dict, scale: float | None = None) -> tuple[Action
     return kind, parameters
 
 
-def run_action(loaded, action: dict, scale: float | None = None, progress: FractionProgress | None = None) -> ActionOutcome:
+def run_action(
+    loaded, action: dict, scale: float | None = None, progress: FractionProgress | None = None
+) -> ActionOutcome:
     """Run one step's action on the real model and return what it measured.
 
     Args:

@@ -61,7 +61,9 @@ def format_reveal(question: Question, measured: float, prediction: float | int) 
         measured_text = f"{answer} (measured: {format_value(measured, question.unit)})"
         if int(prediction) == right:
             return Reveal(measured_text, picked, f"Right: the measurement falls in “{answer}”.", True)
-        return Reveal(measured_text, picked, f"Not this time: you picked “{picked}”, the measurement falls in “{answer}”.", False)
+        return Reveal(
+            measured_text, picked, f"Not this time: you picked “{picked}”, the measurement falls in “{answer}”.", False
+        )
     prediction = float(prediction)
     prediction_text = format_value(prediction, question.unit)
     if question.compare == "difference":
@@ -74,7 +76,9 @@ def format_reveal(question: Question, measured: float, prediction: float | int) 
             verdict = f"Off by {format_value(abs(off_by), question.unit)}: you guessed {direction}."
         return Reveal(measured_text, prediction_text, verdict, close, off_by)
     if measured <= 0:
-        return Reveal(measured_text, prediction_text, "The measurement is not positive, so there is no factor to compare.", False)
+        return Reveal(
+            measured_text, prediction_text, "The measurement is not positive, so there is no factor to compare.", False
+        )
     factor = max(prediction / measured, measured / prediction)
     close = factor <= question.close_within
     if factor < 1.05:

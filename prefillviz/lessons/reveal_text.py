@@ -62,16 +62,26 @@ def parse_after_reveal(text: str, kind: ActionKind, where: str) -> tuple[str, tu
             variants.append(Variant(None, "", 0.0, body.strip()))
             continue
         match = CONDITION.match(heading)
-        _require(match is not None, where, f"variant heading {heading!r} must read 'If name < number' (or <=, >, >=) or 'Otherwise'.")
+        _require(
+            match is not None, where,
+            f"variant heading {heading!r} must read 'If name < number' (or <=, >, >=) or 'Otherwise'.",
+        )
         name, op, bound = match.groups()
-        _require(name in kind.measured, where, f"variant condition names {name!r}, which {kind.name!r} does not measure.")
+        _require(
+            name in kind.measured, where, f"variant condition names {name!r}, which {kind.name!r} does not measure."
+        )
         variants.append(Variant(name, op, float(bound), body.strip()))
     if variants:
-        _require(variants[-1].name is None, where, "the last variant must be '#### Otherwise', so every outcome has a text.")
+        _require(
+            variants[-1].name is None, where, "the last variant must be '#### Otherwise', so every outcome has a text."
+        )
         _require(all(v.name is not None for v in variants[:-1]), where, "'#### Otherwise' must be the last variant.")
     for piece in [shared] + [v.text for v in variants]:
         for name in PLACEHOLDER.findall(piece):
-            _require(name in kind.measured or name in RUN_WORDS, where, f"placeholder {{{name}}} is not measured by {kind.name!r}.")
+            _require(
+                name in kind.measured or name in RUN_WORDS, where,
+                f"placeholder {{{name}}} is not measured by {kind.name!r}.",
+            )
     return shared, tuple(variants)
 
 

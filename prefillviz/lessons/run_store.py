@@ -10,7 +10,10 @@ from prefillviz.lessons.actions import ActionOutcome
 def action_key(action: dict, loaded, settings: dict | None = None) -> str:
     """Names a run: the same action in the same step settings on the same model, device and
     dtype measures the same thing (two steps with one action share one run)."""
-    identity = {"action": action, "settings": settings or {}, "model": loaded.model_id, "device": str(loaded.device), "dtype": str(loaded.dtype)}
+    identity = {
+        "action": action, "settings": settings or {}, "model": loaded.model_id, "device": str(loaded.device),
+        "dtype": str(loaded.dtype),
+    }
     return json.dumps(identity, sort_keys=True)
 
 

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 LESSONS_DIR = ROOT / "assets" / "lessons"
 MAX_MINUTES = 10  # every lesson must be completable in a class period's slice
 AFTER_REVEAL = "### After the reveal"
-SETTINGS = {"dtype": ("sidebar_dtype", ("auto", "float32", "bfloat16", "float16"))}  # step setting -> (sidebar key, allowed)
+# step setting -> (sidebar key, allowed)
+SETTINGS = {"dtype": ("sidebar_dtype", ("auto", "float32", "bfloat16", "float16"))}
 
 
 class LessonError(PrefillVizError):

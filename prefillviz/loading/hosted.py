@@ -53,7 +53,9 @@ class HostedPolicy:
         """Raise ``ModelLoadError`` if hosted mode may not load ``model_id``."""
         if not self.enabled or model_id in self.allowed_model_ids:
             return
-        looks_like_path = model_id.startswith(("/", ".", "~")) or "\\" in model_id or ".." in model_id or os.path.exists(model_id)
+        looks_like_path = (
+            model_id.startswith(("/", ".", "~")) or "\\" in model_id or ".." in model_id or os.path.exists(model_id)
+        )
         kind = "Local paths are" if looks_like_path else f"{model_id!r} is"
         raise ModelLoadError(
             f"{kind} not available in this hosted demo; it serves only {', '.join(self.allowed_model_ids)}. "
@@ -66,15 +68,19 @@ class HostedPolicy:
             return
         if not self.allowed_probe_urls:
             raise ConfigError(
-                "Probing a server is off in this hosted demo (a public page that fetches any URL is a request-forgery hole). "
+                "Probing a server is off in this hosted demo "
+                "(a public page that fetches any URL is a request-forgery hole). "
                 f"Whoever runs the demo can allow URLs in {PROBE_URLS_ENV}; or run prefillviz on your own machine."
             )
         if normalized_url(url) not in {normalized_url(u) for u in self.allowed_probe_urls}:
-            raise ConfigError(f"This hosted demo probes only {', '.join(self.allowed_probe_urls)}; {url!r} is not one of them.")
+            raise ConfigError(
+                f"This hosted demo probes only {', '.join(self.allowed_probe_urls)}; {url!r} is not one of them."
+            )
 
     def engine_limits(self) -> dict[str, int]:
         """The ``EngineConfig`` fields that bound each request: ``EngineConfig(..., **policy.engine_limits())``."""
-        return {"max_prompt_tokens": self.max_prompt_tokens, "max_new_tokens": self.max_new_tokens} if self.enabled else {}
+        limits = {"max_prompt_tokens": self.max_prompt_tokens, "max_new_tokens": self.max_new_tokens}
+        return limits if self.enabled else {}
 
     def limit(self, name: str, value: int) -> int:
         """``value`` capped by the hosted limit ``max_<name>`` (unchanged when hosting is off)."""
@@ -90,7 +96,8 @@ def hosted_policy() -> HostedPolicy:
     if setting in _ON:
         enabled, why = True, f"{HOSTED_ENV}={setting}"
     elif setting in _OFF:
-        enabled, why = False, f"{HOSTED_ENV}={setting}" + (f" overrides the Space ({SPACE_ENV}={space})" if space else "")
+        override = f" overrides the Space ({SPACE_ENV}={space})" if space else ""
+        enabled, why = False, f"{HOSTED_ENV}={setting}" + override
     elif setting:
         enabled, why = True, f"{HOSTED_ENV}={setting!r} is neither on nor off (0, false, no, off), so it counts as on"
     elif space:
@@ -105,7 +112,9 @@ def normalized_url(url: str) -> str:
     url = (url or "").strip()
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ProbeError(f"{url!r} is not a server URL: give one like http://127.0.0.1:8000 (http or https, with a host).")
+        raise ProbeError(
+            f"{url!r} is not a server URL: give one like http://127.0.0.1:8000 (http or https, with a host)."
+        )
     path = parts.path.rstrip("/")
     if path.endswith("/v1"):
         path = path[: -len("/v1")]

@@ -24,7 +24,9 @@ from prefillviz.machine.progress import MessageProgress
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
 
 
-def load_pretrained(model_id: str, device: torch.device, dtype: torch.dtype, report: MessageProgress) -> tuple[Any, Any, str]:
+def load_pretrained(
+    model_id: str, device: torch.device, dtype: torch.dtype, report: MessageProgress
+) -> tuple[Any, Any, str]:
     folder = Path(model_id).expanduser()
     if folder.is_dir():
         source, location, local_only = "local folder", str(folder), True

@@ -29,7 +29,9 @@ _FIRST_USE = "network on first use"
 
 RECOMMENDED_MODELS: list[ModelSpec] = [
     ModelSpec(BUNDLED_MODEL_ID, "Llama (SmolLM2)", "135M", "bundled (98 MB GGUF)", "bundled, offline, ~0.7 GB RAM"),
-    ModelSpec("HuggingFaceTB/SmolLM2-135M-Instruct", "Llama (SmolLM2)", "135M", "0.27 GB", "network on first use, ~0.6 GB RAM"),
+    ModelSpec(
+        "HuggingFaceTB/SmolLM2-135M-Instruct", "Llama (SmolLM2)", "135M", "0.27 GB", "network on first use, ~0.6 GB RAM"
+    ),
     ModelSpec("HuggingFaceTB/SmolLM2-360M-Instruct", "Llama (SmolLM2)", "360M", "0.7 GB", f"{_FIRST_USE}, ~1.5 GB RAM"),
     ModelSpec("Qwen/Qwen2.5-0.5B-Instruct", "Qwen2", "494M", "1.0 GB", f"{_FIRST_USE}, ~2 GB RAM"),
     ModelSpec("openai-community/gpt2", "GPT-2", "124M", "0.5 GB", f"{_FIRST_USE}, ~0.6 GB RAM"),

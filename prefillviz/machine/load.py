@@ -23,7 +23,10 @@ BUSY_PERCENT = 25.0  # other processes using more than this share of the cores: 
 
 def _system_busy_s() -> float:
     times = psutil.cpu_times()
-    return sum(times) - times.idle - getattr(times, "iowait", 0.0) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+    return (
+        sum(times) - times.idle - getattr(times, "iowait", 0.0) - getattr(times, "guest", 0.0)
+        - getattr(times, "guest_nice", 0.0)
+    )
 
 
 def _own_cpu_s(process: psutil.Process) -> float:

@@ -79,7 +79,8 @@ def run_timed(fn: Callable[[], T], device: torch.device) -> tuple[float, T]:
 
 
 def run_seconds(fn: Callable[[], object], calls: int, device: torch.device) -> float:
-    """Seconds for ``calls`` back-to-back calls: CUDA events on a GPU (the GPU work, not the launches), ``run_timed`` elsewhere."""
+    """Seconds for ``calls`` back-to-back calls: CUDA events on a GPU (the GPU work, not the launches),
+    ``run_timed`` elsewhere."""
 
     def repeat() -> None:
         for _ in range(calls):
@@ -119,7 +120,11 @@ def calls_per_run(seconds_per_call: float, min_run_time_s: float = MIN_RUN_TIME_
 
 @torch.inference_mode()
 def time_call(
-    fn: Callable[[], object], device: torch.device, runs: int = 5, warmup: int = 2, min_run_time_s: float = MIN_RUN_TIME_S
+    fn: Callable[[], object],
+    device: torch.device,
+    runs: int = 5,
+    warmup: int = 2,
+    min_run_time_s: float = MIN_RUN_TIME_S,
 ) -> CallTiming:
     """Warm up, then the median over ``runs`` timed runs of seconds per call.
 

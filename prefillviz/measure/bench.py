@@ -4,7 +4,8 @@ Timing discipline (gpt-fast / nanoGPT ``bench.py``): warm up first, synchronize 
 before reading the clock, interleave the runs being compared so drift hits both, report
 medians with their spread. Every figure is measured in this run; nothing is remembered.
 The parts in a fresh process (cold start, the inspection's peak RSS) are in
-``fresh_process``; the peer, transformers' own continuous batching, in ``hf_batching``; the other parts in ``bench_parts``.
+``fresh_process``; the peer, transformers' own continuous batching, in ``hf_batching``; the other parts in
+``bench_parts``.
 
 ``--quick`` (``QUICK_SIZES``) runs every part on the smallest work that still fills
 every key, for the test of the JSON's keys and shape; its figures say nothing and the JSON
@@ -61,12 +62,14 @@ FULL_SIZES = BenchSizes()  # make bench
 QUICK_SIZES = BenchSizes(  # bench --quick: the test of the JSON's keys and shape
     warmup_runs=1, min_runs=1, cold_start_runs=1, inspect_rss_tokens=64, peer_prompt_lengths=(64, 256),
     peer_new_tokens=4, peer_rounds=1, peer_cache_blocks=8, vllm_rounds=1,
-    chunked=replace(WORKLOAD_DEFAULTS, num_short_requests=2, short_prompt_tokens=8, short_max_new_tokens=4, token_budget=128),
+    chunked=replace(WORKLOAD_DEFAULTS, num_short_requests=2, short_prompt_tokens=8, short_max_new_tokens=4,
+                    token_budget=128),
 )
 
 
 def run_bench(
-    model_id: str, device: str, dtype: str, num_tokens: int = 512, runs: int = 7, quick: bool = False, with_vllm: bool = True, loaded=None
+    model_id: str, device: str, dtype: str, num_tokens: int = 512, runs: int = 7, quick: bool = False,
+    with_vllm: bool = True, loaded=None
 ) -> dict:
     """Measure and return the benchmark figures: the keys of ``bench_keys.BENCH_KEYS``, in their order.
 
@@ -86,10 +89,12 @@ def run_bench(
         inspect_rss_mb = inspect_peak_rss_mb(model_id, device, dtype, sizes.inspect_rss_tokens)
         cold_starts, cold_exits = zip(*(cold_start_s(model_id, device, dtype) for _ in range(sizes.cold_start_runs)))
         peer = engine_over_hf_cb(
-            loaded, num_tokens, sizes.peer_prompt_lengths, sizes.peer_new_tokens, sizes.peer_rounds, sizes.peer_cache_blocks
+            loaded, num_tokens, sizes.peer_prompt_lengths, sizes.peer_new_tokens, sizes.peer_rounds,
+            sizes.peer_cache_blocks
         )  # transformers' continuous batching sizes a large cache
         versus_vllm = (  # last: it starts vLLM
-            vllm_side_by_side(loaded, num_tokens, sizes.vllm_rounds, quick) if with_vllm else vllm_skipped("--no-vllm: the comparison with vLLM was left out")
+            vllm_side_by_side(loaded, num_tokens, sizes.vllm_rounds, quick) if with_vllm
+            else vllm_skipped("--no-vllm: the comparison with vLLM was left out")
         )
 
     times = prefill
@@ -121,7 +126,8 @@ def run_bench(
         "chunked_total_time_ratio": chunked["total_time_ratio"],
         "engine_over_hf_cb": peer["speedup"],
         **{key: versus_vllm[key] for key in VLLM_KEYS},
-        "dispatch": dispatch_summary(loaded.model),  # what the engine ran: the measured choice per step shape, and its timings
+        # what the engine ran: the measured choice per step shape, and its timings
+        "dispatch": dispatch_summary(loaded.model),
         "details": {
             "vllm": versus_vllm["details"],
             "hf_forward_s": median_and_spread(times["hf"]),
@@ -133,7 +139,8 @@ def run_bench(
             "packed_weights": packing,
             "chunked": chunked,
             "hf_continuous_batching": peer,
-            "cold_start": "fresh process: import, load the model from the prefillviz cache, first token of a short prompt (until it prints it)",
+            "cold_start": "fresh process: import, load the model from the prefillviz cache, first token of a short "
+                          "prompt (until it prints it)",
             "cold_start_s": median_and_spread(list(cold_starts)),
             "cold_start_to_exit_s": median_and_spread(list(cold_exits)),
             "engine_timing_capture_s": median_and_spread(times["timing"]),
@@ -141,10 +148,11 @@ def run_bench(
             "prefill_flops": prefill_flops,
             "gemm_gflops": median_and_spread(times["gemm_gflops"]),
             "machine_peaks": {  # the cached peaks the app's roofline uses, for comparison
-                "matmul_gflops": peaks.matmul_gflops, "memory_gb_s": peaks.memory_gb_s, "measured_at": peaks.measured_at,
-                "machine": peaks.machine,
+                "matmul_gflops": peaks.matmul_gflops, "memory_gb_s": peaks.memory_gb_s,
+                "measured_at": peaks.measured_at, "machine": peaks.machine,
             },
-            "inspect_rss": f"fresh process: load the model, inspect-capture a {sizes.inspect_rss_tokens}-token prefill, peak RSS",
+            "inspect_rss": f"fresh process: load the model, inspect-capture a {sizes.inspect_rss_tokens}-token "
+                           "prefill, peak RSS",
             "warmup_runs": sizes.warmup_runs,
             "machine_load": machine.reading.as_dict(),  # other processes' share of the cores during the timed parts
         },
@@ -164,7 +172,8 @@ def _prefill_timings(loaded, num_tokens: int, runs: int, sizes: BenchSizes) -> d
         model(input_ids=input_ids, logits_to_keep=1).logits.argmax(-1).item()
 
     def engine_prefill(token_budget: int, capture_level: str = "none") -> Callable[[], object]:
-        return OnePrompt(model, loaded.tokenizer, token_ids, token_budget, capture_level, model_id=loaded.model_id)  # cache off: every run computes
+        # cache off: every run computes
+        return OnePrompt(model, loaded.tokenizer, token_ids, token_budget, capture_level, model_id=loaded.model_id)
 
     @torch.inference_mode()
     def hf_token_by_token() -> None:  # HF's own decode loop: one token at a time into a DynamicCache
@@ -173,8 +182,10 @@ def _prefill_timings(loaded, num_tokens: int, runs: int, sizes: BenchSizes) -> d
             model(input_ids=input_ids[:, position : position + 1], cache=cache, use_cache=True, logits_to_keep=1)
 
     budget = max(num_tokens, 2048)
-    variants = {"hf": hf_forward, "parallel": engine_prefill(budget), "timing": engine_prefill(budget, "timing"), "inspect": engine_prefill(budget, "inspect")}
-    sequential = {"sequential": engine_prefill(token_budget=1), "hf_sequential": hf_token_by_token}  # N steps each: fewer runs
+    variants = {"hf": hf_forward, "parallel": engine_prefill(budget), "timing": engine_prefill(budget, "timing"),
+                "inspect": engine_prefill(budget, "inspect")}
+    # N steps each: fewer runs
+    sequential = {"sequential": engine_prefill(token_budget=1), "hf_sequential": hf_token_by_token}
     for _ in range(sizes.warmup_runs):
         for fn in variants.values():
             fn()

@@ -14,7 +14,9 @@ from pathlib import Path
 class BenchKey:
     name: str
     meaning: str
-    kind: str = "figure"  # "setting": what was measured; "figure": a measured number; "vllm": a figure against vLLM (null without it); "record"
+    # "setting": what was measured; "figure": a measured number; "vllm": a figure against vLLM (null without it);
+    # "record"
+    kind: str = "figure"
 
 
 KEYS_FILE = Path(__file__).with_name("bench_keys.toml")

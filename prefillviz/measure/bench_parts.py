@@ -23,7 +23,8 @@ def prefix_hit_speedup(loaded, prefix_tokens: int, runs: int, new_tokens: int = 
     prefix, prompt = token_ids[:prefix_tokens], token_ids
 
     def ttft(enable_prefix_caching: bool) -> float:
-        engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(token_budget=4096, enable_prefix_caching=enable_prefix_caching))
+        engine = LLMEngine(loaded.model, loaded.tokenizer,
+                           EngineConfig(token_budget=4096, enable_prefix_caching=enable_prefix_caching))
         engine.add_request(prefix)  # an earlier request with the same prefix fills the cache
         engine.run()
         request = engine.add_request(prompt)
@@ -44,7 +45,8 @@ def prefix_hit_speedup(loaded, prefix_tokens: int, runs: int, new_tokens: int = 
 
 
 def packed_over_stock(loaded, num_tokens: int, runs: int) -> dict:
-    """One forward of 1, 32 and N tokens with the linears packed (the engine's CPU path) over stock, interleaved pairs."""
+    """One forward of 1, 32 and N tokens with the linears packed (the engine's CPU path) over stock, interleaved
+    pairs."""
     model = loaded.model
     applies, why = packing_status(model)
     if not applies:
@@ -88,7 +90,8 @@ def chunked_ratios(loaded, long_tokens: int, rounds: int, workload_settings: Wor
         max_itl.append(on.itl_max_ms / off.itl_max_ms)
         total.append(on.total_ms / off.total_ms)
     return {
-        "workload": (f"{settings.num_short_requests} requests decoding ({settings.short_prompt_tokens}-token prompts, {settings.short_max_new_tokens} new tokens) "
+        "workload": (f"{settings.num_short_requests} requests decoding ({settings.short_prompt_tokens}-token prompts, "
+                     f"{settings.short_max_new_tokens} new tokens) "
                      f"when a {long_tokens}-token prompt arrives; budget {settings.token_budget} vs no chunking"),
         "max_itl_ratio": statistics.median(max_itl),
         "total_time_ratio": statistics.median(total),

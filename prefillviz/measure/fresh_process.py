@@ -29,7 +29,8 @@ def cold_start_s(model_id: str, device: str, dtype: str) -> tuple[float, float]:
         imports, model load, prefill, sampling; seconds until it has exited, which adds the
         interpreter's teardown: freeing torch's and transformers' modules).
     """
-    command = [sys.executable, "-m", "prefillviz", "run", "--prompt", "Hello", "--model", model_id, "--device", device, "--dtype", dtype, "--json"]
+    command = [sys.executable, "-m", "prefillviz", "run", "--prompt", "Hello", "--model", model_id, "--device", device,
+               "--dtype", dtype, "--json"]
     with tempfile.TemporaryFile() as errors:
         start = time.perf_counter()
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True)
@@ -47,7 +48,8 @@ def cold_start_s(model_id: str, device: str, dtype: str) -> tuple[float, float]:
 
 def inspect_peak_rss_mb(model_id: str, device: str, dtype: str, num_tokens: int) -> float:
     """Peak RSS of a fresh process that inspects a ``num_tokens`` prefill (model load included)."""
-    command = [sys.executable, "-m", "prefillviz.measure.fresh_process", "inspect-rss", model_id, device, dtype, str(num_tokens)]
+    command = [sys.executable, "-m", "prefillviz.measure.fresh_process", "inspect-rss", model_id, device, dtype,
+               str(num_tokens)]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])["peak_rss_mb"]
 

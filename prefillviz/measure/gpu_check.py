@@ -27,7 +27,6 @@ import math
 import os
 import statistics
 import sys
-from contextlib import contextmanager
 
 SELF_TEST = "--self-test" in sys.argv
 if SELF_TEST:  # must precede the Triton kernel's import: @triton.jit reads it when it decorates
@@ -37,7 +36,6 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from prefillviz.analysis.flops import engine_step_costs
-from prefillviz.engine.forward import STOCK_FORWARD_ENV
 from prefillviz.engine.request import SamplingParams
 from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.instrument.capture import run_captured
@@ -77,14 +75,16 @@ def _emit(record: dict) -> dict:
     return record
 
 
-def _prefill_s(name: str, model, tokenizer, token_ids: list[int], device: torch.device, capture_level: str = "none", profile_dir=None):
+def _prefill_s(name: str, model, tokenizer, token_ids: list[int], device: torch.device, capture_level: str = "none",
+               profile_dir=None):
     """One prefill on a fresh one-request engine: (seconds of its run, device synchronized around it; its trace)."""
     engine = one_request_engine(model, tokenizer, token_budget=16384, num_tokens=len(token_ids) + 1, model_id=name)
     engine.add_request(token_ids, SamplingParams(max_new_tokens=1))
     return run_timed(lambda: run_captured(engine, capture_level=capture_level, profile_dir=profile_dir), device)
 
 
-MAX_PLAUSIBLE_MFU = 1.05  # a prefill can't beat the matmul peak measured on the same device; above this, a clock is wrong
+# a prefill can't beat the matmul peak measured on the same device; above this, a clock is wrong
+MAX_PLAUSIBLE_MFU = 1.05
 
 
 def sizes_within_context(model, sizes) -> tuple[list[int], int]:
@@ -106,13 +106,16 @@ def prefill_figures(name: str, model, tokenizer, sizes, device, peak_gflops: flo
     records = []
     capped, context = sizes_within_context(model, sizes)
     if capped != sorted(sizes):
-        records.append(_emit({"check": "prefill", "model": name, "note": f"sizes {list(sizes)} capped at the context ({context:,} tokens, one of them for the first new token): {capped}", "ok": True}))
+        records.append(_emit({"check": "prefill", "model": name,
+                              "note": f"sizes {list(sizes)} capped at the context ({context:,} tokens, "
+                                      f"one of them for the first new token): {capped}", "ok": True}))
     for n in capped:
         token_ids = torch.randint(10, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
         _prefill_s(name, model, tokenizer, token_ids, device)  # warm-up
         results = [_prefill_s(name, model, tokenizer, token_ids, device) for _ in range(runs)]
         times = [seconds for seconds, _ in results]
-        first_tokens = all(len(record.output_token_ids) == 1 for _, trace in results for record in trace.requests.values())
+        first_tokens = all(len(record.output_token_ids) == 1
+                           for _, trace in results for record in trace.requests.values())
         median = statistics.median(times)
         flops = engine_step_costs(model, n, n).total_flops
         achieved = flops / median / 1e9
@@ -120,35 +123,23 @@ def prefill_figures(name: str, model, tokenizer, sizes, device, peak_gflops: flo
         records.append(_emit({
             "check": "prefill", "model": name, "N": n, "tok_s": n / median, "median_s": median, "min_s": min(times),
             "max_s": max(times), "runs": runs, "achieved_gflops": achieved, "mfu_vs_measured_peak": mfu,
-            # every run produced its first token, and on a GPU no faster than the measured matmul peak allows (else a clock
-            # is wrong); on a shared CPU (the self-test) a peak measured in a busy moment may be beaten in a quiet one
+            # every run produced its first token, and on a GPU no faster than the measured matmul peak allows (else a
+            # clock is wrong); on a shared CPU (the self-test) a peak measured in a busy moment may be beaten in a
+            # quiet one
             "ok": first_tokens and (device.type != "cuda" or mfu <= MAX_PLAUSIBLE_MFU),
         }))
     return records
 
 
-@contextmanager
-def _stock_forward():
-    """Every engine built inside runs the stock transformers forward (``PREFILLVIZ_STOCK_FORWARD``, read at build)."""
-    before = os.environ.get(STOCK_FORWARD_ENV)
-    os.environ[STOCK_FORWARD_ENV] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(STOCK_FORWARD_ENV, None)
-        else:
-            os.environ[STOCK_FORWARD_ENV] = before
-
-
-def clock_agreement(name: str, model, tokenizer, n: int, device: torch.device, profile_dir: str, passes: int = CLOCK_PASSES) -> dict:
+def clock_agreement(name: str, model, tokenizer, n: int, device: torch.device, profile_dir: str,
+                    passes: int = CLOCK_PASSES) -> dict:
     """Per-layer CUDA-event times against the profiler's spans of the same ``layers.i`` scopes.
 
-    Like with like: every pass runs the stock transformers forward (the profile pass hooks it, so
-    the timing passes are made to run it too, ``PREFILLVIZ_STOCK_FORWARD``), and the events are
-    compared with the scope's device-side span, which holds the launch gaps the events also count.
+    Like with like: every pass runs the engine's own forward (the profile level opens its
+    ``record_function`` scopes inside it, around the same spans a timing pass times), and the events
+    are compared with the scope's device-side span, which holds the launch gaps the events also count.
 
-    The check is made inside each profile pass: its hooks record the CUDA events too, so both
+    The check is made inside each profile pass: its spans record the CUDA events too, so both
     clocks see the very same launches and gaps. Across passes (the timing passes' events against
     the profile passes' spans, medians of ``passes`` each) the gaps differ where the host is slow
     and busy (an H200's first run: the GPU idle 17% of a layer on one machine, 47% on another);
@@ -157,10 +148,11 @@ def clock_agreement(name: str, model, tokenizer, n: int, device: torch.device, p
     and the check only shows the plumbing works.
     """
     token_ids = torch.randint(10, model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(1)).tolist()
-    with _stock_forward():
-        _prefill_s(name, model, tokenizer, token_ids, device)  # warm-up
-        timing = [_prefill_s(name, model, tokenizer, token_ids, device, "timing")[1].steps[0].layer_times for _ in range(passes)]
-        profiled = [_prefill_s(name, model, tokenizer, token_ids, device, "profile", profile_dir)[1] for _ in range(passes)]
+    _prefill_s(name, model, tokenizer, token_ids, device)  # warm-up
+    timing = [_prefill_s(name, model, tokenizer, token_ids, device, "timing")[1].steps[0].layer_times
+              for _ in range(passes)]
+    profiled = [_prefill_s(name, model, tokenizer, token_ids, device, "profile", profile_dir)[1]
+                for _ in range(passes)]
     num_layers = len(timing[0].layer_s)
     timing_events = median_per_layer([t.layer_s for t in timing])
     pass_events, pass_spans, pass_busy, same_pass = [], [], [], []
@@ -181,9 +173,13 @@ def clock_agreement(name: str, model, tokenizer, n: int, device: torch.device, p
         return 1 - sum(busy) / sum(total) if cuda and sum(total) > 0 else None
 
     return _emit({
-        "check": "clocks", "model": name, "N": n, "clock": timing[0].clock, "forward": "stock transformers forward in every pass",
-        "profiler_side": "device span of the scope and its nested scopes (gpu_user_annotation)" if span_kind == "gpu_user_annotation" else "scope CPU span (self-test)",
-        "passes": passes, "decides": "same_pass_ratio: each profile pass's layer clock (CUDA events on a GPU) over its own profiler spans",
+        "check": "clocks", "model": name, "N": n, "clock": timing[0].clock,
+        "forward": "stock transformers forward in every pass",
+        "profiler_side": ("device span of the scope and its nested scopes (gpu_user_annotation)"
+                          if span_kind == "gpu_user_annotation" else "scope CPU span (self-test)"),
+        "passes": passes,
+        "decides": "same_pass_ratio: each profile pass's layer clock (CUDA events on a GPU) over its own profiler "
+                   "spans",
         "same_pass_ratio": ratio, "same_pass_ratios": same_pass,
         "profile_pass_event_layers_ms": [sum(e) * 1e3 for e in pass_events],
         "profile_pass_span_layers_ms": [sum(s) * 1e3 for s in pass_spans],
@@ -203,10 +199,12 @@ def kernel_figures(shape: tuple[int, int, int], sizes, device, dtype, runs: int)
         if triton_runs:
             inputs = paged.random_step([(20, 1), (0, 23), (31, 12)], *shape, block_size=16, seed=5, workload="mixed")
             difference, allowed = paged.check_paged(paged.TRITON, inputs)
-            records.append(_emit({"check": "triton", "mode": triton_reason, "max_abs_diff": difference, "allowed": allowed, "ok": True}))
+            records.append(_emit({"check": "triton", "mode": triton_reason, "max_abs_diff": difference,
+                                  "allowed": allowed, "ok": True}))
         else:
             records.append(_emit({"check": "triton", "skipped": triton_reason, "ok": True}))
-    bench = run_kernel_benchmark(*shape, sizes, device, dtype, families=("paged",), include_flex=device.type == "cuda", runs=runs)
+    bench = run_kernel_benchmark(*shape, sizes, device, dtype, families=("paged",), include_flex=device.type == "cuda",
+                                 runs=runs)
     by_point: dict[tuple, dict] = {}
     for row in bench.rows():
         by_point.setdefault((row["workload"], row["N"]), {})[row["kernel"]] = row["median_ms"]
@@ -242,7 +240,8 @@ def _bundled(device: torch.device, dtype: torch.dtype):
     try:
         return load_model(BUNDLED_MODEL_ID, device=str(device), dtype=dtype_name(dtype))
     except Exception as error:  # noqa: BLE001 -- no bundled copy on this machine is a skip, said why
-        _emit({"check": "prefill", "model": BUNDLED_MODEL_ID, "skipped": f"{type(error).__name__}: {error}"[:300], "ok": True})
+        _emit({"check": "prefill", "model": BUNDLED_MODEL_ID, "skipped": f"{type(error).__name__}: {error}"[:300],
+               "ok": True})
         return None
 
 
@@ -275,15 +274,19 @@ def main(argv: list[str] | None = None) -> int:
     bundled = _bundled(device, dtype)
     if bundled is not None:
         model_id, model, tokenizer = bundled.model_id, bundled.model, bundled.tokenizer
-        records += _guarded("prefill", lambda: prefill_figures(model_id, model, tokenizer, sizes["prefill"], device, peak, runs))
+        records += _guarded("prefill", lambda: prefill_figures(model_id, model, tokenizer, sizes["prefill"], device,
+                                                               peak, runs))
         clock_n = sizes_within_context(model, sizes["prefill"])[0][-1]
-        records += _guarded("clocks", lambda: [clock_agreement(model_id, model, tokenizer, clock_n, device, args.profile_dir)])
+        records += _guarded("clocks", lambda: [clock_agreement(model_id, model, tokenizer, clock_n, device,
+                                                               args.profile_dir)])
         del bundled, model
     config = LlamaConfig(**(TINY_LLAMA if args.self_test else LLAMA_3_2_1B))
     llama = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
     name = "random Llama-3.2-1B shape" if not args.self_test else "random tiny Llama"
-    records += _guarded("prefill", lambda: prefill_figures(name, llama, _Tokenizer(), sizes["prefill"], device, peak, runs))
-    records += _guarded("clocks", lambda: [clock_agreement(name, llama, _Tokenizer(), sizes["prefill"][1], device, args.profile_dir)])
+    records += _guarded("prefill", lambda: prefill_figures(name, llama, _Tokenizer(), sizes["prefill"], device, peak,
+                                                           runs))
+    records += _guarded("clocks", lambda: [clock_agreement(name, llama, _Tokenizer(), sizes["prefill"][1], device,
+                                                           args.profile_dir)])
     shape = (config.num_attention_heads, config.num_key_value_heads, config.head_dim)
     records += _guarded("kernels", lambda: kernel_figures(shape, sizes["kernels"], device, dtype, runs))
     failed = [r for r in records if not r["ok"]]

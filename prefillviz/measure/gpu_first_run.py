@@ -103,7 +103,8 @@ def versions(device: torch.device, out: Path) -> dict:
         "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None, "triton": version_of("triton"),
         "transformers": version_of("transformers"), "device": str(device), "device_name": machine_name(device),
-        "cpu": machine_name("cpu"), "driver": _command(["nvidia-smi", "--query-gpu=driver_version,memory.total", "--format=csv,noheader"]),
+        "cpu": machine_name("cpu"),
+        "driver": _command(["nvidia-smi", "--query-gpu=driver_version,memory.total", "--format=csv,noheader"]),
         "commit": _command(["git", "rev-parse", "HEAD"]),
     }
     (out / "versions.json").write_text(json.dumps(found, indent=2))
@@ -115,10 +116,11 @@ SELF_TEST_TRITON = "block_tables or reference"  # the CPU-side tests: the suite 
 
 def triton_tests(out: Path, timeout_s: float, self_test: bool = False) -> dict:
     test = "tests/model/test_paged_attention_triton.py"
-    subset = ["-k", SELF_TEST_TRITON] if self_test else []  # the self-test proves this step's plumbing, not the kernel again
+    # the self-test proves this step's plumbing, not the kernel again
+    subset = ["-k", SELF_TEST_TRITON] if self_test else []
     try:
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test, *subset], capture_output=True, text=True,
-                              timeout=timeout_s, cwd=ROOT)
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test, *subset],
+                              capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return {"tests": test, "error": f"did not finish in {timeout_s:.0f} s", "ok": False}
     (out / "triton_tests.txt").write_text(done.stdout + done.stderr)
@@ -127,7 +129,8 @@ def triton_tests(out: Path, timeout_s: float, self_test: bool = False) -> dict:
 
 
 def _prefill(model, token_ids: list[int], device: torch.device, level: str = "timing", profile_dir: str | None = None):
-    engine = one_request_engine(model, _Tokenizer(), token_budget=16384, num_tokens=len(token_ids) + 1, model_id="random SmolLM2-135M")
+    engine = one_request_engine(model, _Tokenizer(), token_budget=16384, num_tokens=len(token_ids) + 1,
+                                model_id="random SmolLM2-135M")
     engine.add_request(token_ids, SamplingParams(max_new_tokens=1))
     return run_timed(lambda: run_captured(engine, capture_level=level, profile_dir=profile_dir), device)
 
@@ -137,8 +140,9 @@ def prefill(model, token_ids, device) -> dict:
     runs = [_prefill(model, token_ids, device) for _ in range(3)]
     ttft = [next(iter(trace.requests.values())).time_to_first_token_s for _, trace in runs]
     median = statistics.median(seconds for seconds, _ in runs)
-    return {"N": len(token_ids), "run_median_s": median, "ttft_median_s": statistics.median(ttft), "tok_s": len(token_ids) / median,
-            "runs": len(runs), "measured": "timing pass (per-layer clocks), after one warm-up", "ok": all(t and t > 0 for t in ttft)}
+    return {"N": len(token_ids), "run_median_s": median, "ttft_median_s": statistics.median(ttft),
+            "tok_s": len(token_ids) / median, "runs": len(runs),
+            "measured": "timing pass (per-layer clocks), after one warm-up", "ok": all(t and t > 0 for t in ttft)}
 
 
 @torch.inference_mode()
@@ -151,7 +155,8 @@ def equality(model, token_ids, device, dtype) -> dict:
     allowed = rounding.relative_bound(dtype, rounding.TWO_FORWARDS_STEPS, terms) * float(reference.abs().max())
     same = int(engine_logits.argmax()) == int(reference.argmax())
     return {"against": "plain Hugging Face forward, last position", "max_abs_diff": difference, "allowed": allowed,
-            "tolerance": f"{rounding.describe(dtype, rounding.TWO_FORWARDS_STEPS, terms)}, at max |logit| (analysis/rounding.py)",
+            "tolerance": f"{rounding.describe(dtype, rounding.TWO_FORWARDS_STEPS, terms)}, "
+                         "at max |logit| (analysis/rounding.py)",
             "same_greedy_token": same,
             "ok": difference <= allowed}
 
@@ -164,20 +169,24 @@ def inspect(model, token_ids, device) -> dict:
     writes = step.kv_writes
     written = [] if writes is None else list(writes.layers_written)
     return {"kv_write_layers": len(written), "kv_write_positions": 0 if writes is None else len(writes.positions),
-            "kv_bytes_per_layer": None if writes is None else writes.bytes_per_layer, "captured_qk_layers": len(captured.keys),
-            "ok": written == list(range(layers)) and len(writes.positions) == len(token_ids) and len(captured.keys) == layers}
+            "kv_bytes_per_layer": None if writes is None else writes.bytes_per_layer,
+            "captured_qk_layers": len(captured.keys),
+            "ok": (written == list(range(layers)) and len(writes.positions) == len(token_ids)
+                   and len(captured.keys) == layers)}
 
 
 def profile(model, token_ids, device, out: Path) -> dict:
     _, trace = _prefill(model, token_ids, device, level="profile", profile_dir=str(out / "profile"))
     rows = trace.profile.op_table
     return {"top_ops": [row["op"] for row in rows[:5]], "chrome_trace": trace.profile.chrome_trace_path,
-            "activities": trace.profile.activities, "ok": bool(rows) and Path(trace.profile.chrome_trace_path).is_file()}
+            "activities": trace.profile.activities,
+            "ok": bool(rows) and Path(trace.profile.chrome_trace_path).is_file()}
 
 
 def edge(model, device) -> dict:
     context = model.config.max_position_embeddings
-    token_ids = torch.randint(10, model.config.vocab_size, (context,), generator=torch.Generator().manual_seed(2)).tolist()
+    token_ids = torch.randint(10, model.config.vocab_size, (context,),
+                              generator=torch.Generator().manual_seed(2)).tolist()
     seconds, trace = _prefill(model, token_ids[: context - 1], device, level="none")
     generated = next(iter(trace.requests.values())).output_token_ids
     try:
@@ -192,14 +201,16 @@ def edge(model, device) -> dict:
 def gpu_check(self_test: bool, out: Path, timeout_s: float) -> dict:
     args = [sys.executable, "-m", "prefillviz.measure.gpu_check", "--profile-dir", str(out / "gpu_check_profile")]
     try:
-        done = subprocess.run(args + (["--self-test"] if self_test else []), capture_output=True, text=True, timeout=max(timeout_s, 1), cwd=ROOT)
+        done = subprocess.run(args + (["--self-test"] if self_test else []), capture_output=True, text=True,
+                              timeout=max(timeout_s, 1), cwd=ROOT)
     except subprocess.TimeoutExpired:
         return {"error": f"gpu_check did not finish in the {timeout_s:.0f} s left", "ok": False}
     (out / "gpu_check.jsonl").write_text(done.stdout)
     (out / "gpu_check.stderr.txt").write_text(done.stderr)
     records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     failed = [r["check"] for r in records if not r.get("ok")]
-    return {"records": len(records), "failed": failed, "exit": done.returncode, "ok": done.returncode == 0 and bool(records)}
+    return {"records": len(records), "failed": failed, "exit": done.returncode,
+            "ok": done.returncode == 0 and bool(records)}
 
 
 def model_checks(run: FirstRun, self_test: bool, device: torch.device, dtype: torch.dtype, out: Path) -> None:
@@ -235,8 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
     run.check("gpu_check", lambda: gpu_check(args.self_test, out, run.left_s()))
     ok = all(item["ok"] for item in run.summary)
-    (out / "summary.json").write_text(json.dumps({"ok": ok, "device": str(device), "dtype": dtype_name(dtype), "checks": run.summary}, indent=2))
-    print(json.dumps({"check": "summary", "ok": ok, "failed": [c["check"] for c in run.summary if not c["ok"]], "out": str(out)}), flush=True)
+    (out / "summary.json").write_text(json.dumps({"ok": ok, "device": str(device), "dtype": dtype_name(dtype),
+                                                  "checks": run.summary}, indent=2))
+    print(json.dumps({"check": "summary", "ok": ok, "failed": [c["check"] for c in run.summary if not c["ok"]],
+                      "out": str(out)}), flush=True)
     return 0 if ok else 1
 
 

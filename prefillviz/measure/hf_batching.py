@@ -38,11 +38,13 @@ def engine_over_hf_cb(
         trace = engine.run()
         return [trace.requests[i].output_token_ids for i in ids]
 
-    cache_config = None if cache_blocks is None else ContinuousBatchingConfig(num_blocks=cache_blocks, max_batch_tokens=token_budget)
+    cache_config = (None if cache_blocks is None
+                    else ContinuousBatchingConfig(num_blocks=cache_blocks, max_batch_tokens=token_budget))
 
     def theirs() -> list[list[int]]:
         config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
-        outputs = loaded.model.generate_batch(inputs=prompts, generation_config=config, continuous_batching_config=cache_config, progress_bar=False)
+        outputs = loaded.model.generate_batch(inputs=prompts, generation_config=config,
+                                              continuous_batching_config=cache_config, progress_bar=False)
         by_prompt = {tuple(o.prompt_ids): list(o.generated_tokens)[:new_tokens] for o in outputs.values()}
         return [by_prompt[tuple(p)] for p in prompts]
 

@@ -9,8 +9,8 @@ and dtype; each kernel is checked against its family's naive oracle before it is
              prefill  one fresh prompt of N tokens
              mixed    a chunked-prefill step: a chunk of 128 new tokens after N - 128
                       cached, packed with 4 decodes whose requests hold N tokens each
-           v1 naive, v2 loop, v3 packed, v4 flex (if compiled FlexAttention runs
-           here), v5 triton (on CUDA only), v6 loop with fp32 decodes (the stock forward's),
+           v1 naive, v2 loop (the textbook backend's), v3 packed, v4 flex (if compiled FlexAttention
+           runs here), v5 triton (on CUDA only), v6 loop with fp32 decodes,
            v7 compiled and v7 tiles (the engine's own kernel on a CPU in its two layouts, where its
            C++ ops are built)
 
@@ -80,7 +80,8 @@ class KernelBenchmark:
         for row in self.rows():
             table.setdefault(f"{row['family']} {row['workload']} N={row['N']}", {})[row["kernel"]] = row["median_ms"]
         ratios = {
-            point: times["v3 packed"] / times["v2 loop"] for point, times in table.items() if {"v2 loop", "v3 packed"} <= times.keys()
+            point: times["v3 packed"] / times["v2 loop"]
+            for point, times in table.items() if {"v2 loop", "v3 packed"} <= times.keys()
         }
         return {"median_ms": table, "packed_over_loop": ratios}
 
@@ -107,7 +108,8 @@ def kernel_rows(results: list[KernelResult]) -> list[dict]:
             "allowed_diff": r.allowed_diff,
             "peak_memory_MiB": None if r.peak_memory_bytes is None else r.peak_memory_bytes / 2**20,
             "memory_method": r.memory_method,
-            "largest_intermediate_MiB": None if r.largest_intermediate_bytes is None else r.largest_intermediate_bytes / 2**20,
+            "largest_intermediate_MiB": (None if r.largest_intermediate_bytes is None
+                                         else r.largest_intermediate_bytes / 2**20),
             "output_MiB": r.output_bytes / 2**20,
         }
         for r in results
@@ -126,7 +128,8 @@ def naive_fits(num_heads: int, n: int, device: str) -> tuple[bool, str]:
     need = num_heads * n * n * 4
     if need <= cap:
         return True, ""
-    return False, f"its (H, N, N) scores would take {need / 2**30:.1f} GiB (cap {cap / 2**30:.0f} GiB on {torch.device(device).type})"
+    return False, (f"its (H, N, N) scores would take {need / 2**30:.1f} GiB "
+                   f"(cap {cap / 2**30:.0f} GiB on {torch.device(device).type})")
 
 
 def device_memory_bytes(device: torch.device | str) -> int:
@@ -150,11 +153,13 @@ def check_sizes(shape_name: str, sizes: list[int], device: torch.device | str) -
     context = SHAPE_CONTEXTS.get(shape_name)
     for n in sizes:
         if context is not None and n > context and context <= largest:
-            raise ConfigError(f"N = {n:,} is past {shape_name}'s context of {context:,} tokens; use N of {context:,} or less.")
+            raise ConfigError(f"N = {n:,} is past {shape_name}'s context of {context:,} tokens; "
+                              f"use N of {context:,} or less.")
         if n > largest:
             raise ConfigError(
-                f"N = {n:,} needs {num_heads * n * n * 4 / 2**30:,.1f} GiB for v1's (H, N, N) fp32 scores (H = {num_heads}), "
-                f"more than this {'GPU' if torch.device(device).type == 'cuda' else 'machine'}'s {memory / 2**30:,.1f} GiB; "
+                f"N = {n:,} needs {num_heads * n * n * 4 / 2**30:,.1f} GiB for v1's (H, N, N) fp32 scores "
+                f"(H = {num_heads}), more than this {'GPU' if torch.device(device).type == 'cuda' else 'machine'}'s "
+                f"{memory / 2**30:,.1f} GiB; "
                 f"use N of {largest:,} or less."
             )
 
@@ -201,7 +206,8 @@ def run_kernel_benchmark(
         if runnable:
             paged_kernels.append(kernel)
         elif "paged" in families:
-            bench.skipped.append({"kernel": kernel.name, "family": "paged", "workload": "all", "N": None, "reason": reason})
+            bench.skipped.append({"kernel": kernel.name, "family": "paged", "workload": "all", "N": None,
+                                  "reason": reason})
     for index, n in enumerate(sizes):
         report(index / max(len(sizes), 1), f"kernel benchmark: N = {n:,}")
         fits, why_not = naive_fits(num_heads, n, device)
@@ -209,29 +215,34 @@ def run_kernel_benchmark(
             q, k, v = _dense_inputs(num_heads, num_kv_heads, head_dim, n, device, dtype, generator)
             for kernel in dense.KERNELS:
                 if kernel is dense.NAIVE and not fits:
-                    bench.skipped.append({"kernel": kernel.name, "family": "dense", "workload": "one prompt", "N": n, "reason": why_not})
+                    bench.skipped.append({"kernel": kernel.name, "family": "dense", "workload": "one prompt", "N": n,
+                                          "reason": why_not})
                     continue
                 bench.add("dense", n, dense.check_and_time(kernel, q, k, v, scale, runs=runs))
             del q, k, v
         if "paged" in families:
             for workload, requests in (("prefill", [(0, n)]), ("mixed", mixed_requests(n))):
                 inputs = paged.random_step(
-                    requests, num_heads, num_kv_heads, head_dim, device=device, dtype=dtype, seed=seed + n, workload=workload
+                    requests, num_heads, num_kv_heads, head_dim, device=device, dtype=dtype, seed=seed + n,
+                    workload=workload
                 )
                 for kernel in [paged.NAIVE, *paged_kernels]:
                     if kernel is paged.NAIVE and not fits:
-                        bench.skipped.append({"kernel": kernel.name, "family": "paged", "workload": workload, "N": n, "reason": why_not})
+                        bench.skipped.append({"kernel": kernel.name, "family": "paged", "workload": workload, "N": n,
+                                              "reason": why_not})
                         continue
                     if kernel not in (paged.FLEX, paged.TRITON):
                         bench.add("paged", n, paged.check_paged_and_time(kernel, inputs, runs=runs))
                         continue
                     try:  # a compiled kernel may still fail at a new shape (a compile error, torch.compile's limits)
-                        with recompile_limit(2 * len(sizes) + 2):  # FlexAttention compiles once per shape: two workloads per N
+                        # FlexAttention compiles once per shape: two workloads per N
+                        with recompile_limit(2 * len(sizes) + 2):
                             bench.add("paged", n, paged.check_paged_and_time(kernel, inputs, runs=runs))
                     except KernelCheckError:
                         raise
                     except Exception as error:  # noqa: BLE001 -- listed with its reason, the other kernels go on
-                        bench.skipped.append({"kernel": kernel.name, "family": "paged", "workload": workload, "N": n, "reason": first_line(error)})
+                        bench.skipped.append({"kernel": kernel.name, "family": "paged", "workload": workload, "N": n,
+                                              "reason": first_line(error)})
                 del inputs
     report(1.0, "done")
     return bench
@@ -249,7 +260,8 @@ def engine_choice(bench: KernelBenchmark) -> dict:
 
     table = table_for_heads(bench.num_heads, bench.num_kv_heads, bench.head_dim, bench.device, bench.dtype)
     if table is None:
-        return {"measured": False, "why": "the engine's dispatch is not measured for these heads, device and dtype here yet (python -m prefillviz tune)"}
+        return {"measured": False, "why": "the engine's dispatch is not measured for these heads, device and dtype "
+                                          "here yet (python -m prefillviz tune)"}
     by_bucket = {bucket: table.choice(bucket, ATTENTION) for bucket in table.timings}
     chosen = []
     for index, row in enumerate(bench.rows()):
@@ -273,7 +285,8 @@ def benchmark_json(bench: KernelBenchmark) -> dict:
             "cpu_threads": torch.get_num_threads(),
             "torch": torch.__version__,
         },
-        "shape": {"num_heads": bench.num_heads, "num_kv_heads": bench.num_kv_heads, "head_dim": bench.head_dim, "dtype": bench.dtype},
+        "shape": {"num_heads": bench.num_heads, "num_kv_heads": bench.num_kv_heads, "head_dim": bench.head_dim,
+                  "dtype": bench.dtype},
         "sizes": bench.sizes,
         "rows": rows,
         "skipped": bench.skipped,
@@ -283,6 +296,6 @@ def benchmark_json(bench: KernelBenchmark) -> dict:
 
 
 __all__ = [
-    "BENCH_SIZES", "SHAPES", "SHAPE_CONTEXTS", "KernelBenchmark", "benchmark_json", "check_sizes", "kernel_rows", "mixed_requests",
-    "run_kernel_benchmark",
+    "BENCH_SIZES", "SHAPES", "SHAPE_CONTEXTS", "KernelBenchmark", "benchmark_json", "check_sizes", "kernel_rows",
+    "mixed_requests", "run_kernel_benchmark",
 ]

@@ -21,11 +21,13 @@ def recompile_limit(limit: int):
     return dynamo_config.patch(recompile_limit=max(limit, dynamo_config.recompile_limit))
 
 
-def trial_launch(kernel, num_heads: int, num_kv_heads: int, head_dim: int, device: str, dtype: torch.dtype) -> tuple[bool, str]:
+def trial_launch(kernel, num_heads: int, num_kv_heads: int, head_dim: int, device: str,
+                 dtype: torch.dtype) -> tuple[bool, str]:
     """(whether ``kernel`` compiles and agrees with v1 at this shape on a small mixed step, why not):
     a compile failure is a skip with its reason before any size runs, not an exception mid-benchmark."""
     try:
-        inputs = paged.random_step([(20, 12), (0, 23), (31, 1)], num_heads, num_kv_heads, head_dim, device=device, dtype=dtype, seed=1, workload="mixed")
+        inputs = paged.random_step([(20, 12), (0, 23), (31, 1)], num_heads, num_kv_heads, head_dim, device=device,
+                                   dtype=dtype, seed=1, workload="mixed")
         paged.check_paged(kernel, inputs)
     except Exception as error:  # noqa: BLE001 -- any failure (compile, launch, a wrong result) means "does not run here"
         return False, f"its trial launch failed on {device}: {first_line(error)}"

@@ -86,7 +86,8 @@ class KernelTimingsResult:
     info: ModelShape  # the model's shape, which the roofline prediction reads
     peaks: MachinePeaks  # the best of this machine's measured peaks when the prediction was made
     predicted: list[dict]  # predicted vs measured, one row per layer, from ``peaks``
-    last_layer_rows: int | None  # rows the timing passes' last layer ran attention and what follows for (1: the engine's own forward; None: all)
+    # rows the timing passes' last layer ran attention and what follows for (1: the engine's own forward; None: all)
+    last_layer_rows: int | None
     kernel_layer: int
     kernel_num_tokens: int  # the first tokens of the prompt the kernels ran on (all, unless the oracle can't fit)
     kernel_results: list[KernelResult]  # kernels on the captured q/k/v of kernel_layer
@@ -103,7 +104,8 @@ def _engine(loaded: LoadedModel) -> LLMEngine:
     return one_request_engine(loaded.model, loaded.tokenizer, 8192, model_id=loaded.model_id, backend=STOCK_LINEARS)
 
 
-def prefill_pass(loaded: LoadedModel, prompt: str | list[int], capture_level: str, profile_dir: str | None = None) -> Trace:
+def prefill_pass(loaded: LoadedModel, prompt: str | list[int], capture_level: str,
+                 profile_dir: str | None = None) -> Trace:
     """One parallel prefill (one step, first token only) at ``capture_level``.
 
     Raises:
@@ -127,7 +129,8 @@ def median_layer_times(traces: list[Trace]) -> LayerTimes:
         raise ValueError("Every trace needs a timing capture (layer_times).")
     num_layers = len(times[0].layer_s)
     median_pass = [
-        sorted(range(len(times)), key=lambda index: times[index].layer_s[layer])[(len(times) - 1) // 2] for layer in range(num_layers)
+        sorted(range(len(times)), key=lambda index: times[index].layer_s[layer])[(len(times) - 1) // 2]
+        for layer in range(num_layers)
     ]
 
     def per_layer(attribute: str) -> list[float]:
@@ -176,11 +179,13 @@ def captured_qkv(
     def tensor(array) -> torch.Tensor:
         return torch.from_numpy(array[:, :max_tokens]).to(device=device, dtype=dtype)
 
-    return tensor(captured.queries[layer]), tensor(captured.keys[layer]), tensor(captured.values[layer]), captured.scaling[layer]
+    return (tensor(captured.queries[layer]), tensor(captured.keys[layer]), tensor(captured.values[layer]),
+            captured.scaling[layer])
 
 
 def compare_kernels(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, kernels: tuple[AttentionKernel, ...] = KERNELS, runs: int = 5
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, kernels: tuple[AttentionKernel, ...] = KERNELS,
+    runs: int = 5
 ) -> list[KernelResult]:
     """Every kernel on the same q/k/v, each checked against v1 before it is timed."""
     return [check_and_time(kernel, q, k, v, scale, runs=runs) for kernel in kernels]
@@ -239,7 +244,8 @@ def run_kernel_timings(
     report(0.35, "machine peaks (cached; measured again when old or taken on a busy machine)")
     loaded_dtype_name = dtype_name(loaded.dtype)
     peaks = machine_peaks(loaded.device, loaded_dtype_name)
-    last_layer_rows = 1 if own_forward_status(loaded.model)[0] else None  # the timing passes' forward keeps one row there
+    # the timing passes' forward keeps one row there
+    last_layer_rows = 1 if own_forward_status(loaded.model)[0] else None
     predicted = predicted_vs_measured(info, num_tokens, layer_times, peaks, last_layer_rows)
 
     report(0.4, f"inspection pass: q/k/v of layer {kernel_layer}")
@@ -282,8 +288,10 @@ def run_kernel_timings(
 
 
 KERNEL_PASS_NAMES = {  # which: (long, short for a figure's subtitle); the engine's own passes: instrument.passes
-    "inspect": (f"q/k/v of layer {{layer}} from an {passes.INSPECTION_PASS}, kernels timed on their own", f"layer {{layer}}'s q/k/v, {passes.INSPECTION_PASS}"),
-    "sweep": ("kernel benchmark: random q/k/v of the model's shape, kernels timed on their own", "random q/k/v of the model's shape"),
+    "inspect": (f"q/k/v of layer {{layer}} from an {passes.INSPECTION_PASS}, kernels timed on their own",
+                f"layer {{layer}}'s q/k/v, {passes.INSPECTION_PASS}"),
+    "sweep": ("kernel benchmark: random q/k/v of the model's shape, kernels timed on their own",
+              "random q/k/v of the model's shape"),
 }
 
 

@@ -56,10 +56,12 @@ class InterferenceSweep:
 
     def crossover(self, against: str = SETUPS[0]) -> int | None:
         """The smallest long-prompt length whose disaggregated worst gap beats ``against``'s (None: none did)."""
-        return next((p.long_prompt_tokens for p in self.points if p.worst_gap_ms(SETUPS[2]) < p.worst_gap_ms(against)), None)
+        return next((p.long_prompt_tokens for p in self.points
+                     if p.worst_gap_ms(SETUPS[2]) < p.worst_gap_ms(against)), None)
 
 
-def run_interference(loaded, workload: ChunkedWorkload, long_prompt_sizes: list[int], progress: FractionProgress | None = None, load=None) -> InterferenceSweep:
+def run_interference(loaded, workload: ChunkedWorkload, long_prompt_sizes: list[int],
+                     progress: FractionProgress | None = None, load=None) -> InterferenceSweep:
     """``compare_setups`` once per long-prompt length (the workload's long prompt cut or repeated to it).
 
     Args:

@@ -79,7 +79,8 @@ def measure_bandwidth_gb_s(device: torch.device, dtype: torch.dtype, runs: int =
     return weight.nbytes / gemv_s / 1e9, 2 * weight.nbytes / copy_s / 1e9
 
 
-def measure_peaks(device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32", runs: int = 5) -> MachinePeaks:
+def measure_peaks(device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
+                  runs: int = 5) -> MachinePeaks:
     """Measures matmul throughput and memory bandwidth now (no cache).
 
     Args:

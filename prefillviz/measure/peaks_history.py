@@ -34,11 +34,13 @@ from prefillviz.analysis.machine_peaks import MachinePeaks, parse_time
 from prefillviz.machine.devices import cache_root, dtype_name, machine_slug, resolve_dtype
 from prefillviz.measure.peaks import measure_peaks
 
-PEAKS_FORMAT = 3  # in the cache file name and content; 2: packed-weight matmuls count on a CPU; 3: a history of measurements
+# in the cache file name and content; 2: packed-weight matmuls count on a CPU; 3: a history of measurements
+PEAKS_FORMAT = 3
 MAX_MEASUREMENTS = 8  # the cache keeps this many recent measurements
 MAX_AGE = datetime.timedelta(days=7)  # a newest measurement older than this is measured again
 
-HISTORY_FIELDS = ("num_measurements", "matmul_gflops_min", "memory_gb_s_min", "oldest_measured_at", "newest_measured_at")
+HISTORY_FIELDS = ("num_measurements", "matmul_gflops_min", "memory_gb_s_min", "oldest_measured_at",
+                  "newest_measured_at")
 """Fields of a history summary: not stored with each measurement in the cache."""
 
 
@@ -136,7 +138,8 @@ def write_measurements(path: Path, measurements: Sequence[MachinePeaks]) -> None
 _checked_this_process: set[Path] = set()  # cache files already checked for staleness since start-up
 
 
-def machine_peaks(device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32", refresh: bool = False) -> MachinePeaks:
+def machine_peaks(device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
+                  refresh: bool = False) -> MachinePeaks:
     """The peaks of this machine: the best of the cached measurements, measured once more when stale.
 
     The first call in a process measures when there is no usable cache or ``is_stale``

@@ -83,7 +83,8 @@ def run_roofline(
 
 
 def measure_roofline_points(
-    loaded_or_pair: Any, prefill_sizes: Sequence[int], decode_contexts: Sequence[int], runs: int, max_tokens: int | None = None
+    loaded_or_pair: Any, prefill_sizes: Sequence[int], decode_contexts: Sequence[int], runs: int,
+    max_tokens: int | None = None
 ) -> list[RooflinePoint]:
     """Times real engine steps and places them on the roofline.
 
@@ -110,7 +111,8 @@ def measure_roofline_points(
     prefill_sizes = [n for n in prefill_sizes if n <= limit]
     decode_contexts = [c for c in decode_contexts if 3 <= c and c + runs <= limit]
     longest = max([*prefill_sizes, *(c + runs for c in decode_contexts), 16])
-    engine = one_request_engine(model, tokenizer, token_budget=longest, num_tokens=longest)  # one request at a time, each computed again
+    # one request at a time, each computed again
+    engine = one_request_engine(model, tokenizer, token_budget=longest, num_tokens=longest)
     engine.add_request(token_ids_of_length(tokenizer, info.vocab_size, 8))  # first-call overheads out of the way
     engine.run()
 
@@ -125,13 +127,16 @@ def measure_roofline_points(
                 times_s.append(step.forward_time_s)
         points.append(_point(f"prefill N={n}", "prefill", model, n, n, times_s))
     for context in decode_contexts:
-        engine.add_request(token_ids_of_length(tokenizer, info.vocab_size, context - 2), SamplingParams(max_new_tokens=2 + runs))
+        engine.add_request(token_ids_of_length(tokenizer, info.vocab_size, context - 2),
+                           SamplingParams(max_new_tokens=2 + runs))
         steps = engine.run().steps[-(2 + runs):]  # prefill, warm-up decode, timed decodes
         times_s = [step.forward_time_s for step in steps[2:]]
         points.append(_point(f"decode ctx={context}", "decode", model, 1, context, times_s))
     return points
 
 
-def _point(label: str, phase: str, model: Any, num_tokens: int, context_len: int, times_s: list[float]) -> RooflinePoint:
+def _point(label: str, phase: str, model: Any, num_tokens: int, context_len: int,
+           times_s: list[float]) -> RooflinePoint:
     cost = engine_step_costs(model, num_tokens, context_len)
-    return RooflinePoint.measured(label, phase, num_tokens, context_len, cost.total_flops, cost.total_bytes, statistics.median(times_s))
+    return RooflinePoint.measured(label, phase, num_tokens, context_len, cost.total_flops, cost.total_bytes,
+                                  statistics.median(times_s))

@@ -59,17 +59,21 @@ def vllm_side_by_side(loaded, num_tokens: int, runs: int, quick: bool, worker: V
     prefix_tokens, new_tokens = (64 if quick else 2 * num_tokens), 32
     dtype = dtype_name(loaded.dtype)
     workloads = {
-        f"prefill_{n}": ([PeerRequest("prompt", bench_token_ids(tokenizer, n), 1)], "prompt", "ttft", max(n, 2048)) for n in sizes
+        f"prefill_{n}": ([PeerRequest("prompt", bench_token_ids(tokenizer, n), 1)], "prompt", "ttft", max(n, 2048))
+        for n in sizes
     }
     prefix = bench_token_ids(tokenizer, prefix_tokens)
     hit_request = PeerRequest("hit", prefix + bench_token_ids(tokenizer, new_tokens + 9)[9:], 1, arrival_step=2)
     workloads["prefix_hit"] = ([PeerRequest("first", prefix + [7], 1), hit_request], "hit", "ttft", 2048)
-    workloads["decode"] = ([PeerRequest("decoder", bench_token_ids(tokenizer, 64), 8 if quick else 64)], "decoder", "itl", 2048)
-    sides = {name: ("ours", "textbook", "vllm") if name.startswith("prefill_") else ("ours", "vllm") for name in workloads}
+    workloads["decode"] = ([PeerRequest("decoder", bench_token_ids(tokenizer, 64), 8 if quick else 64)],
+                           "decoder", "itl", 2048)
+    sides = {name: ("ours", "textbook", "vllm") if name.startswith("prefill_") else ("ours", "vllm")
+             for name in workloads}
     try:
         started = worker is None
         if started:
-            worker = VLLMWorker(bundled.bundled_cache_dir(), dtype=dtype, max_token_budget=max(2048, 4 * num_tokens), max_model_len=max(4096, 4 * num_tokens + 64))
+            worker = VLLMWorker(bundled.bundled_cache_dir(), dtype=dtype, max_token_budget=max(2048, 4 * num_tokens),
+                                max_model_len=max(4096, 4 * num_tokens + 64))
         with worker if started else contextlib.nullcontext(worker):
             times = {name: {side: [] for side in sides[name]} for name in workloads}
             for round_index in range(1 + (1 if quick else runs)):  # round 0 warms every side up
@@ -77,22 +81,27 @@ def vllm_side_by_side(loaded, num_tokens: int, runs: int, quick: bool, worker: V
                     for side in sides[name]:
                         if side != "vllm":
                             with using_backend(TorchBackend() if side == "textbook" else None):
-                                trace = side_by_side.run_ours(loaded.model, tokenizer, requests, budget, model_id=loaded.model_id)
+                                trace = side_by_side.run_ours(loaded.model, tokenizer, requests, budget,
+                                                              model_id=loaded.model_id)
                         else:
                             trace = worker.run(requests, budget, record_blocks=False)  # no pool walk in its timed steps
                         record = trace.requests[request_id]
-                        value = record.time_to_first_token_s if what == "ttft" else statistics.mean(record.inter_token_times_s)
+                        value = (record.time_to_first_token_s if what == "ttft"
+                                 else statistics.mean(record.inter_token_times_s))
                         if round_index > 0:
                             times[name][side].append(value)
             lengths = (16, 32, 48, 64, 80, 96, 112, 128) if quick else (64, 128, 256, 384, 512, 640, 768, 1024)
-            batch = [PeerRequest(f"r{i}", bench_token_ids(tokenizer, n + 7 * i)[7 * i :], 8 if quick else 32) for i, n in enumerate(lengths)]
-            ours_batch, theirs_batch = side_by_side.run_ours(loaded.model, tokenizer, batch, 512), worker.run(batch, 512)
+            batch = [PeerRequest(f"r{i}", bench_token_ids(tokenizer, n + 7 * i)[7 * i :], 8 if quick else 32)
+                     for i, n in enumerate(lengths)]
+            ours_batch, theirs_batch = (side_by_side.run_ours(loaded.model, tokenizer, batch, 512),
+                                        worker.run(batch, 512))
             comparison = side_by_side.compare(ours_batch, theirs_batch)
             versions = worker.versions
     except VLLMUnavailable as error:
         return skipped(str(error).splitlines()[0])
     by_round = {name: [theirs / ours for ours, theirs in zip(t["ours"], t["vllm"])] for name, t in times.items()}
-    by_round |= {f"textbook_{name}": [v / o for o, v in zip(t["textbook"], t["vllm"])] for name, t in times.items() if "textbook" in t}
+    by_round |= {f"textbook_{name}": [v / o for o, v in zip(t["textbook"], t["vllm"])]
+                 for name, t in times.items() if "textbook" in t}
     ratio = {name: statistics.median(ratios) for name, ratios in by_round.items()}
     parted = parting(loaded, batch, ours_batch, theirs_batch, comparison.outputs_differ)
     return {
@@ -107,7 +116,8 @@ def vllm_side_by_side(loaded, num_tokens: int, runs: int, quick: bool, worker: V
         "details": {
             "versions": versions,
             "sizes": {"prefill": list(sizes), "prefix_tokens": prefix_tokens, "block_size": 32, "dtype": dtype},
-            "seconds": {name: {side: median_and_spread(values) for side, values in t.items()} for name, t in times.items()},
+            "seconds": {name: {side: median_and_spread(values) for side, values in t.items()}
+                        for name, t in times.items()},
             "ratios_by_round": by_round,
             "mixed_batch": comparison.summary(),
             "outputs_compared": len(comparison.outputs_equal) + len(comparison.outputs_differ),
@@ -135,7 +145,8 @@ def parting(loaded, requests: list[PeerRequest], ours, theirs, request_ids: list
                            "hf_logit_gap": None, "allowed": None, "near_tie": False})
             continue
         token_ids = prompts[request_id] + list(a[:position])
-        logits = loaded.model(input_ids=torch.tensor([token_ids], device=loaded.device), logits_to_keep=1).logits[0, -1].float()
+        logits = loaded.model(input_ids=torch.tensor([token_ids], device=loaded.device),
+                              logits_to_keep=1).logits[0, -1].float()
         terms = rounding.longest_sum(loaded.model.config, len(token_ids))
         allowed = rounding.relative_bound(loaded.dtype, rounding.TWO_FORWARDS_STEPS, terms) * float(logits.abs().max())
         gap = abs(float(logits[a[position]] - logits[b[position]]))

@@ -29,8 +29,8 @@ def run_ours(
     ``arrival_s``), with its own sampling, until every request is finished."""
     check_workload(requests, token_budget, chunking)
     config = EngineConfig(
-        block_size=BLOCK_SIZE, token_budget=token_budget, enable_prefix_caching=prefix_caching, enable_chunked_prefill=chunking,
-        num_blocks=num_blocks,
+        block_size=BLOCK_SIZE, token_budget=token_budget, enable_prefix_caching=prefix_caching,
+        enable_chunked_prefill=chunking, num_blocks=num_blocks,
     )
     engine = LLMEngine(model, tokenizer, config, model_id=model_id)
     pending = list(requests)
@@ -39,7 +39,8 @@ def run_ours(
         for request in [r for r in pending if arrived(r, step_index, time.perf_counter() - start)]:
             pending.remove(request)
             params = SamplingParams(
-                max_new_tokens=request.max_new_tokens, temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
+                max_new_tokens=request.max_new_tokens, temperature=request.temperature, top_k=request.top_k,
+                top_p=request.top_p, seed=request.seed,
             )
             engine.add_request(list(request.token_ids), params, request_id=request.request_id)
         if engine.has_unfinished_requests():
@@ -90,7 +91,10 @@ class Comparison:
 
     def summary(self) -> str:
         parts = [f"outputs: {len(self.outputs_equal)} of {len(self.outputs_equal) + len(self.outputs_differ)} the same"]
-        parts.append("cached tokens: " + ("the same for every request" if self.cached_tokens_equal else f"differ ({self.cached_tokens})"))
+        parts.append(
+            "cached tokens: "
+            + ("the same for every request" if self.cached_tokens_equal else f"differ ({self.cached_tokens})")
+        )
         if self.schedule_equal:
             parts.append("schedule: the same, step by step")
         else:
@@ -103,7 +107,9 @@ def compare(ours: Trace, theirs: Trace) -> Comparison:
     result = Comparison()
     for request_id, record in ours.requests.items():
         other = theirs.requests[request_id]
-        (result.outputs_equal if record.output_token_ids == other.output_token_ids else result.outputs_differ).append(request_id)
+        (
+            result.outputs_equal if record.output_token_ids == other.output_token_ids else result.outputs_differ
+        ).append(request_id)
         result.cached_tokens[request_id] = (record.num_cached_tokens, other.num_cached_tokens)
     ours_schedule, theirs_schedule = schedule(ours), schedule(theirs)
     for step, (a, b) in enumerate(zip(ours_schedule, theirs_schedule)):
@@ -116,7 +122,9 @@ def compare(ours: Trace, theirs: Trace) -> Comparison:
             longer = ours_schedule if len(ours_schedule) > step else theirs_schedule
             extra = longer[step]
             result.schedule_equal = False
-            result.first_schedule_difference = (step, extra if longer is ours_schedule else {}, extra if longer is theirs_schedule else {})
+            result.first_schedule_difference = (
+                step, extra if longer is ours_schedule else {}, extra if longer is theirs_schedule else {}
+            )
     return result
 
 

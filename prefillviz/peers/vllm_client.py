@@ -79,8 +79,9 @@ def unavailable_for(model_id: str, device_type: str) -> str | None:
         return "The vLLM comparison runs the bundled model (vLLM loads its safetensors copy of the same weights)."
     if vllm_build() == "cuda":  # never started with the CPU-only environment (WORKER_ENV), nor next to our CPU run
         return (
-            "vLLM here is its CUDA build (`make vllm` on a machine with an NVIDIA GPU), and the side-by-side runs on a CPU: "
-            "it is not wired to the GPU yet. Measure a GPU vLLM from outside instead: `make vllm-serve` and the \"Your server\" page."
+            "vLLM here is its CUDA build (`make vllm` on a machine with an NVIDIA GPU), and the side-by-side runs "
+            "on a CPU: it is not wired to the GPU yet. Measure a GPU vLLM from outside instead: `make vllm-serve` "
+            "and the \"Your server\" page."
         )
     if device_type != "cpu":
         return "The vLLM comparison runs on a CPU (vLLM's CPU build is installed here); pick device cpu in the sidebar."
@@ -111,7 +112,9 @@ class VLLMWorker:
             raise VLLMUnavailable(unavailable_reason())
         self.model_folder, self.dtype = str(model_folder), dtype
         if block_size % BLOCK_SIZE:
-            raise ConfigError(f"vLLM's CPU attention needs a block size that is a multiple of {BLOCK_SIZE}, got {block_size}.")
+            raise ConfigError(
+                f"vLLM's CPU attention needs a block size that is a multiple of {BLOCK_SIZE}, got {block_size}."
+            )
         self.block_size = block_size
         self.log = tempfile.NamedTemporaryFile("w+", prefix="prefillviz-vllm-", suffix=".log", delete=False)
         if num_blocks is not None:
@@ -121,14 +124,16 @@ class VLLMWorker:
         read_fd, write_fd = os.pipe()
         command = [
             str(python), str(WORKER), "--model", self.model_folder, "--dtype", dtype, "--block-size", str(block_size),
-            "--max-token-budget", str(max_token_budget), "--max-model-len", str(max_model_len), "--reply-fd", str(write_fd),
+            "--max-token-budget", str(max_token_budget), "--max-model-len", str(max_model_len),
+            "--reply-fd", str(write_fd),
         ]
         if num_blocks is not None:
             command += ["--num-blocks", str(num_blocks)]
         env = {**os.environ, **WORKER_ENV}
         env.pop("PYTHONPATH", None)  # the worker imports vLLM's packages, never ours
         self.process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT, pass_fds=(write_fd,), env=env, text=True, cwd=ROOT
+            command, stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT, pass_fds=(write_fd,), env=env,
+            text=True, cwd=ROOT,
         )
         os.close(write_fd)
         self._replies = os.fdopen(read_fd, "r")
@@ -175,13 +180,18 @@ class VLLMWorker:
                     return json.loads(line)
             if self.process.poll() is not None:
                 self.failed = True
-                raise VLLMUnavailable(f"The vLLM worker exited (status {self.process.returncode}) during {what}.\n{self.log_tail()}")
+                raise VLLMUnavailable(
+                    f"The vLLM worker exited (status {self.process.returncode}) during {what}.\n{self.log_tail()}"
+                )
         self.failed = True
         self.close()
-        raise VLLMUnavailable(f"The vLLM worker gave no answer within {timeout_s:.0f} s ({what}); it was stopped.\n{self.log_tail()}")
+        raise VLLMUnavailable(
+            f"The vLLM worker gave no answer within {timeout_s:.0f} s ({what}); it was stopped.\n{self.log_tail()}"
+        )
 
     def run(
-        self, requests: list[PeerRequest], token_budget: int, reset_prefix_cache: bool = True, timeout_s: float = RUN_TIMEOUT_S,
+        self, requests: list[PeerRequest], token_budget: int, reset_prefix_cache: bool = True,
+        timeout_s: float = RUN_TIMEOUT_S,
         chunking: bool = True, prefix_caching: bool = True, record_blocks: bool = True,
     ) -> Trace:
         """Run one workload on vLLM; its steps and requests as a ``Trace`` (``engine_config`` says it is vLLM's).
@@ -193,10 +203,13 @@ class VLLMWorker:
         """
         check_workload(requests, token_budget, chunking)
         if self.process.poll() is not None:
-            raise VLLMUnavailable(f"The vLLM worker is not running (status {self.process.returncode}).\n{self.log_tail()}")
+            raise VLLMUnavailable(
+                f"The vLLM worker is not running (status {self.process.returncode}).\n{self.log_tail()}"
+            )
         workload = {
             "token_budget": token_budget, "reset_prefix_cache": reset_prefix_cache, "chunking": chunking,
-            "prefix_caching": prefix_caching, "record_blocks": record_blocks, "requests": [r.to_json() for r in requests],
+            "prefix_caching": prefix_caching, "record_blocks": record_blocks,
+            "requests": [r.to_json() for r in requests],
         }
         self.process.stdin.write(json.dumps({"op": "run", "workload": workload}) + "\n")
         self.process.stdin.flush()
@@ -205,22 +218,29 @@ class VLLMWorker:
             raise VLLMUnavailable(f"vLLM failed on the workload: {reply.get('error')}")
         return self._trace(reply, requests, token_budget, chunking, prefix_caching)
 
-    def _trace(self, reply: dict, requests: list[PeerRequest], token_budget: int, chunking: bool, prefix_caching: bool) -> Trace:
+    def _trace(
+        self, reply: dict, requests: list[PeerRequest], token_budget: int, chunking: bool, prefix_caching: bool
+    ) -> Trace:
         prompts = {r.request_id: r.token_ids for r in requests}
         steps, known_blocks = [], {}  # request id -> the block ids it held after the last step it ran in
         for index, step in enumerate(reply["steps"]):
             chunks = [
-                ScheduledChunk(request_id, start, num_tokens, start < len(prompts[request_id]), start + num_tokens >= len(prompts[request_id]))
+                ScheduledChunk(
+                    request_id, start, num_tokens, start < len(prompts[request_id]),
+                    start + num_tokens >= len(prompts[request_id]),
+                )
                 for request_id, start, num_tokens in step["chunks"]
             ]
             hit, allocated = self._block_changes(step, chunks, known_blocks)
             blocks = step.get("blocks") or {}
             steps.append(
                 StepRecord(
-                    step_index=index, chunks=chunks, blocks_hit=hit, blocks_allocated=allocated, blocks_evicted=list(blocks.get("evicted", [])),
+                    step_index=index, chunks=chunks, blocks_hit=hit, blocks_allocated=allocated,
+                    blocks_evicted=list(blocks.get("evicted", [])),
                     preempted_request_ids=[], sampled_token_ids={}, num_free_blocks=blocks.get("num_free_blocks") or 0,
                     start_time_s=step["start_s"], wall_time_s=step["wall_s"],
-                    schedule_time_s=0.0, prepare_time_s=0.0, forward_time_s=step["wall_s"], sample_time_s=0.0, update_time_s=0.0,
+                    schedule_time_s=0.0, prepare_time_s=0.0, forward_time_s=step["wall_s"], sample_time_s=0.0,
+                    update_time_s=0.0,
                 )
             )
         records = {}
@@ -247,7 +267,9 @@ class VLLMWorker:
             num_blocks=self.num_blocks, kv_cache_bytes=0, kv_bytes_per_token=0, steps=steps, requests=records,
         )
 
-    def _block_changes(self, step: dict, chunks: list[ScheduledChunk], known: dict[str, list[int]]) -> tuple[dict, dict]:
+    def _block_changes(
+        self, step: dict, chunks: list[ScheduledChunk], known: dict[str, list[int]]
+    ) -> tuple[dict, dict]:
         """vLLM's block tables after a step as our ``blocks_hit`` / ``blocks_allocated``: a request's first
         chunk that starts past 0 found that many tokens' blocks in the cache; blocks new to its table were allocated."""
         tables = (step.get("blocks") or {}).get("tables", {})

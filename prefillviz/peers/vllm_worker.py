@@ -56,8 +56,12 @@ class RecordingScheduler(Scheduler):
         if RecordingScheduler.record_blocks:
             after = self.cached_blocks()
             RecordingScheduler.blocks.append({
-                "tables": {rid: list(self.kv_cache_manager.get_block_ids(rid)[0]) for rid in output.num_scheduled_tokens},
-                "evicted": sorted(block_id for block_id, block_hash in before.items() if after.get(block_id) != block_hash),
+                "tables": {
+                    rid: list(self.kv_cache_manager.get_block_ids(rid)[0]) for rid in output.num_scheduled_tokens
+                },
+                "evicted": sorted(
+                    block_id for block_id, block_hash in before.items() if after.get(block_id) != block_hash
+                ),
             })
         return output
 
@@ -72,7 +76,10 @@ def scheduled_chunks(output, request_ids) -> list[list]:
     cached = output.scheduled_cached_reqs
     start.update(zip(cached.req_ids, cached.num_computed_tokens))
 
-    return [[our_id(request_id, request_ids), start[request_id], num_tokens] for request_id, num_tokens in output.num_scheduled_tokens.items()]
+    return [
+        [our_id(request_id, request_ids), start[request_id], num_tokens]
+        for request_id, num_tokens in output.num_scheduled_tokens.items()
+    ]
 
 
 def our_id(internal_id: str, request_ids) -> str:
@@ -129,7 +136,9 @@ def run_workload(llm, workload: dict) -> dict:
         for spec in [r for r in pending if arrived(r, step_index, time.perf_counter() - start)]:
             pending.remove(spec)
             requests[spec["id"]]["arrival_s"] = time.perf_counter() - start
-            engine.add_request(spec["id"], TokensPrompt(prompt_token_ids=spec["token_ids"]), sampling_params(spec, prefix_caching))
+            engine.add_request(
+                spec["id"], TokensPrompt(prompt_token_ids=spec["token_ids"]), sampling_params(spec, prefix_caching)
+            )
         if not engine.has_unfinished_requests():  # nothing runs until the next arrival
             timed = [r["arrival_s"] for r in pending if r.get("arrival_s") is not None]
             if timed and len(timed) == len(pending):
@@ -152,7 +161,8 @@ def run_workload(llm, workload: dict) -> dict:
         step = {"chunks": chunks, "start_s": step_start - start, "wall_s": step_end - step_start}
         if RecordingScheduler.record_blocks:
             step["blocks"] = block_map(RecordingScheduler.blocks[blocks_before:], lambda rid: our_id(rid, requests))
-            step["blocks"]["num_free_blocks"] = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()  # after the step, as ours
+            # after the step, as ours
+            step["blocks"]["num_free_blocks"] = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
         steps.append(step)
         step_index += 1
     return {"steps": steps, "requests": requests}
@@ -188,7 +198,8 @@ def main() -> None:
             "model": args.model, "dtype": args.dtype, "seed": 0,
             "enforce_eager": True,  # no graph capture: the same kernels every step
             "enable_prefix_caching": True, "enable_chunked_prefill": True,
-            "block_size": args.block_size, "max_num_batched_tokens": args.max_token_budget, "max_model_len": args.max_model_len,
+            "block_size": args.block_size, "max_num_batched_tokens": args.max_token_budget,
+            "max_model_len": args.max_model_len,
             "num_gpu_blocks_override": args.num_blocks,
             "scheduler_cls": RecordingScheduler,
         }
@@ -199,7 +210,8 @@ def main() -> None:
         return
     num_blocks = the_scheduler(llm).kv_cache_manager.block_pool.num_gpu_blocks
     reply({
-        "ready": True, "vllm": vllm.__version__, "torch": torch.__version__, "device": str(llm.llm_engine.vllm_config.device_config.device),
+        "ready": True, "vllm": vllm.__version__, "torch": torch.__version__,
+        "device": str(llm.llm_engine.vllm_config.device_config.device),
         "num_blocks": num_blocks,
     })
     for line in sys.stdin:

@@ -48,7 +48,9 @@ class ProbeBudget:
             if used + add > limit
         ]
         if over:
-            raise ProbeError(f"The probe stopped before going over its bounds: {', '.join(over)}. Pick fewer sizes or runs.")
+            raise ProbeError(
+                f"The probe stopped before going over its bounds: {', '.join(over)}. Pick fewer sizes or runs."
+            )
         self.num_requests += 1
         self.num_prompt_tokens += prompt_tokens
         self.num_new_tokens += new_tokens
@@ -89,7 +91,9 @@ class ServerClient:
         self.read_timeout_s = read_timeout_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         timeout = httpx.Timeout(read_timeout_s, connect=CONNECT_TIMEOUT_S)
-        self.http = httpx.Client(base_url=self.url, timeout=timeout, headers=headers, follow_redirects=False, trust_env=False)
+        self.http = httpx.Client(
+            base_url=self.url, timeout=timeout, headers=headers, follow_redirects=False, trust_env=False
+        )
         self.extra_body: dict = {"ignore_eos": True}  # vLLM, SGLang, llama.cpp: a fixed number of new tokens
         self.server_header: str | None = None
 
@@ -108,9 +112,13 @@ class ServerClient:
         try:
             yield
         except httpx.ConnectTimeout as error:
-            raise ProbeError(f"{self.url} did not accept a connection within {CONNECT_TIMEOUT_S:.0f} s ({what}).") from error
+            raise ProbeError(
+                f"{self.url} did not accept a connection within {CONNECT_TIMEOUT_S:.0f} s ({what})."
+            ) from error
         except httpx.ConnectError as error:
-            raise ProbeError(f"Could not reach {self.url} ({what}): {error}. Is the server running, and is the URL right?") from error
+            raise ProbeError(
+                f"Could not reach {self.url} ({what}): {error}. Is the server running, and is the URL right?"
+            ) from error
         except httpx.TimeoutException as error:
             raise ProbeError(
                 f"{self.url} stalled: no answer within {self.read_timeout_s:.0f} s ({what}). The probe stopped waiting."
@@ -135,7 +143,10 @@ class ServerClient:
             response = self.http.get("/v1/models")
         self.server_header = response.headers.get("server")
         if response.status_code == 404:
-            raise ProbeError(f"{self.url} has no /v1/models (HTTP 404): it is not an OpenAI-compatible server, or the URL's path is wrong.")
+            raise ProbeError(
+                f"{self.url} has no /v1/models (HTTP 404): it is not an OpenAI-compatible server, "
+                "or the URL's path is wrong."
+            )
         listing = self._json(response, "GET /v1/models")
         data = listing.get("data") if isinstance(listing, dict) else None
         if not isinstance(data, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in data):
@@ -170,7 +181,10 @@ class ServerClient:
         answer = self._json(response, "POST /v1/completions")
         usage = answer.get("usage") if isinstance(answer, dict) else None
         if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
-            raise ProbeError(f"{self.url}'s completion has no usage.prompt_tokens ({str(answer)[:200]!r}): the probe can't size prompts.")
+            raise ProbeError(
+                f"{self.url}'s completion has no usage.prompt_tokens ({str(answer)[:200]!r}): "
+                "the probe can't size prompts."
+            )
         return usage["prompt_tokens"]
 
     def stream_completion(
@@ -195,13 +209,18 @@ class ServerClient:
                 if response.status_code in (400, 422) and self.extra_body:
                     response.read()
                     self.extra_body = {}  # a server that refuses vLLM's extras: plain OpenAI from now on
-                    return self.stream_completion(model, prompt, max_tokens, estimated_prompt_tokens, stop_when, _counted=True)
+                    return self.stream_completion(
+                        model, prompt, max_tokens, estimated_prompt_tokens, stop_when, _counted=True
+                    )
                 if response.status_code >= 400:
                     response.read()
                     self._json(response, "a streamed POST /v1/completions")  # raises with its status and text
                 for line in response.iter_lines():
                     if time.monotonic() > deadline:
-                        raise ProbeError(f"{self.url} took over {self.request_deadline_s:.0f} s for one answer; the probe stopped it.")
+                        raise ProbeError(
+                            f"{self.url} took over {self.request_deadline_s:.0f} s for one answer; "
+                            "the probe stopped it."
+                        )
                     if self.take_line(line, result) == "done":
                         break
                     if stop_when is not None and stop_when(result):
@@ -231,7 +250,9 @@ class ServerClient:
         for choice in chunk.get("choices") or []:
             text = choice.get("text") if isinstance(choice, dict) else None
             if text is None:
-                raise ProbeError(f"{self.url} streamed a choice with no text ({payload[:120]!r}): not a /v1/completions stream.")
+                raise ProbeError(
+                    f"{self.url} streamed a choice with no text ({payload[:120]!r}): not a /v1/completions stream."
+                )
             result.token_times_s.append(now)
             result.text += text
             result.finish_reason = choice.get("finish_reason") or result.finish_reason

@@ -36,7 +36,10 @@ class TTFTPoint:
     runs: list[float]
 
     def to_json(self) -> dict:
-        return {"num_tokens": self.num_tokens, "ttft_s_median": self.ttft_s_median, "runs": self.runs, "target_tokens": self.target_tokens}
+        return {
+            "num_tokens": self.num_tokens, "ttft_s_median": self.ttft_s_median, "runs": self.runs,
+            "target_tokens": self.target_tokens,
+        }
 
 
 def _first_token_s(answer: StreamedCompletion, what: str) -> float:
@@ -45,7 +48,9 @@ def _first_token_s(answer: StreamedCompletion, what: str) -> float:
     return answer.time_to_first_token_s
 
 
-def ttft_sweep(client: ServerClient, model: str, maker: PromptMaker, sizes: list[int], runs: int, counter: ProgressCounter) -> list[TTFTPoint]:
+def ttft_sweep(
+    client: ServerClient, model: str, maker: PromptMaker, sizes: list[int], runs: int, counter: ProgressCounter
+) -> list[TTFTPoint]:
     """Time to first token at each size, ``runs`` times each (round-robin over the sizes)."""
     times: dict[int, list[float]] = {n: [] for n in sizes}
     counts: dict[int, list[int]] = {n: [] for n in sizes}
@@ -80,7 +85,9 @@ class PrefixResult:
         return self.miss_ttft_s / self.hit_ttft_s
 
 
-def prefix_check(client: ServerClient, model: str, maker: PromptMaker, prefix_tokens: int, runs: int, counter: ProgressCounter) -> PrefixResult:
+def prefix_check(
+    client: ServerClient, model: str, maker: PromptMaker, prefix_tokens: int, runs: int, counter: ProgressCounter
+) -> PrefixResult:
     """Per run: a new prefix with one suffix (a miss), then the same prefix with another (a hit)."""
     misses, hits, cached, prompt_tokens = [], [], [], []
     for run in range(runs):
@@ -99,7 +106,8 @@ def prefix_check(client: ServerClient, model: str, maker: PromptMaker, prefix_to
             prompt_tokens.append(hit.prompt_tokens)
     return PrefixResult(
         prefix_tokens, misses, hits,
-        int(statistics.median(cached)) if cached else None, int(statistics.median(prompt_tokens)) if prompt_tokens else None,
+        int(statistics.median(cached)) if cached else None,
+        int(statistics.median(prompt_tokens)) if prompt_tokens else None,
     )
 
 
@@ -147,7 +155,9 @@ def interference(
             with lock:
                 started[index] = so_far
             return so_far.token_times_s[-1] > stop_after[0] if so_far.token_times_s else False
-        return client.stream_completion(model, maker.prompt(STREAM_PROMPT_TOKENS), max_stream_tokens, STREAM_PROMPT_TOKENS, stop_when)
+        return client.stream_completion(
+            model, maker.prompt(STREAM_PROMPT_TOKENS), max_stream_tokens, STREAM_PROMPT_TOKENS, stop_when
+        )
 
     counter.advance(f"Interference: starting {num_streams} streams", units=0)
     with ThreadPoolExecutor(num_streams) as pool:
@@ -163,7 +173,9 @@ def interference(
                     [f.result() for f in futures if f.done()]  # raises the stream's error, if any
                     raise ProbeError("A stream ended before the long prompt arrived: raise the streams' token count.")
                 if time.monotonic() > deadline:
-                    raise ProbeError(f"The streams did not reach {TOKENS_BEFORE_ARRIVAL} tokens within {STREAM_WAIT_S:.0f} s.")
+                    raise ProbeError(
+                        f"The streams did not reach {TOKENS_BEFORE_ARRIVAL} tokens within {STREAM_WAIT_S:.0f} s."
+                    )
                 time.sleep(0.005)
             counter.advance(f"Interference: a {long_tokens}-token prompt arrives")
             long = client.stream_completion(model, maker.prompt(long_tokens), 1, long_tokens)

@@ -81,7 +81,9 @@ def arrival_times_s(rate: float, num_requests: int, seed: int) -> list[float]:
     return times
 
 
-async def _stream(http: httpx.AsyncClient, client: ServerClient, body: dict, record: RequestRecord, started: float) -> None:
+async def _stream(
+    http: httpx.AsyncClient, client: ServerClient, body: dict, record: RequestRecord, started: float
+) -> None:
     """Send one streamed completion and fill ``record``; raises on any failure (the caller records it)."""
     answer = StreamedCompletion(sent_s=time.perf_counter())
     record.sent_s = answer.sent_s - started
@@ -125,7 +127,8 @@ async def _run_point(
     peaks: dict[str, float] = {}
     tasks: set[asyncio.Task] = set()
     ended_because: list[str] = []
-    finished: list[RequestRecord] = []  # reported to ``on_done`` by the loop below, so a callback that raises (a page's stop) ends the point
+    # reported to ``on_done`` by the loop below, so a callback that raises (a page's stop) ends the point
+    finished: list[RequestRecord] = []
     num_reported = 0
     timeout = httpx.Timeout(client.read_timeout_s, connect=CONNECT_TIMEOUT_S)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
@@ -133,7 +136,10 @@ async def _run_point(
 
     async def one(request: PlannedRequest) -> None:
         client.budget.spend(request.target_tokens, max_tokens)
-        record = RequestRecord(sent_s=time.perf_counter() - started, target_tokens=request.target_tokens, shared_prefix=request.shared_prefix)
+        record = RequestRecord(
+            sent_s=time.perf_counter() - started, target_tokens=request.target_tokens,
+            shared_prefix=request.shared_prefix,
+        )
         records.append(record)
         body = {"model": model, "prompt": request.prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
                 "stream_options": {"include_usage": True}, **client.extra_body}
@@ -169,7 +175,9 @@ async def _run_point(
         while queue and not ended_because:
             await one(queue.pop(0))
 
-    async with httpx.AsyncClient(base_url=client.url, timeout=timeout, limits=limits, headers=client.http.headers, trust_env=False) as http:
+    async with httpx.AsyncClient(
+        base_url=client.url, timeout=timeout, limits=limits, headers=client.http.headers, trust_env=False
+    ) as http:
         poller = asyncio.create_task(_poll_gauges(http, peaks)) if poll_metrics else None
         try:
             if mode == "rate":
@@ -186,7 +194,8 @@ async def _run_point(
                 tasks.update(asyncio.create_task(closed_loop_user(queue)) for _ in range(int(load)))
             while not ended_because and (pending := [t for t in tasks if not t.done()]):
                 ended_because += filter(None, [why_end()])
-                # the pending ones only: a done task would wake this at once, a busy loop that takes a core from the server
+                # the pending ones only: a done task would wake this at once, a busy loop that takes a core
+                # from the server
                 await asyncio.wait(pending, timeout=0.02, return_when=asyncio.FIRST_COMPLETED)
                 report_done()
             report_done()
@@ -201,11 +210,15 @@ async def _run_point(
     for record in records:
         if record.end_s is None or (record.error is None and record.time_to_first_token_s is None):
             record.error = record.error or "cancelled: the point ended before its answer"
-    duration = max([r.end_s for r in records if r.end_s is not None] or [0.0]) - min([r.sent_s for r in records] or [0.0])
+    duration = (
+        max([r.end_s for r in records if r.end_s is not None] or [0.0]) - min([r.sent_s for r in records] or [0.0])
+    )
     return PointRun(records, duration, peaks, ended_because[0] if ended_because else None)
 
 
-def run_point(client: ServerClient, model: str, mode: str, load: float, plan: list[PlannedRequest], max_tokens: int, **options) -> PointRun:
+def run_point(
+    client: ServerClient, model: str, mode: str, load: float, plan: list[PlannedRequest], max_tokens: int, **options
+) -> PointRun:
     """Run one load point to its end (see the module docstring); blocking, on its own event loop."""
     if mode not in ("rate", "concurrency") or load <= 0:
         raise ProbeError(f"A load point needs mode 'rate' or 'concurrency' and a load above 0, got {mode!r} {load}.")

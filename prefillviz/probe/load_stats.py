@@ -36,7 +36,9 @@ import numpy as np
 from prefillviz.probe.load import PointRun
 from prefillviz.probe.metrics import MetricsDelta
 
-QUEUE, PREFILL, TTFT = "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:time_to_first_token_seconds"
+QUEUE, PREFILL, TTFT = (
+    "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:time_to_first_token_seconds"
+)
 PREFIX_HITS, PREFIX_QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
 SPLIT_METRICS = (QUEUE, PREFILL, TTFT)
 
@@ -73,7 +75,10 @@ class PointResult:
 
     def num_good(self, ttft_target_s: float, itl_target_s: float) -> int:
         """Requests that met both targets (the mean gap of a one-token answer counts as 0)."""
-        return sum(r.time_to_first_token_s <= ttft_target_s and (r.inter_token_s_mean or 0.0) <= itl_target_s for r in self.ok_records)
+        return sum(
+            r.time_to_first_token_s <= ttft_target_s and (r.inter_token_s_mean or 0.0) <= itl_target_s
+            for r in self.ok_records
+        )
 
     def goodput_share(self, ttft_target_s: float, itl_target_s: float) -> float | None:
         """The share of the requests sent that met both targets."""
@@ -81,7 +86,8 @@ class PointResult:
         return self.num_good(ttft_target_s, itl_target_s) / len(records) if records else None
 
     def split(self) -> dict:
-        """TTFT as the server timed it: waiting (before the scheduler, then in its queue) + prefill, and what is missing."""
+        """TTFT as the server timed it: waiting (before the scheduler, then in its queue) + prefill, and what is
+        missing."""
         queue, prefill, server_ttft = (histogram_mean(self.server, name) for name in SPLIT_METRICS)
         client = [r.time_to_first_token_s for r in self.ok_records]
         client_mean = sum(client) / len(client) if client else None
@@ -89,12 +95,17 @@ class PointResult:
         complete = not missing and self.metrics_available
         waiting = server_ttft - prefill if complete else None
         return {
-            "queue_s_mean": queue, "prefill_s_mean": prefill, "server_ttft_s_mean": server_ttft, "client_ttft_s_mean": client_mean,
+            "queue_s_mean": queue, "prefill_s_mean": prefill, "server_ttft_s_mean": server_ttft,
+            "client_ttft_s_mean": client_mean,
             "waiting_s_mean": waiting,  # arrival until first scheduled
-            "before_scheduler_s_mean": waiting - queue if complete else None,  # the API server, and the engine's step then running
-            "queue_share": waiting / server_ttft if complete and server_ttft else None,  # waiting's share of the server's TTFT
+            # the API server, and the engine's step then running
+            "before_scheduler_s_mean": waiting - queue if complete else None,
+            # waiting's share of the server's TTFT
+            "queue_share": waiting / server_ttft if complete and server_ttft else None,
             "split_over_client": (waiting + prefill) / client_mean if complete and client_mean else None,
-            "scheduler_queue_plus_prefill_over_client": (queue + prefill) / client_mean if complete and client_mean else None,
+            "scheduler_queue_plus_prefill_over_client": (
+                (queue + prefill) / client_mean if complete and client_mean else None
+            ),
             "server_ttft_over_client": server_ttft / client_mean if server_ttft is not None and client_mean else None,
             "prefix_cache_hit_share": self._prefix_hit_share(),
             "missing": missing if self.metrics_available else ["/metrics (the server has none)"],
@@ -108,8 +119,9 @@ class PointResult:
         ok = self.ok_records
         errors = [r.error for r in self.run.records if r.error]
         return {
-            "mode": self.mode, "load": self.load, "requests_sent": len(self.run.records), "requests_ok": len(ok), "errors": len(errors),
-            "first_error": errors[0] if errors else None, "duration_s": self.run.duration_s, "ended_because": self.run.ended_because,
+            "mode": self.mode, "load": self.load, "requests_sent": len(self.run.records), "requests_ok": len(ok),
+            "errors": len(errors), "first_error": errors[0] if errors else None, "duration_s": self.run.duration_s,
+            "ended_because": self.run.ended_because,
             **{f"ttft_s_p{q}": self.ttft_s(q) for q in (50, 90, 99)},
             **{f"itl_s_p{q}": self.itl_s(q) for q in (50, 99)},
             "requests_per_s": self.per_second(len(ok)),
@@ -124,7 +136,8 @@ class PointResult:
 
 
 def find_knee(points: list[PointResult], knee_factor: float) -> tuple[int | None, bool]:
-    """(index of the highest load within ``knee_factor`` × the lowest load's TTFT p99, whether a heavier one went past)."""
+    """(index of the highest load within ``knee_factor`` × the lowest load's TTFT p99, whether a heavier one went
+    past)."""
     base = points[0].ttft_s(99) if points else None
     if base is None:
         return None, False
@@ -151,23 +164,32 @@ def reading(points: list[PointResult], knee_factor: float) -> str:
     if all(s["queue_share"] is not None for s in splits):
         first_queue_led = next((i for i, s in enumerate(splits) if s["queue_share"] >= 0.5), None)
         if first_queue_led is None:
-            text = f"Up to {points[-1].load:g} {what} (the heaviest load swept) your TTFT is mostly prefill: the queue is under half of it at every point."
+            text = (f"Up to {points[-1].load:g} {what} (the heaviest load swept) your TTFT is mostly prefill: "
+                    "the queue is under half of it at every point.")
         elif first_queue_led == 0:
-            text = f"Already at {points[0].load:g} {what} (the lightest load swept) half or more of your TTFT is waiting in the queue."
+            text = (f"Already at {points[0].load:g} {what} (the lightest load swept) half or more of your TTFT "
+                    "is waiting in the queue.")
         else:
             first, split = points[first_queue_led], splits[first_queue_led]
-            text = (f"Up to {points[first_queue_led - 1].load:g} {what} your TTFT is mostly prefill; beyond it, it is the queue "
-                    f"({split['queue_share']:.0%} of TTFT at {first.load:g} {what}).")
-        before = [(p, s["before_scheduler_s_mean"] / s["server_ttft_s_mean"]) for p, s in zip(points, splits) if s["server_ttft_s_mean"]]
+            text = (f"Up to {points[first_queue_led - 1].load:g} {what} your TTFT is mostly prefill; "
+                    f"beyond it, it is the queue ({split['queue_share']:.0%} of TTFT at {first.load:g} {what}).")
+        before = [
+            (p, s["before_scheduler_s_mean"] / s["server_ttft_s_mean"])
+            for p, s in zip(points, splits) if s["server_ttft_s_mean"]
+        ]
         if before and max(share for _, share in before) >= 0.2:
             heaviest, share = max(before, key=lambda pair: pair[1])
-            text += (f" At {heaviest.load:g} {what}, {share:.0%} of the server's TTFT passed before its scheduler saw the request: "
-                     "its engine takes new requests only between steps, so they wait for the step then running (and the API server's work).")
+            text += (f" At {heaviest.load:g} {what}, {share:.0%} of the server's TTFT passed before its scheduler "
+                     "saw the request: its engine takes new requests only between steps, so they wait for the step "
+                     "then running (and the API server's work).")
     else:
         missing = sorted({m for s in splits for m in s["missing"]})
-        text = f"The server does not export {', '.join(missing)}, so TTFT can't be split into queue and prefill; only the client's view is shown."
+        text = (f"The server does not export {', '.join(missing)}, so TTFT can't be split into queue and prefill; "
+                "only the client's view is shown.")
     if reached and knee is not None:
-        text += f" TTFT p99 stays within {knee_factor:g}× its low-load level up to {points[knee].load:g} {what}: the knee."
+        text += (f" TTFT p99 stays within {knee_factor:g}× its low-load level up to {points[knee].load:g} {what}: "
+                 "the knee.")
     elif not reached:
-        text += f" TTFT p99 never left {knee_factor:g}× its low-load level: no knee within the loads swept; try heavier loads."
+        text += (f" TTFT p99 never left {knee_factor:g}× its low-load level: no knee within the loads swept; "
+                 "try heavier loads.")
     return text

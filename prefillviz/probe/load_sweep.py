@@ -5,8 +5,8 @@ It asks the server what it is, sizes prompts with one calibration request, then 
 serves one at a time (``1 / latency``). Open-loop loads default to multiples of that rate, so
 the sweep crosses the knee on a laptop and on a GPU alike. Each load point then runs
 ``requests_per_point`` streamed requests (fewer, down to ``MIN_REQUESTS_PER_POINT``, for a light
-open-loop load whose arrivals would not fit its share of the time left; ``load.run_point``) with the server's ``/metrics``
-read before and after it (``load_stats``).
+open-loop load whose arrivals would not fit its share of the time left; ``load.run_point``) with
+the server's ``/metrics`` read before and after it (``load_stats``).
 
 Bounded before it starts: the plan's requests, prompt tokens and new tokens are checked
 against the ``ProbeBudget`` and refused whole when over it, and the sweep has a deadline
@@ -100,15 +100,19 @@ class LoadReport:
             "server": self.server, "settings": asdict(settings), "one_at_a_time_rate": self.one_at_a_time_rate,
             "load_points": [p.to_json(settings.ttft_target_s, settings.itl_target_s) for p in self.points],
             "knee_load": self.points[knee].load if knee is not None and reached else None,
-            "knee_reached": reached, "knee_rule": f"the highest load whose TTFT p99 stays within {settings.knee_factor:g}× the lowest load's",
+            "knee_reached": reached,
+            "knee_rule": f"the highest load whose TTFT p99 stays within {settings.knee_factor:g}× the lowest load's",
             "reading": self.reading(), "stopped_reason": self.stopped_reason,
-            "requests_sent": self.requests_sent, "prompt_tokens_sent": self.prompt_tokens_sent, "seconds": round(self.seconds, 2),
+            "requests_sent": self.requests_sent, "prompt_tokens_sent": self.prompt_tokens_sent,
+            "seconds": round(self.seconds, 2),
         }
 
 
 def requests_at(settings: LoadSettings, load: float) -> int:
     """A point's requests: ``requests_per_point``, and at least one per user in a closed loop."""
-    return max(settings.requests_per_point, int(load)) if settings.mode == "concurrency" else settings.requests_per_point
+    return (
+        max(settings.requests_per_point, int(load)) if settings.mode == "concurrency" else settings.requests_per_point
+    )
 
 
 def check_bounds(settings: LoadSettings, loads: tuple[float, ...], budget: ProbeBudget) -> None:
@@ -124,7 +128,9 @@ def check_bounds(settings: LoadSettings, loads: tuple[float, ...], budget: Probe
                          "fewer loads, shorter prompts or fewer output tokens.")
 
 
-def plan_requests(settings: LoadSettings, maker: PromptMaker, shared_prefix: str, rng: random.Random, num_requests: int) -> list[PlannedRequest]:
+def plan_requests(
+    settings: LoadSettings, maker: PromptMaker, shared_prefix: str, rng: random.Random, num_requests: int
+) -> list[PlannedRequest]:
     """One point's prompts: lengths from the chosen distribution, some behind the shared prefix."""
     plan = []
     for _ in range(num_requests):
@@ -132,7 +138,9 @@ def plan_requests(settings: LoadSettings, maker: PromptMaker, shared_prefix: str
         num_tokens = max(16, round(rng.uniform(settings.prompt_tokens - spread, settings.prompt_tokens + spread)))
         if rng.random() < settings.shared_prefix_share:
             suffix_tokens = max(8, num_tokens - settings.shared_prefix_tokens)
-            plan.append(PlannedRequest(shared_prefix + maker.suffix(suffix_tokens), settings.shared_prefix_tokens + suffix_tokens, True))
+            plan.append(PlannedRequest(
+                shared_prefix + maker.suffix(suffix_tokens), settings.shared_prefix_tokens + suffix_tokens, True
+            ))
         else:
             plan.append(PlannedRequest(maker.prompt(num_tokens), num_tokens, False))
     return plan
@@ -143,8 +151,11 @@ def _snapshot(client: ServerClient, info: dict) -> dict[str, float] | None:
     return parse_metrics(text) if text else None
 
 
-def _settled_snapshot(client: ServerClient, info: dict, before: dict | None, num_finished: int) -> dict[str, float] | None:
-    """The snapshot after a point, once the server's queue histogram has counted its finished requests (bounded wait)."""
+def _settled_snapshot(
+    client: ServerClient, info: dict, before: dict | None, num_finished: int
+) -> dict[str, float] | None:
+    """The snapshot after a point, once the server's queue histogram has counted its finished requests
+    (bounded wait)."""
     deadline = time.monotonic() + METRICS_SETTLE_S
     while True:
         after = _snapshot(client, info)
@@ -176,16 +187,23 @@ def load_sweep(
         context = info["max_model_len"] or DEFAULT_CONTEXT
         longest = math.ceil(settings.prompt_tokens * (1 + settings.prompt_spread)) + settings.output_tokens
         if longest > context * 0.9 or settings.shared_prefix_tokens + 8 > context * 0.9:
-            raise ProbeError(f"The longest request ({longest} tokens with its answer) does not fit this server's context of {context} tokens.")
+            raise ProbeError(
+                f"The longest request ({longest} tokens with its answer) does not fit this server's context "
+                f"of {context} tokens."
+            )
         text, num_words = calibration_prompt(settings.seed)
         maker = PromptMaker(max(client.count_prompt_tokens(info["model"], text) - 6, 1) / num_words, seed=settings.seed)
         info["tokens_per_word"] = round(maker.tokens_per_word, 4)
         report = LoadReport(server=info, settings=settings)
         latencies = []
         for _ in range(WARMUP_REQUESTS):
-            answer = client.stream_completion(info["model"], maker.prompt(settings.prompt_tokens), settings.output_tokens, settings.prompt_tokens)
+            answer = client.stream_completion(
+                info["model"], maker.prompt(settings.prompt_tokens), settings.output_tokens, settings.prompt_tokens
+            )
             if not answer.token_times_s:
-                raise ProbeError(f"The server streamed no token for a warm-up request (finish reason {answer.finish_reason!r}).")
+                raise ProbeError(
+                    f"The server streamed no token for a warm-up request (finish reason {answer.finish_reason!r})."
+                )
             latencies.append(answer.token_times_s[-1] - answer.sent_s)
         report.one_at_a_time_rate = 1.0 / statistics.median(latencies[1:])
         if settings.loads is None and settings.mode == "rate":
@@ -201,44 +219,55 @@ def load_sweep(
                 report.stopped_reason = "Stopped by the user."
                 break
             num_requests = requests_at(settings, load)
-            if settings.mode == "rate":  # a light load gets fewer requests when all of them would not arrive within its share of the time left
+            # a light load gets fewer requests when all of them would not arrive within its share of the time left
+            if settings.mode == "rate":
                 share_s = left_s / (len(loads) - index)
                 num_requests = min(num_requests, max(MIN_REQUESTS_PER_POINT, math.floor(load * share_s * 0.7)))
             arrivals_s = num_requests / load if settings.mode == "rate" else 0.0  # open loop: sending alone takes this
             if left_s <= 1 or arrivals_s > left_s:
-                report.stopped_reason = (f"The sweep stopped before load {load:g}: it would take over {arrivals_s:.0f} s, and "
-                                         f"{max(left_s, 0):.0f} s are left of its time bound of {settings.max_seconds:.0f} s.")
+                report.stopped_reason = (f"The sweep stopped before load {load:g}: it would take over "
+                                         f"{arrivals_s:.0f} s, and {max(left_s, 0):.0f} s are left of its time "
+                                         f"bound of {settings.max_seconds:.0f} s.")
                 break
             label = f"load {load:g} {'req/s' if settings.mode == 'rate' else 'users'} ({index + 1} of {len(loads)})"
             counter.advance(label, units=0)
             before = _snapshot(client, info)
             run = run_point(
-                client, info["model"], settings.mode, load, plan_requests(settings, maker, shared_prefix, rng, num_requests), settings.output_tokens,
+                client, info["model"], settings.mode, load,
+                plan_requests(settings, maker, shared_prefix, rng, num_requests), settings.output_tokens,
                 max_errors=math.floor(settings.max_error_share * num_requests), deadline_s=left_s,
-                request_deadline_s=client.request_deadline_s, seed=settings.seed + index, poll_metrics=before is not None,
+                request_deadline_s=client.request_deadline_s, seed=settings.seed + index,
+                poll_metrics=before is not None,
                 should_stop=should_stop, on_done=lambda record: counter.advance(label),
             )
             ok = sum(r.ok for r in run.records)
             after = _settled_snapshot(client, info, before, ok)
-            point = PointResult(settings.mode, load, run, MetricsDelta.between(before, after), metrics_available=before is not None)
+            point = PointResult(
+                settings.mode, load, run, MetricsDelta.between(before, after), metrics_available=before is not None
+            )
             if run.ended_because is not None:
                 kept = f"the {len(report.points)} load point(s) before it are kept"
                 if "stopped by the user" in run.ended_because:
                     report.stopped_reason = f"Stopped by the user during load {load:g}; {kept}."
                 elif "time bound" in run.ended_because:
-                    report.stopped_reason = f"The sweep reached its time bound of {settings.max_seconds:.0f} s during load {load:g}; {kept}."
+                    report.stopped_reason = (f"The sweep reached its time bound of {settings.max_seconds:.0f} s "
+                                             f"during load {load:g}; {kept}.")
                 else:
-                    report.stopped_reason = f"The server started failing at load {load:g}: {run.ended_because}. The sweep stopped; {kept}."
+                    report.stopped_reason = (f"The server started failing at load {load:g}: {run.ended_because}. "
+                                             f"The sweep stopped; {kept}.")
                 break
             report.points.append(point)
-            report.requests_sent, report.prompt_tokens_sent = client.budget.num_requests, client.budget.num_prompt_tokens
+            report.requests_sent, report.prompt_tokens_sent = (
+                client.budget.num_requests, client.budget.num_prompt_tokens
+            )
             report.seconds = time.monotonic() - started
             if on_point is not None:
                 on_point(report)
             knee, reached = report.knee()
             past_knee = past_knee + 1 if reached else 0
             if reached and past_knee >= settings.points_past_knee and index + 1 < len(loads):
-                report.stopped_reason = f"Past the knee: TTFT p99 left {settings.knee_factor:g}× its low-load level; heavier loads were not sent."
+                report.stopped_reason = (f"Past the knee: TTFT p99 left {settings.knee_factor:g}× its low-load level; "
+                                         "heavier loads were not sent.")
                 break
         report.requests_sent, report.prompt_tokens_sent = client.budget.num_requests, client.budget.num_prompt_tokens
         report.seconds = time.monotonic() - started

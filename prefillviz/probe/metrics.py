@@ -80,11 +80,16 @@ class MetricsDelta:
         return self.counters.get(key, default)
 
     def to_json(self) -> dict:
-        return {**{k: round(v, 6) for k, v in self.counters.items()}, **{k: {"before": a, "after": b} for k, (a, b) in self.gauges.items()}}
+        return {
+            **{k: round(v, 6) for k, v in self.counters.items()},
+            **{k: {"before": a, "after": b} for k, (a, b) in self.gauges.items()},
+        }
 
     def rows(self, experiment: str) -> list[dict]:
-        rows = [{"experiment": experiment, "metric": k, "change": v, "before": None, "after": None, "means": PREFILL_METRICS.get(k, "")}
+        rows = [{"experiment": experiment, "metric": k, "change": v, "before": None, "after": None,
+                 "means": PREFILL_METRICS.get(k, "")}
                 for k, v in self.counters.items()]
-        rows += [{"experiment": experiment, "metric": k, "change": b - a, "before": a, "after": b, "means": PREFILL_METRICS.get(k, "")}
+        rows += [{"experiment": experiment, "metric": k, "change": b - a, "before": a, "after": b,
+                  "means": PREFILL_METRICS.get(k, "")}
                  for k, (a, b) in self.gauges.items()]
         return sorted(rows, key=lambda r: (r["means"] == "", r["metric"]))

@@ -86,7 +86,10 @@ class ProbeReport:
             "ttft_by_tokens": [p.to_json() for p in self.ttft],
             "server_ttft_s_mean": number(self.server_ttft_s_mean()),
             "client_ttft_s_mean": number(self.client_ttft_s_mean()),
-            "ttft_fit": None if fit is None else {"a_s": fit.a_s, "b_s_per_token": fit.b_s_per_token, "c_s_per_token2": fit.c_s_per_token2, "r_squared": fit.r_squared},
+            "ttft_fit": None if fit is None else {
+                "a_s": fit.a_s, "b_s_per_token": fit.b_s_per_token, "c_s_per_token2": fit.c_s_per_token2,
+                "r_squared": fit.r_squared,
+            },
             "prefix_tokens": self.prefix.prefix_tokens if self.prefix else None,
             "prefix_miss_ttft_s": number(self.prefix.miss_ttft_s) if self.prefix else None,
             "prefix_hit_ttft_s": number(self.prefix.hit_ttft_s) if self.prefix else None,
@@ -130,7 +133,9 @@ def planned_sizes(settings: ProbeSettings, context: int) -> list[int]:
     if settings.sizes is None and len(sizes) < 3:
         sizes = sorted({max(8, usable // 4), max(8, usable // 2), usable})
     if not sizes:
-        raise ProbeError(f"No prompt size fits this server's context of {context} tokens; pick sizes from 8 to {usable}.")
+        raise ProbeError(
+            f"No prompt size fits this server's context of {context} tokens; pick sizes from 8 to {usable}."
+        )
     return sizes
 
 
@@ -147,7 +152,10 @@ def probe_server(
     settings = settings or ProbeSettings()
     unknown = set(settings.experiments) - set(EXPERIMENTS)
     if unknown or settings.runs < 1 or settings.num_streams < 1:
-        raise ProbeError(f"Impossible probe settings: experiments {sorted(unknown) or 'ok'}, runs {settings.runs}, streams {settings.num_streams}.")
+        raise ProbeError(
+            f"Impossible probe settings: experiments {sorted(unknown) or 'ok'}, runs {settings.runs}, "
+            f"streams {settings.num_streams}."
+        )
     timeouts = {"read_timeout_s": read_timeout_s} if read_timeout_s else {}
     with ServerClient(url, api_key=api_key, budget=budget, **timeouts) as client:
         info = server_info(client, model)
@@ -172,7 +180,9 @@ def probe_server(
             if experiment == "ttft":
                 report.ttft = ttft_sweep(client, info["model"], maker, sizes, settings.runs, counter)
                 if len(report.ttft) >= 3:
-                    report.ttft_fit = fit_quadratic([p.num_tokens for p in report.ttft], [p.ttft_s_median for p in report.ttft])
+                    report.ttft_fit = fit_quadratic(
+                        [p.num_tokens for p in report.ttft], [p.ttft_s_median for p in report.ttft]
+                    )
             elif experiment == "prefix":
                 report.prefix = prefix_check(client, info["model"], maker, prefix_tokens, settings.runs, counter)
             else:

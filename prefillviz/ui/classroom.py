@@ -91,16 +91,19 @@ def join_qr_png(link: str, scale: int = 5) -> bytes:
 def room_controls() -> InRoom | None:
     """The "Class room" box: start a room, join one by code, or the room's code and join link."""
     here = current_room()
-    with st.expander("Class room: predict together" + (f" · room {here.code}" if here else ""), expanded=here is not None and here.teacher):
+    with st.expander("Class room: predict together" + (f" · room {here.code}" if here else ""),
+                     expanded=here is not None and here.teacher):
         if error := st.session_state.pop("class_room_error", None):
             st.error(error)
         if here is None:
-            st.caption("A teacher starts a room and shows its code; students join it, follow the teacher's step and lock in "
-                       "their predictions; the teacher sees the class's predictions next to the measured answer.")
+            st.caption("A teacher starts a room and shows its code; students join it, follow the teacher's step and "
+                       "lock in their predictions; the teacher sees the class's predictions next to the measured "
+                       "answer.")
             columns = st.columns([1, 1, 1], vertical_alignment="bottom")
             columns[0].button("Start a room (teacher)", key="class_room_start", on_click=_start, width="stretch")
             code = columns[1].text_input("Room code", key="class_room_code", max_chars=8, placeholder="e.g. K7QX2")
-            columns[2].button("Join", key="class_room_join", on_click=lambda: _enter(st.session_state.get("class_room_code", "")),
+            columns[2].button("Join", key="class_room_join",
+                              on_click=lambda: _enter(st.session_state.get("class_room_code", "")),
                               disabled=not code.strip(), width="stretch")
             return None
         room = ROOMS.get(here.code)
@@ -108,12 +111,13 @@ def room_controls() -> InRoom | None:
         if here.teacher:
             link = f"{(st.context.url or '').split('?')[0]}?room={here.code}"
             st.markdown(f"### Room code: `{here.code}`" if not presenter_mode() else f"# Room code: {here.code}")
-            st.caption(f"{members} student(s) joined. Students open the Guided lessons page and type the code, or open this link "
-                       "(or scan the QR code):")
+            st.caption(f"{members} student(s) joined. Students open the Guided lessons page and type the code, or open "
+                       "this link (or scan the QR code):")
             st.code(link, language=None)
             st.image(join_qr_png(link, scale=10 if presenter_mode() else 5), caption=f"Join room {here.code}")
         else:
-            st.caption(f"You are in room {here.code}: this page follows the teacher's step. Lock in your prediction on each step.")
+            st.caption(f"You are in room {here.code}: this page follows the teacher's step. "
+                       "Lock in your prediction on each step.")
         st.button("Leave the room", key="class_room_leave", on_click=_leave)
     return here
 
@@ -175,9 +179,11 @@ def class_histogram(here: InRoom | None, question: lessons.Question, sid: str) -
         per_option = [counts.get(float(i), 0) for i in range(len(labels))]
         answer = None if measured is None else lessons.choice_for(question, measured)
     answer_text = None if measured is None else lessons.format_value(measured, question.unit)
-    st.plotly_chart(class_predictions_figure(labels, per_option, answer, answer_text, question.text), key=f"class_histogram_{sid}")
+    st.plotly_chart(class_predictions_figure(labels, per_option, answer, answer_text, question.text),
+                    key=f"class_histogram_{sid}")
     if measured is None:
-        st.caption("Only you (the teacher) see this until you reveal the answer: the students' predictions stay their own.")
+        st.caption("Only you (the teacher) see this until you reveal the answer: "
+                   "the students' predictions stay their own.")
 
 
 WATCH_EVERY_S = 10  # a small room's students see the teacher's next step within 10 s

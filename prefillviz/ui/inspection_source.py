@@ -27,11 +27,14 @@ def inspection_source(page: str, prefix: str, chunk_help: str, empty_hint: str) 
     loaded = loaded_model()
     prompt = st.text_area("Prompt", PRESETS["Chat with a system prompt"], height=120, key=f"{prefix}_prompt")
     chunk_size = st.number_input(
-        "Chunk size (tokens per step; 0 = the whole prompt in one step)", 0, 8192, 0, key=f"{prefix}_chunk_size", help=chunk_help
+        "Chunk size (tokens per step; 0 = the whole prompt in one step)", 0, 8192, 0, key=f"{prefix}_chunk_size",
+        help=chunk_help
     )
     if loaded is not None and st.button("Run (inspection pass)", type="primary", key=f"{prefix}_run"):
-        with run_guarded("The inspection run"), st.spinner("Running the prompt with the inspection capture (KV write log, q/k)…"):
-            result = run_inspection(loaded, prompt, int(chunk_size), lambda steps: progress_callback(steps, "Inspection run"))
+        with (run_guarded("The inspection run"),
+              st.spinner("Running the prompt with the inspection capture (KV write log, q/k)…")):
+            result = run_inspection(loaded, prompt, int(chunk_size),
+                                    lambda steps: progress_callback(steps, "Inspection run"))
             save_result(page, result)
             st.session_state[f"{prefix}_source"] = THIS_PAGE_RUN
 

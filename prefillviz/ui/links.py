@@ -103,7 +103,8 @@ def share_link(page_url_path: str) -> str:
 def share_box(page_url_path: str, ignored: list[str]) -> None:
     with st.sidebar:
         with st.expander("Share this view"):
-            st.caption("Copy the link (button at the right of the box): it opens this page with this prompt and these settings.")
+            st.caption("Copy the link (button at the right of the box): "
+                       "it opens this page with this prompt and these settings.")
             st.code(share_link(page_url_path), language=None, wrap_lines=True)
         if ignored:
             st.caption(f"Ignored link settings that were not valid: {', '.join(sorted(ignored))}")

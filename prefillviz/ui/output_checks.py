@@ -35,10 +35,12 @@ def same_tokens_block(
     rows = []
     for run_name, check in checks:
         row = {"run": run_name} if run_name else {}
-        row |= {"request": check.request_id, "new tokens": len(check.tokens), reference: shown(check.tokens_reference), run: shown(check.tokens)}
+        row |= {"request": check.request_id, "new tokens": len(check.tokens), reference: shown(check.tokens_reference),
+                run: shown(check.tokens)}
         rows.append(row | {"identical": "pass" if check.identical else "FAIL"})
     st.dataframe(rows, hide_index=True, key=key)
-    failed = [f"{check.request_id} ({run_name})" if run_name else check.request_id for run_name, check in checks if not check.identical]
+    failed = [f"{check.request_id} ({run_name})" if run_name else check.request_id
+              for run_name, check in checks if not check.identical]
     if failed:
         st.warning(f"Outputs differ for {', '.join(failed)}. {why_they_may_differ}")
     else:

@@ -91,7 +91,8 @@ class Rooms:
             self._expire(now)
             room = self._rooms.get(code)
             if room is None:
-                raise ConfigError(f"There is no class room {code!r} on this server (mistyped, or it ended): ask for the code again.")
+                raise ConfigError(f"There is no class room {code!r} on this server (mistyped, "
+                                  "or it ended): ask for the code again.")
             if member not in room.members and len(room.members) >= max_members:
                 raise ConfigError(f"Class room {code} is full ({max_members} members).")
             room.members.add(member)

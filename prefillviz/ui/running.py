@@ -31,11 +31,13 @@ logger = logging.getLogger(__name__)
 
 
 def run_label(loaded: LoadedModel, capture: str) -> str:
-    """What a number measured: the pass (``instrument.passes``), the device and its threads, for captions under results."""
+    """What a number measured: the pass (``instrument.passes``), the device and its threads, for captions under
+    results."""
     where = f"{loaded.model_id} on {loaded.device}, {dtype_name(loaded.dtype)}"
     backend = session_backend()
     measured = "" if backend is not None else f"{linear_weights_label(loaded.model)} · {choice_label(loaded.model)} · "
-    return f"{pass_label(capture)} · {where} · {forward_label(loaded.model, backend)} · {measured}{torch.get_num_threads()} torch threads"
+    return (f"{pass_label(capture)} · {where} · {forward_label(loaded.model, backend)} · "
+            f"{measured}{torch.get_num_threads()} torch threads")
 
 
 @contextmanager
@@ -62,13 +64,15 @@ def run_guarded(what: str, queue: bool = True) -> Iterator[None]:
         if isinstance(error, StreamlitAPIException):  # a bug in a page, not bad input: let tests see it
             raise
         logger.exception("%s failed", what)  # the traceback goes to the server log
-        st.error(f"{what} failed unexpectedly ({type(error).__name__}: {error}). Earlier results are kept; please report this.")
+        st.error(f"{what} failed unexpectedly ({type(error).__name__}: {error}). "
+                 "Earlier results are kept; please report this.")
 
 
 def _wait_text(ahead: int) -> str:
     eta = RUN_QUEUE.estimate_s(ahead)
     estimate = f", about {eta:,.0f} s from the last runs' median" if eta is not None else ""
-    return f"Waiting for the shared model: you are number {ahead + 1} in line ({ahead} run(s) ahead of yours{estimate})…"
+    return (f"Waiting for the shared model: you are number {ahead + 1} in line "
+            f"({ahead} run(s) ahead of yours{estimate})…")
 
 
 @contextmanager
@@ -99,7 +103,8 @@ def measured_once(key: tuple, measure: Callable[[int], Any]) -> Shared:
     viewer = st.session_state.setdefault("shared_runs_viewer", uuid.uuid4().hex)  # this session, in its own state
     shared = SHARED_RUNS.run(
         (*key, session_backend_name()), measure_in_turn, viewer=viewer,
-        on_join_wait=lambda viewers: joining.info(f"An identical run is being measured; you will see its result ({viewers} viewers so far)…"),
+        on_join_wait=lambda viewers: joining.info("An identical run is being measured; "
+                                                  f"you will see its result ({viewers} viewers so far)…"),
     )
     joining.empty()
     return shared
@@ -118,7 +123,8 @@ def sharing_note(sharing: dict, timing_runs: int) -> str:
     who = "Joined an identical run another session started" if sharing["joined"] else "Measured by this session"
     note = f"{who}: measured once for {sharing['viewers']} viewer(s)."
     if sharing["waiting_behind"] and timing_runs < TIMING_RUNS:
-        note += f" {timing_runs} timing passes instead of {TIMING_RUNS}: {sharing['waiting_behind']} run(s) were waiting behind it."
+        note += (f" {timing_runs} timing passes instead of {TIMING_RUNS}: "
+                 f"{sharing['waiting_behind']} run(s) were waiting behind it.")
     return note
 
 
@@ -136,7 +142,8 @@ def progress_callback(total_steps: int, label: str) -> Callable[[int, Any], None
     def update(steps_done: int, record) -> None:
         phase = "prefill" if record.num_prefill_tokens else "decode"
         fraction = min(1.0, steps_done / max(total_steps, 1))
-        bar.progress(fraction, text=f"{label}: step {steps_done} of ~{total_steps} ({phase}, {record.num_scheduled_tokens} tokens)")
+        bar.progress(fraction, text=f"{label}: step {steps_done} of ~{total_steps} ({phase}, "
+                                    f"{record.num_scheduled_tokens} tokens)")
 
     return update
 

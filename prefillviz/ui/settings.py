@@ -30,7 +30,8 @@ BACKENDS = {  # the sidebar's engine ops: what each runs
 
 def session_backend() -> Backend | None:
     """The backend this session's engines run: the textbook's, or None for the model's own (the measured one)."""
-    return TorchBackend() if st.session_state.get(KEPT_PREFIX + BACKEND_KEY, st.session_state.get(BACKEND_KEY)) == "textbook" else None
+    choice = st.session_state.get(KEPT_PREFIX + BACKEND_KEY, st.session_state.get(BACKEND_KEY))
+    return TorchBackend() if choice == "textbook" else None
 
 
 def session_backend_name() -> str:

@@ -57,7 +57,8 @@ class SharedRuns:
         self.measured = 0  # runs actually measured (owners that finished), for the load test's figures
 
     def _expire(self, now: float) -> None:
-        for key in [k for k, e in self._entries.items() if e.finished_at is not None and now - e.finished_at > self.ttl_s]:
+        for key in [k for k, e in self._entries.items()
+                    if e.finished_at is not None and now - e.finished_at > self.ttl_s]:
             del self._entries[key]
         while len(self._entries) > self.max_entries:  # the oldest first; a running entry's owner still holds its object
             self._entries.popitem(last=False)
@@ -72,8 +73,9 @@ class SharedRuns:
             self._expire(time.monotonic())
             return len(self._entries)
 
-    def run(self, key: Hashable, measure: Callable[[], Any], viewer: Hashable = None, on_join_wait: Callable[[int], None] | None = None,
-            poll_s: float = 0.5, timeout_s: float = JOIN_TIMEOUT_S) -> Shared:
+    def run(self, key: Hashable, measure: Callable[[], Any], viewer: Hashable = None,
+            on_join_wait: Callable[[int], None] | None = None, poll_s: float = 0.5,
+            timeout_s: float = JOIN_TIMEOUT_S) -> Shared:
         """``measure()``'s result, measured once for every identical ``key`` within the sharing time.
 
         Args:
@@ -91,7 +93,8 @@ class SharedRuns:
         with self._lock:
             self._expire(time.monotonic())
             entry = self._entries.get(key)
-            again = entry is not None and entry.finished_at is not None and viewer is not None and viewer in entry.viewer_ids
+            again = (entry is not None and entry.finished_at is not None
+                     and viewer is not None and viewer in entry.viewer_ids)
             owner = entry is None or entry.abandoned or again
             if owner:
                 entry = self._entries[key] = _Entry()
@@ -105,7 +108,8 @@ class SharedRuns:
         deadline = time.monotonic() + timeout_s
         while not entry.done.wait(poll_s):
             if time.monotonic() > deadline:
-                raise PrefillVizError(f"Waited {timeout_s:.0f} s for an identical run another session started; run it again.")
+                raise PrefillVizError(f"Waited {timeout_s:.0f} s for an identical run another session started; "
+                                      "run it again.")
             if on_join_wait is not None:
                 on_join_wait(entry.viewers)
         if entry.abandoned:  # its owner failed or left: measure it ourselves

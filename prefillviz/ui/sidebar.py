@@ -40,28 +40,38 @@ def model_choice() -> tuple[str, str, str]:
     device and dtype are fixed (switching them would reload the shared model for everyone).
     """
     policy = hosted_policy()
-    labels = {spec.model_id: f"{spec.model_id} · {spec.num_parameters_label} · {spec.needs}" for spec in RECOMMENDED_MODELS}
+    labels = {spec.model_id: f"{spec.model_id} · {spec.num_parameters_label} · {spec.needs}"
+              for spec in RECOMMENDED_MODELS}
     if policy.enabled:
         labels = {model_id: labels.get(model_id, model_id) for model_id in policy.allowed_model_ids}
     with st.sidebar:
-        kept(st.toggle, "Presenter mode", key="presenter_mode", help="Large text for a projector, fewer controls on screen")
+        kept(st.toggle, "Presenter mode", key="presenter_mode",
+             help="Large text for a projector, fewer controls on screen")
         st.header("Model")
         model_id = kept(st.selectbox, "Model", list(labels), format_func=labels.get, key="sidebar_model")
         # in presenter mode the rest folds away (still rendered, so the choices are kept)
         with st.expander("Model settings", expanded=not presenter_mode()):
-            custom = "" if policy.enabled else kept(st.text_input, "…or another Hugging Face id or local folder", key="sidebar_custom_model").strip()
-            fixed = {"disabled": True, "help": f"Fixed in this hosted demo: the model is shared, and a switch would reload it for everyone ({policy.why})."} if policy.enabled else {}
+            custom = "" if policy.enabled else kept(st.text_input, "…or another Hugging Face id or local folder",
+                                                    key="sidebar_custom_model").strip()
+            fixed = {"disabled": True, "help": "Fixed in this hosted demo: the model is shared, and a switch would "
+                                               f"reload it for everyone ({policy.why})."} if policy.enabled else {}
             device = kept(st.selectbox, "Device", device_choices(), key="sidebar_device", **fixed)
-            dtype = kept(st.selectbox, "dtype", dtype_choices(), key="sidebar_dtype", **(fixed or {"help": "auto: bf16 on GPU and on a CPU where bf16 measured at least 1.25x faster than fp32, else fp32. A dtype this CPU can't run is refused with a message; a slow one is flagged with its measured factor."}))
+            dtype = kept(st.selectbox, "dtype", dtype_choices(), key="sidebar_dtype",
+                         **(fixed or {"help": "auto: bf16 on GPU and on a CPU where bf16 measured at least 1.25x "
+                                              "faster than fp32, else fp32. A dtype this CPU can't run is refused "
+                                              "with a message; a slow one is flagged with its measured factor."}))
         if policy.enabled:
-            st.caption(f"Hosted demo ({policy.why}): allow-listed models only, fixed device and dtype, bounded prompts.")
+            st.caption(f"Hosted demo ({policy.why}): allow-listed models only, "
+                       "fixed device and dtype, bounded prompts.")
         kept(
             st.radio, "Engine ops", list(BACKENDS), format_func=BACKENDS.get, key=BACKEND_KEY,
-            help="The same engine either way. Textbook: every op in a few lines of plain torch (prefillviz/engine/backend.py). "
+            help="The same engine either way. Textbook: every op in a few lines of plain torch "
+            "(prefillviz/engine/backend.py). "
             "Measured: C++ and oneDNN kernels, each chosen by timing it on this machine (prefillviz/backends). "
             "The Kernel timings page runs both on one prompt.",
         )
-        kept(st.radio, "Chart image format (each chart's camera button)", ["png", "svg"], key="export_format", horizontal=True)
+        kept(st.radio, "Chart image format (each chart's camera button)", ["png", "svg"], key="export_format",
+             horizontal=True)
     if presenter_mode():
         st.markdown(PRESENTER_CSS, unsafe_allow_html=True)
     if policy.enabled:  # whatever a widget or a link holds, the shared model stays as it is
@@ -75,7 +85,8 @@ def current_model() -> LoadedModel | None:
     model_id, device, dtype = model_choice()
     with st.sidebar:
         try:
-            with st.spinner(f"Loading {model_id} and warming it up (the bundled model's very first load dequantizes its GGUF: ~10 s)…"):
+            with st.spinner(f"Loading {model_id} and warming it up (the bundled "
+                            "model's very first load dequantizes its GGUF: ~10 s)…"):
                 loaded = _cached_model(model_id, device, dtype)
         except PrefillVizError as error:
             st.error(str(error))
@@ -97,7 +108,8 @@ def model_card(loaded: LoadedModel) -> None:
     st.markdown(
         f"**{loaded.model_id}**  \n"
         f"{info.architecture} · {info.num_parameters / 1e6:,.0f} M parameters  \n"
-        f"{info.num_layers} layers · {info.num_heads} heads · {info.num_kv_heads} KV heads · head dim {info.head_dim}  \n"
+        f"{info.num_layers} layers · {info.num_heads} heads · {info.num_kv_heads} KV heads · "
+        f"head dim {info.head_dim}  \n"
         f"KV cache: **{info.kv_bytes_per_token:,} B per token**  \n"
         f"{loaded.device} · {dtype_name(loaded.dtype)} · from {loaded.source} in {loaded.load_time_s:.1f} s{warm}  \n"
         f"forward: {forward_label(loaded.model, session_backend(), with_reason=True)}  \n"

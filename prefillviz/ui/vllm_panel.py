@@ -73,35 +73,43 @@ def vllm_panel(
     if reason:
         st.info(reason, icon=":material/info:")
         return
-    if st.button("Run on vLLM too", key=f"{page}_vllm_run", help="Starts vLLM once per app process (10-25 s), then runs this workload on it"):
+    if st.button("Run on vLLM too", key=f"{page}_vllm_run",
+                 help="Starts vLLM once per app process (10-25 s), then runs this workload on it"):
         with run_guarded("The vLLM run"):
             with st.spinner("Starting vLLM (once per app process) and running the workload on both engines…"):
                 worker = _worker(dtype_name(loaded.dtype))
                 runs = [
-                    side_by_side.run_both(loaded, worker, label, *workload[:3], **(workload[3] if len(workload) > 3 else {}))
+                    side_by_side.run_both(loaded, worker, label, *workload[:3],
+                                          **(workload[3] if len(workload) > 3 else {}))
                     for label, workload in workloads.items()
                 ]
             save_result(f"{page}_vllm", runs)
     runs = get_result(f"{page}_vllm")
     if runs is None:
-        st.caption("vLLM runs the same token ids, greedy, at block size 32; the diff compares outputs, prefix hits and the schedule.")
+        st.caption("vLLM runs the same token ids, greedy, at block size 32; "
+                   "the diff compares outputs, prefix hits and the schedule.")
         return
     engine = runs[0].theirs.engine_config["engine"]
     for run in runs:
         where = f"{run.label}: " if len(runs) > 1 else ""
-        (st.success if run.comparison.all_equal else st.warning)(f"{where}against {engine}: {run.comparison.summary()}.", icon=":material/compare_arrows:")
+        (st.success if run.comparison.all_equal else st.warning)(
+            f"{where}against {engine}: {run.comparison.summary()}.", icon=":material/compare_arrows:"
+        )
     drawn = figure(runs)
     for index, one in enumerate(drawn if isinstance(drawn, list) else [drawn]):
         st.plotly_chart(one, key=f"{page}_vllm_figure_{index}")
     block_maps(page, runs[0])
     timing = "; ".join(
-        f"{run.label}: " * (len(runs) > 1) + (f"medians of {len(run.ours_ttft_s)} alternated runs after a warm-up of each" if len(run.ours_ttft_s) > 1 else "one run each")
+        f"{run.label}: " * (len(runs) > 1)
+        + (f"medians of {len(run.ours_ttft_s)} alternated runs after a warm-up of each" if len(run.ours_ttft_s) > 1
+           else "one run each")
         for run in runs
     )
     theirs = runs[0].theirs
     st.caption(
-        f"{engine} on {theirs.device}, {theirs.dtype}, block size {BLOCK_SIZE}; ours run again at block size {BLOCK_SIZE} for the "
-        f"diff. Times: {timing}; vLLM's step time is the wall time of its `LLMEngine.step` (schedule, forward, sample, outputs)."
+        f"{engine} on {theirs.device}, {theirs.dtype}, block size {BLOCK_SIZE}; ours run again at block size "
+        f"{BLOCK_SIZE} for the diff. Times: {timing}; vLLM's step time is the wall time "
+        "of its `LLMEngine.step` (schedule, forward, sample, outputs)."
     )
     if not all(run.comparison.schedule_equal for run in runs):
         st.markdown(POLICY_NOTE)

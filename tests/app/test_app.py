@@ -46,7 +46,8 @@ def test_run_prefill_shows_measured_figures(bundled):
     app.button(key="prefill_run").click().run()
     assert not app.exception and not app.error
     assert app.metric[2].value == "' Paris'"
-    assert app.metric[1].label == "Forward pass" and "No tokens/s for" in " ".join(c.value for c in app.caption)  # 5 tokens: a fixed cost, not a rate
+    # 5 tokens: a fixed cost, not a rate
+    assert app.metric[1].label == "Forward pass" and "No tokens/s for" in " ".join(c.value for c in app.caption)
     charts = {chart.proto.id: chart for chart in app.get("plotly_chart")}
     assert len(charts) == 3
     app.slider(key="prefill_temperature").set_value(1.0).run()
@@ -97,7 +98,8 @@ def test_choosing_a_preset_fills_the_prompt(bundled):
 
 def test_a_shared_link_opens_with_its_prompt_and_settings(bundled):
     app = AppTest.from_file(APP, default_timeout=240)
-    app.query_params.update({"prompt": "Shared prompt from a teacher", "dtype": "float32", "presenter": "1", "token_budget": "junk", "model": "../x"})
+    app.query_params.update({"prompt": "Shared prompt from a teacher", "dtype": "float32", "presenter": "1",
+                             "token_budget": "junk", "model": "../x"})
     app.run()
     assert not app.exception
     assert app.text_area(key="prefill_prompt").value == "Shared prompt from a teacher"
@@ -114,7 +116,8 @@ def test_an_out_of_memory_run_shows_a_message_frees_and_the_next_run_works(bundl
     from prefillviz.engine.runner import ModelRunner
 
     real_forward = ModelRunner.forward
-    failures = [RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB")]
+    failures = [RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: "
+                             "you tried to allocate 8 GB")]
 
     def forward_that_fails_once(self, inputs, observer=None):
         if failures:
@@ -138,8 +141,10 @@ def test_sidebar_says_why_the_linears_are_stock_and_flags_a_slow_dtype(bundled, 
 
     reason = "this CPU can't run oneDNN's packed bfloat16 matmul (forced by the test)"
     monkeypatch.setattr(packed_weights, "cpu_runs_packed_linear", lambda dtype: (False, reason))
-    monkeypatch.setattr(packed_weights, "onednn_linear", lambda dtype: None)  # nor oneDNN's own matmul, as on an AVX2-only CPU
-    monkeypatch.setattr(shell, "dtype_speed", lambda device, dtype: DtypeSpeed(str(device), "bfloat16", 3.21, "a test matmul"))
+    # nor oneDNN's own matmul, as on an AVX2-only CPU
+    monkeypatch.setattr(packed_weights, "onednn_linear", lambda dtype: None)
+    monkeypatch.setattr(shell, "dtype_speed",
+                        lambda device, dtype: DtypeSpeed(str(device), "bfloat16", 3.21, "a test matmul"))
     app = AppTest.from_file(APP, default_timeout=240)
     app.run()
     app.selectbox(key="sidebar_dtype").set_value("bfloat16").run()

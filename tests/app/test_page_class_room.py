@@ -33,7 +33,8 @@ def student(query: dict) -> AppTest:
 def test_a_student_follows_the_teacher_and_the_class_predictions_meet_the_answer(bundled):
     teacher = open_page("walkthrough")
     teacher.button(key="class_room_start").click().run()
-    code = teacher.query_params["room"][0] if isinstance(teacher.query_params["room"], list) else teacher.query_params["room"]
+    code = (teacher.query_params["room"][0] if isinstance(teacher.query_params["room"], list)
+            else teacher.query_params["room"])
     room = ROOMS.get(code)
     assert room is not None and any(f"Room code: `{code}`" in m.value for m in teacher.markdown)
     assert teacher.get("image")  # the join link's QR code, to scan off the projector
@@ -47,7 +48,8 @@ def test_a_student_follows_the_teacher_and_the_class_predictions_meet_the_answer
 
     teacher.button(key="lesson_next_top").click().run()  # the teacher moves to step 2
     pupil.run()
-    assert [h.value for h in pupil.header] == [h.value for h in teacher.header] and pupil.header[0].value.startswith("2. ")
+    assert ([h.value for h in pupil.header] == [h.value for h in teacher.header]
+            and pupil.header[0].value.startswith("2. "))
 
     pupil.button(key="lesson_lock").click().run()  # a number question: lock in the slider's value
     sid = next(s for s in ROOMS.get(code).predictions)
@@ -69,6 +71,7 @@ def test_a_student_follows_the_teacher_and_the_class_predictions_meet_the_answer
     assert again.radio(key="lesson_choice").disabled
     assert len(ROOMS.get(code).members) == 2  # the teacher and one student, counted once
 
-    teacher_again = student({"room": code, "member": room.teacher})  # the teacher reloads: still the teacher, on the room's step
+    # the teacher reloads: still the teacher, on the room's step
+    teacher_again = student({"room": code, "member": room.teacher})
     assert not teacher_again.radio(key="lesson_choice").disabled and teacher_again.header[0].value.startswith("2. ")
     assert histogram(teacher_again) is not None

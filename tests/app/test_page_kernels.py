@@ -41,10 +41,12 @@ def measured(bundled, tmp_path_factory):
     peaks_dir = tmp_path_factory.mktemp("peaks")
     cache_path = peaks_history.peaks_cache_path
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(peaks_history, "peaks_cache_path", lambda device="cpu", dtype="float32": peaks_dir / cache_path(device, dtype).name)
+        patch.setattr(peaks_history, "peaks_cache_path",
+                      lambda device="cpu", dtype="float32": peaks_dir / cache_path(device, dtype).name)
         app = kernels_page()
         # before a run: only the measured dispatch the warm-up made, one chart per op family
-        assert [chart.key for chart in app.get("plotly_chart")] == ["kernels_dispatch_attention_chart", "kernels_dispatch_linears_chart"]
+        assert [chart.key for chart in app.get("plotly_chart")] == [
+            "kernels_dispatch_attention_chart", "kernels_dispatch_linears_chart"]
         app.button(key="kernels_run").click().run()
         yield app
 
@@ -54,7 +56,8 @@ def charts(app) -> dict[str, dict]:
 
 
 def layer_chart(app) -> dict:
-    return next(spec for spec in charts(app).values() if spec["layout"]["title"]["text"].startswith("Time per decoder layer"))
+    return next(spec for spec in charts(app).values()
+                if spec["layout"]["title"]["text"].startswith("Time per decoder layer"))
 
 
 def test_measure_draws_every_figure_from_real_data_and_offers_the_chrome_trace(measured):
@@ -63,7 +66,8 @@ def test_measure_draws_every_figure_from_real_data_and_offers_the_chrome_trace(m
 
     specs = list(charts(app).values())
     titles = [spec["layout"]["title"]["text"] for spec in specs]
-    assert len(specs) == 14, titles  # dispatch x 2, layers, prediction, ops, timeline, kernel time + memory, 3 x benchmark time + memory
+    # dispatch x 2, layers, prediction, ops, timeline, kernel time + memory, 3 x benchmark time + memory
+    assert len(specs) == 14, titles
     bars = layer_chart(app)["data"]
     assert [trace["name"] for trace in bars][:3] == ["attention", "MLP", "norms"]
     assert all(len(trace["y"]) == 30 for trace in bars) and all(y > 0 for y in bars[1]["y"])
@@ -107,7 +111,8 @@ def test_measure_peaks_again_adds_a_measurement_and_the_prediction_uses_the_new_
     def far_faster(device, dtype):  # roofs no CPU has: certainly the new best
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         machine = machine_name(device)
-        measurements.append(MachinePeaks(str(device), dtype, 1e6, 1e5, now, machine, torch.get_num_threads(), 1e5, 1e5, other_cpu_percent=0.0))
+        measurements.append(MachinePeaks(str(device), dtype, 1e6, 1e5, now, machine, torch.get_num_threads(), 1e5, 1e5,
+                                         other_cpu_percent=0.0))
         return measurements[-1]
 
     monkeypatch.setattr(peaks_history, "measure_peaks", far_faster)
@@ -126,14 +131,18 @@ def test_measure_peaks_again_adds_a_measurement_and_the_prediction_uses_the_new_
 def test_the_page_shows_the_measured_choice_and_measures_it_again(measured, monkeypatch, tmp_path):
     from prefillviz.backends import dispatch_tuning
 
-    monkeypatch.setenv("PREFILLVIZ_DISPATCH_CACHE", str(tmp_path))  # an empty folder: the table below is measured here, not read
+    # an empty folder: the table below is measured here, not read
+    monkeypatch.setenv("PREFILLVIZ_DISPATCH_CACHE", str(tmp_path))
 
     app = measured
     text = " ".join(block.value for block in app.markdown)
     assert "attention: " in text and "linears: " in text and "x faster than" in text
-    attention = next(spec for spec in charts(app).values() if spec["layout"]["title"]["text"].startswith("Measured dispatch: attention"))
-    assert [bar["x"] for bar in attention["data"]][0] == ["decode", "mixed", "prefill 128", "prefill 512", "prefill 2048"]
-    chosen = [(bar["name"], x) for bar in attention["data"] for x, label in zip(bar["x"], bar["text"]) if label == "chosen"]
+    attention = next(spec for spec in charts(app).values()
+                     if spec["layout"]["title"]["text"].startswith("Measured dispatch: attention"))
+    assert [bar["x"] for bar in attention["data"]][0] == [
+        "decode", "mixed", "prefill 128", "prefill 512", "prefill 2048"]
+    chosen = [(bar["name"], x) for bar in attention["data"] for x, label in zip(bar["x"], bar["text"])
+              if label == "chosen"]
     assert len(chosen) == 5  # one chosen candidate per step shape
     calls = []
     real = dispatch_tuning.measure

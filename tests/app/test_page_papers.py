@@ -42,15 +42,18 @@ def test_the_page_runs_four_experiments_small_and_says_how_to_get_vllm(bundled, 
     assert [p.chunk_size for p in results["papers_chunk_cost"]["result"].points] == [0, 128]
     assert results["papers_knee"]["result"].sizes == [2, 4, 8] and results["papers_knee"]["result"].ridge_tokens >= 1
     hits = results["papers_prefix_blocks"]["hits"]
-    assert hits.cached(8, 7) == 0 and hits.cached(8, 8) == 8  # one token short of a block: nothing; one block: the block
+    # one token short of a block: nothing; one block: the block
+    assert hits.cached(8, 7) == 0 and hits.cached(8, 8) == 8
     assert "Block 8: prefix of 7 / 8 tokens" in [m.label for m in app.metric]
 
     titles = [spec["layout"]["title"]["text"] for spec in chart_specs(app).values()]
     assert len(titles) == 6  # piggyback, chunk cost, knee (two views), block hits, long outputs
     names = [trace["name"] for spec in chart_specs(app).values() for trace in spec["data"] if "name" in trace]
-    assert any(name.startswith("Sarathi-Serve, Table 2") for name in names) and any(name.startswith("Sarathi-Serve, Figure 9a") for name in names)
+    assert (any(name.startswith("Sarathi-Serve, Table 2") for name in names)
+            and any(name.startswith("Sarathi-Serve, Figure 9a") for name in names))
     assert any(name.startswith("Sarathi-Serve, Figure 2") for name in names)
-    assert sum("make vllm" in info.value for info in app.info) == 4  # piggyback, chunks, knee, prefix: each says how to get it
+    # piggyback, chunks, knee, prefix: each says how to get it
+    assert sum("make vllm" in info.value for info in app.info) == 4
     assert not [b for b in app.button if "vllm" in (b.key or "")]  # no button that can't work
     assert len(app.get("download_button")) == 10  # a table (CSV) and the figure (HTML) for each of the 5 results
 
@@ -61,7 +64,8 @@ def test_every_step_of_lesson_six_measures_what_it_asks_and_shows_on_the_page(bu
     lesson = next(lesson for lesson in lessons.load_lessons() if lesson.slug == LESSON)
     results = {}
     for step in lesson.steps:
-        action = {**step.action, "long_prompt_sizes": [64]} if step.action["kind"] == "papers_interference" else step.action
+        action = ({**step.action, "long_prompt_sizes": [64]} if step.action["kind"] == "papers_interference"
+                  else step.action)
         outcome = lessons.run_action(bundled, action, scale=0.05)
         assert set(outcome.measured) == set(lessons.ACTION_KINDS[outcome.kind].measured)
         prediction = 0 if step.question.kind == "choice" else step.question.default
@@ -69,7 +73,8 @@ def test_every_step_of_lesson_six_measures_what_it_asks_and_shows_on_the_page(bu
         assert lessons.step_after_reveal(step, outcome) and lessons.step_figure(step, outcome).data
         results.update(lessons.page_results(outcome, "timing pass · test"))
         if outcome.kind == "papers_piggyback":
-            assert outcome.measured["paper_ratio"] == published.piggyback_ratio() and outcome.measured["chunk_tokens"] == 16
+            assert (outcome.measured["paper_ratio"] == published.piggyback_ratio()
+                    and outcome.measured["chunk_tokens"] == 16)
             assert f"The paper measured {published.piggyback_ratio():.3g}×" in lessons.step_after_reveal(step, outcome)
         if outcome.kind == "papers_prefix_blocks":
             assert outcome.measured["one_short_cached"] == 0 and outcome.measured["one_block_cached"] == 16
@@ -81,5 +86,6 @@ def test_every_step_of_lesson_six_measures_what_it_asks_and_shows_on_the_page(bu
     assert not app.exception
     titles = [spec["layout"]["title"]["text"] for spec in chart_specs(app).values()]
     assert any(t.startswith("Interference") for t in titles) and any(t.startswith("Prefill in chunks") for t in titles)
-    assert any(t.startswith("Time per token of each step") for t in titles) and any(t.startswith("Share of the shared prefix") for t in titles)
+    assert (any(t.startswith("Time per token of each step") for t in titles)
+            and any(t.startswith("Share of the shared prefix") for t in titles))
     assert "Disaggregated beats chunking off from" in [m.label for m in app.metric]

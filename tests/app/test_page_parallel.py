@@ -16,7 +16,8 @@ def charts(app) -> dict[str, dict]:
     """Plotly figures on the page by widget key (the element id ends with the key)."""
     found = {}
     for chart in app.get("plotly_chart"):
-        key = next(k for k in ("latency", "over_time", "difference", "sweep", "roofline") if f"parallel_{k}_chart" in chart.proto.id)
+        key = next(k for k in ("latency", "over_time", "difference", "sweep", "roofline")
+                   if f"parallel_{k}_chart" in chart.proto.id)
         found[key] = json.loads(chart.proto.spec)
     return found
 
@@ -42,9 +43,8 @@ def test_both_ways_sweep_roofline_and_an_empty_prompt(bundled):
     assert app.metric[2].value.endswith("×")
     captions = " ".join(c.value for c in app.caption)
     assert "the FLOPs of an average one-token step (the FLOP model; not" in captions  # counted, not assumed to be N
-    assert "a multiply and an add per weight, so an intensity of at most 2 ÷ bytes per weight = 0.5 FLOP/byte in float32" in " ".join(
-        m.value for m in app.markdown
-    )
+    assert ("a multiply and an add per weight, so an intensity of at most 2 ÷ "
+            "bytes per weight = 0.5 FLOP/byte in float32") in " ".join(m.value for m in app.markdown)
 
     app.multiselect(key="parallel_sweep_parallel_sizes").set_value([8, 16, 32])
     app.multiselect(key="parallel_sweep_sequential_sizes").set_value([2, 4, 8])

@@ -25,11 +25,14 @@ def test_stream_hits_the_system_prompt_and_keeps_results_after_bad_input(bundled
     assert full_prefix >= 64
     assert experiment.cache_on.trace.requests["q2"].num_cached_tokens == full_prefix
     queries = sum(len(p) for _, p in stream.prompts)
-    later = len(stream.prompts[1][1])  # q2's prompt tokens: the stream's hit rate counts q1's cold start, the later one does not
-    assert [m.value for m in app.metric] == [f"{queries:,}", f"{full_prefix:,}", f"{100 * full_prefix / queries:.0f}%", f"{100 * full_prefix / later:.0f}%"]
+    # q2's prompt tokens: the stream's hit rate counts q1's cold start, the later one does not
+    later = len(stream.prompts[1][1])
+    assert [m.value for m in app.metric] == [
+        f"{queries:,}", f"{full_prefix:,}", f"{100 * full_prefix / queries:.0f}%", f"{100 * full_prefix / later:.0f}%"]
 
     grid_on, grid_small, hit_rate, ttft, evictions = list(chart_specs(app).values())
-    assert sum(len(bar["y"]) for bar in grid_on["data"]) == sum(math.ceil(len(p) / stream.block_size) for _, p in stream.prompts)
+    assert (sum(len(bar["y"]) for bar in grid_on["data"])
+            == sum(math.ceil(len(p) / stream.block_size) for _, p in stream.prompts))
     hits = grid_on["data"][0]
     assert hits["name"].startswith("cache hit") and hits["y"].count("q2") == stream.num_shared_full_blocks
     assert hit_rate["data"][1]["y"] == [0, full_prefix]

@@ -42,7 +42,8 @@ def test_lesson_one_predict_run_reveal_navigate_and_the_prefill_page(bundled):
     num_tokens = len(bundled.tokenizer(PRESETS["Chat with a system prompt"])["input_ids"])
     num_steps = -(-num_tokens // 24)
     assert f"**Measured:** A few steps (2 to 9) (measured: {num_steps})" in texts(app.markdown)
-    assert f"{num_steps} steps for {num_tokens} prompt tokens" in texts(app.markdown)  # the text after the reveal, from the run
+    # the text after the reveal, from the run
+    assert f"{num_steps} steps for {num_tokens} prompt tokens" in texts(app.markdown)
     assert app.success[0].value.startswith("Right")
     assert app.get("plotly_chart") and app.radio(key=f"lesson_predict_{LESSON}/0").disabled  # the prediction is locked
 
@@ -86,7 +87,8 @@ def test_a_step_sets_the_sidebar_dtype_before_it_runs(bundled):
     assert app.success[0].value.startswith("Right") and "3× larger (measured: 3)" in texts(app.markdown)
     assert app.button(key="lesson_next_bottom").label == "Next lesson ▶"
     app.button(key="lesson_next_bottom").click().run()
-    assert app.radio(key="lesson_choice").value == 3 and app.header[0].value == "1. A long prompt arrives while others are decoding"
+    assert (app.radio(key="lesson_choice").value == 3
+            and app.header[0].value == "1. A long prompt arrives while others are decoding")
 
 
 def test_the_full_views_show_the_lessons_runs(bundled):

@@ -77,10 +77,13 @@ def test_machine_peaks_measure_then_read_the_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(peaks_history, "measure_peaks", no_measuring)
     assert machine_peaks("cpu", "float32") == measured
     assert measured.num_measurements == 1 and measured.other_cpu_percent is not None  # MachineLoad ran around it
-    monkeypatch.setattr(peaks_history, "measure_peaks", lambda device, dtype: MachinePeaks("cpu", "float32", 1.0, 1.0, "now", "x", 1))
+    monkeypatch.setattr(
+        peaks_history, "measure_peaks", lambda device, dtype: MachinePeaks("cpu", "float32", 1.0, 1.0, "now", "x", 1)
+    )
     refreshed = machine_peaks("cpu", "float32", refresh=True)  # a slower measurement joins the history
     assert (refreshed.num_measurements, refreshed.matmul_gflops_min, refreshed.memory_gb_s_min) == (2, 1.0, 1.0)
-    assert (refreshed.matmul_gflops, refreshed.memory_gb_s) == (measured.matmul_gflops, measured.memory_gb_s)  # the best stays
+    # the best stays
+    assert (refreshed.matmul_gflops, refreshed.memory_gb_s) == (measured.matmul_gflops, measured.memory_gb_s)
 
 
 def test_roofline_points_from_timed_engine_steps(tiny_llama):
@@ -95,19 +98,25 @@ def test_roofline_points_from_timed_engine_steps(tiny_llama):
     assert all(p.measured_time_s > 0 and p.achieved_gflops > 0 for p in points)
     prefill_32, decode_16 = points[1], points[2]
     # what the engine ran: its own forward takes one row past the last layer's attention (of 2 layers here)
-    assert prefill_32.flops == model_costs(tiny_llama, 32, 32, engine=True).total_flops < model_costs(tiny_llama, 32, 32).total_flops
+    assert prefill_32.flops == model_costs(tiny_llama, 32, 32, engine=True).total_flops < (
+        model_costs(tiny_llama, 32, 32).total_flops
+    )
     assert (decode_16.num_tokens, decode_16.context_len) == (1, 16)
     assert prefill_32.intensity > points[0].intensity > decode_16.intensity
 
 
 def test_roof_and_ridge():
-    peaks = MachinePeaks("cpu", "float32", matmul_gflops=200.0, memory_gb_s=50.0, measured_at="", machine="", num_threads=2)
+    peaks = MachinePeaks(
+        "cpu", "float32", matmul_gflops=200.0, memory_gb_s=50.0, measured_at="", machine="", num_threads=2
+    )
     assert ridge_point(peaks) == 4.0
     assert roof(peaks, [1.0, 4.0, 100.0]) == [50.0, 200.0, 200.0]
 
 
 def test_predicted_layer_times_decode_memory_bound_prefill_compute_bound(bundled):
-    peaks = MachinePeaks("cpu", "bfloat16", matmul_gflops=400.0, memory_gb_s=30.0, measured_at="", machine="", num_threads=2)
+    peaks = MachinePeaks(
+        "cpu", "bfloat16", matmul_gflops=400.0, memory_gb_s=30.0, measured_at="", machine="", num_threads=2
+    )
     decode = predict_layer_times(bundled.info, 1, 1024, 2, peaks)
     assert {row["bound"] for row in decode} == {"memory"}
     prefill = {row["op"]: row for row in predict_layer_times(bundled.info, 1024, 1024, 2, peaks)}

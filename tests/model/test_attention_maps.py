@@ -2,8 +2,8 @@
 
 The headline check: for the tiny random Llama and the bundled SmolLM2, ``attention_probs``
 from post-RoPE q/k equals ``output_attentions`` of an eager forward for every head
-(fp32, within the few fp32 steps two forward passes differ by). The rest pins the chunk slicing, the blocked summaries, the pooled
-map and the chunk strips on inputs where the answer is known.
+(fp32, within the few fp32 steps two forward passes differ by). The rest pins the chunk slicing, the blocked
+summaries, the pooled map and the chunk strips on inputs where the answer is known.
 """
 
 from __future__ import annotations
@@ -139,7 +139,8 @@ def test_uniform_attention_has_known_summaries():
     q, k = torch.zeros(3, num_tokens, 8), torch.randn(1, num_tokens, 8)  # q = 0: every row uniform
     summary = head_summaries(q, k, scaling=0.125, block_rows=16)
     rows = np.arange(num_tokens)
-    relative = allowed_difference(torch.float32, 1.0, OP_STEPS, terms=num_tokens)  # fp32 sums over a row, and over the rows
+    # fp32 sums over a row, and over the rows
+    relative = allowed_difference(torch.float32, 1.0, OP_STEPS, terms=num_tokens)
     np.testing.assert_allclose(summary.entropy, np.full(3, np.log(rows + 1).mean()), rtol=relative)
     np.testing.assert_allclose(summary.mean_lookback, np.full(3, (rows / 2).mean()), rtol=relative)
     np.testing.assert_allclose(summary.sink, np.full(3, (1 / (rows[1:] + 1)).mean()), rtol=relative)

@@ -39,7 +39,9 @@ def test_prompt_longer_than_the_context_is_refused(tiny_llama):
     engine = LLMEngine(tiny_llama, None, EngineConfig())
     with pytest.raises(RequestError, match="context of 512 tokens. Shorten the prompt."):
         engine.add_request([5] * 600)
-    with pytest.raises(RequestError, match="context of 512 tokens. Ask for at most 12 new tokens, or shorten the prompt."):
+    with pytest.raises(
+        RequestError, match="context of 512 tokens. Ask for at most 12 new tokens, or shorten the prompt."
+    ):
         engine.add_request([5] * 500, SamplingParams(max_new_tokens=13))
     still_serves(engine, tiny_llama)
 
@@ -89,7 +91,10 @@ class FailAtLayer(TorchBackend):
     "error, expected",
     [
         (torch.OutOfMemoryError("CUDA out of memory"), "Out of memory"),
-        (RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't allocate memory"), "Out of memory"),
+        (
+            RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't allocate memory"),
+            "Out of memory",
+        ),
         (RuntimeError("kernel failed"), "kernel failed"),
     ],
 )
@@ -120,8 +125,9 @@ def no_work(monkeypatch):
         pytest.fail("the work started before the check refused it")
 
     for target in (
-        "prefillviz.loading.models.load_model", "prefillviz.engine.engine.LLMEngine", "prefillviz.measure.bench.run_bench",
-        "prefillviz.measure.kernel_bench.run_kernel_benchmark", "prefillviz.disagg.experiment.compare_setups",
+        "prefillviz.loading.models.load_model", "prefillviz.engine.engine.LLMEngine",
+        "prefillviz.measure.bench.run_bench", "prefillviz.measure.kernel_bench.run_kernel_benchmark",
+        "prefillviz.disagg.experiment.compare_setups",
     ):
         monkeypatch.setattr(target, started)
     return monkeypatch
@@ -163,15 +169,18 @@ def test_run_past_the_context_is_refused_before_an_engine_is_built(loads_bundled
     long_prompt = "word " * 9000
     num_tokens = len(bundled.tokenizer(long_prompt)["input_ids"])
     assert refused(capsys, "run", "--prompt", long_prompt) == (
-        f"error: --prompt: The prompt has {num_tokens:,} tokens; with 1 new token(s) that is {num_tokens + 1:,}, more than "
-        f"{BUNDLED}'s context of 8,192 tokens. Shorten the prompt."
+        f"error: --prompt: The prompt has {num_tokens:,} tokens; with 1 new token(s) that is {num_tokens + 1:,}, "
+        f"more than {BUNDLED}'s context of 8,192 tokens. Shorten the prompt."
     )
 
 
 def test_bench_sizes_are_refused_before_the_bench_runs(loads_bundled, capsys):
     assert refused(capsys, "bench", "--runs", "0") == "error: --runs 0: must be at least 1 (timed runs per figure)."
-    assert refused(capsys, "bench", "--num-tokens", "0") == "error: --num-tokens 0: must be at least 1 (the prompt length the bench prefills)."
-    loads_bundled.setattr("prefillviz.peers.vllm_client.unavailable_for", lambda *args: None)  # vLLM here: it prefills 4N
+    assert refused(capsys, "bench", "--num-tokens", "0") == (
+        "error: --num-tokens 0: must be at least 1 (the prompt length the bench prefills)."
+    )
+    # vLLM here: it prefills 4N
+    loads_bundled.setattr("prefillviz.peers.vllm_client.unavailable_for", lambda *args: None)
     assert refused(capsys, "bench", "--num-tokens", "8192") == (
         "error: --num-tokens 8192: the bench prefills up to 4 x N + 64 = 32,832 tokens, but "
         f"{BUNDLED}'s context is 8,192 tokens; use --num-tokens 2032 or less (4079 or less with --no-vllm)."
@@ -187,7 +196,9 @@ def test_bench_sizes_are_refused_before_the_bench_runs(loads_bundled, capsys):
 
 
 def test_kernel_sizes_are_refused_before_any_kernel_runs(no_work, capsys):
-    assert refused(capsys, "kernels", "--runs", "0") == "error: --runs 0: must be at least 1 (timed runs per kernel and N)."
+    assert refused(capsys, "kernels", "--runs", "0") == (
+        "error: --runs 0: must be at least 1 (timed runs per kernel and N)."
+    )
     assert refused(capsys, "kernels", "--sizes", "128,16384") == (
         "error: --sizes 128,16384: N = 16,384 is past smollm2-135m's context of 8,192 tokens; use N of 8,192 or less."
     )
@@ -200,12 +211,15 @@ def test_kernel_sizes_are_refused_before_any_kernel_runs(no_work, capsys):
 
 def test_disagg_sizes_are_refused_before_any_run(loads_bundled, capsys):
     assert refused(capsys, "disagg", "--short-new-tokens", "1") == (
-        "error: --short-new-tokens 1: must be at least 2 (the prefill worker makes the first token, the decode worker the rest)."
+        "error: --short-new-tokens 1: must be at least 2 (the prefill worker makes the first token, "
+        "the decode worker the rest)."
     )
     assert refused(capsys, "disagg", "--arrival-step", "-1") == (
         "error: --arrival-step -1: must be at least 0 (engine steps before the long prompt arrives)."
     )
-    assert refused(capsys, "disagg", "--token-budget", "0") == "error: --token-budget 0: token_budget must be a positive whole number, got 0."
+    assert refused(capsys, "disagg", "--token-budget", "0") == (
+        "error: --token-budget 0: token_budget must be a positive whole number, got 0."
+    )
     assert refused(capsys, "disagg", "--long-prompt-tokens", "9000") == (
         "error: --long-prompt-tokens 9000: the long request is 9,000 prompt + 4 new tokens = 9,004 tokens, "
         f"but {BUNDLED}'s context is 8,192 tokens; use --long-prompt-tokens 8188 or less."

@@ -1,5 +1,6 @@
-"""The engine's brgemm linear (prefillviz/backends/ops/csrc/linear_brgemm.h, ops/brgemm_linear.py's BrgemmLinear), and the
-slab linear (the same op and packs in fp32 on the engine's own micro-kernel, ``own``): the same product as F.linear, each output within the bound of its dtype and length (tests/tolerances.py), at row
+"""The engine's brgemm linear (prefillviz/backends/ops/csrc/linear_brgemm.h, ops/brgemm_linear.py's BrgemmLinear),
+and the slab linear (the same op and packs in fp32 on the engine's own micro-kernel, ``own``): the same product as
+F.linear, each output within the bound of its dtype and length (tests/tolerances.py), at row
 counts that take one call, several calls, one group of rows per thread and more groups than threads;
 a width that is not a multiple of its 64-column slabs; the gated MLP's silu(x G^T) * (x U^T) within the
 bound that follows from the two products' (linear_checks.activation_bound); two threads on one
@@ -69,7 +70,9 @@ def test_gated_is_silu_of_gate_times_up_within_the_bound_of_both_products(compil
         assert (linear.in_features, linear.out_features) == (64, intermediate)
         for rows in (1, 33, 300, 1100):
             x = torch.randn(rows, 64, generator=generator).to(dtype)
-            want, bound = linear_checks.activation_bound(F.linear(x.float(), weight.float()), linear_checks.linear_tolerance(x, weight), dtype)
+            want, bound = linear_checks.activation_bound(
+                F.linear(x.float(), weight.float()), linear_checks.linear_tolerance(x, weight), dtype
+            )
             got = linear(x)
             assert got.shape == (rows, intermediate) and got.dtype == dtype
             excess = (got.float() - want).abs() - bound
@@ -96,7 +99,9 @@ def test_the_thread_counts_of_other_machines(compiled_ops, dtype, own, threads):
     the slab linear (K in order) gives the same bits as at the default count, and oneDNN's within the bound."""
     runs_here(compiled_ops, dtype, 64, own)
     generator = torch.Generator().manual_seed(6)
-    weight, gate_up = torch.randn(200, 64, generator=generator).to(dtype), torch.randn(256, 64, generator=generator).to(dtype)
+    weight, gate_up = (
+        torch.randn(200, 64, generator=generator).to(dtype), torch.randn(256, 64, generator=generator).to(dtype)
+    )
     plain, gated = BrgemmLinear(weight, own=own), BrgemmLinear(gate_up, gated=True, own=own)
     xs = [torch.randn(rows, 64, generator=generator).to(dtype) for rows in (5, 300, 700, 1100)]
     by_default = [(plain(x), gated(x)) for x in xs]  # CI's two threads; a test machine's own count
@@ -111,7 +116,9 @@ def test_the_thread_counts_of_other_machines(compiled_ops, dtype, own, threads):
         if own:
             assert torch.equal(got, want) and torch.equal(got_gated, want_gated)
         else:
-            wanted, bound = linear_checks.activation_bound(F.linear(x.float(), gate_up.float()), linear_checks.linear_tolerance(x, gate_up), dtype)
+            wanted, bound = linear_checks.activation_bound(
+                F.linear(x.float(), gate_up.float()), linear_checks.linear_tolerance(x, gate_up), dtype
+            )
             assert float(((got_gated.float() - wanted).abs() - bound).max()) <= 0
 
 
@@ -126,7 +133,8 @@ def test_what_it_refuses_says_why(compiled_ops):
         with pytest.raises(RuntimeError, match="one dtype"):
             linear(torch.randn(3, 48).to(torch.bfloat16))
     assert "fp32 only" in slab_linear_why("cpu", torch.bfloat16)
-    if compiled_ops.vector_width() < 16:  # a build for AVX2 or plain C++ (the ISA caps run one): no micro-kernel of its own
+    # a build for AVX2 or plain C++ (the ISA caps run one): no micro-kernel of its own
+    if compiled_ops.vector_width() < 16:
         assert "AVX-512" in slab_linear_why("cpu", torch.float32)
     assert "CPU path" in slab_linear_why("meta", torch.float32)
     if not brgemm_linear_why("cpu", torch.bfloat16, 48):

@@ -108,7 +108,9 @@ def test_timing_level_times_every_layer_and_breaks_down_ttft(bundled):
     assert step.capture_level == "timing" and times.clock == "perf_counter"
     assert len(times.layer_s) == bundled.info.num_layers
     assert all(t > 0 for t in times.attention_s + times.mlp_s + times.norms_s)
-    assert all(a + m + n <= total for a, m, n, total in zip(times.attention_s, times.mlp_s, times.norms_s, times.layer_s))
+    assert all(
+        a + m + n <= total for a, m, n, total in zip(times.attention_s, times.mlp_s, times.norms_s, times.layer_s)
+    )
     assert sum(times.layer_s) + times.lm_head_s <= step.forward_time_s
     record = trace.requests[request.request_id]
     parts = record.ttft_breakdown_s
@@ -123,15 +125,23 @@ def test_profile_level_has_scopes_op_table_and_a_chrome_trace(bundled, tmp_path)
     engine.add_request(TEXT)
     trace = run_captured(engine, capture_level="profile", profile_dir=str(tmp_path))
     ops = {row["op"]: row for row in trace.profile.op_table}
-    for scope in ["layers.0.attention", "layers.29.mlp", "layers.3.input_layernorm", "layers.3.post_attention_layernorm", "lm_head"]:
+    for scope in [
+        "layers.0.attention", "layers.29.mlp", "layers.3.input_layernorm", "layers.3.post_attention_layernorm",
+        "lm_head",
+    ]:
         assert ops[scope]["calls"] == 1
     linears = sum(type(m) is torch.nn.Linear for m in bundled.model.modules())
     chosen = trace.steps[0].ran["linears"]  # what the measured dispatch ran for this step's shape
-    if chosen != "stock":  # the engine's packed linears, as they ran on a CPU that packs: q|k|v, o, gate|up, down a layer, the lm_head
-        packed_op = {"oneDNN matmul": ONEDNN_SCOPE, "brgemm linear": BRGEMM_SCOPE, "slab linear": SLAB_SCOPE}.get(chosen, "mkldnn::_linear_pointwise")
+    if chosen != "stock":
+        # the engine's packed linears, as they ran on a CPU that packs: q|k|v, o, gate|up, down a layer, the lm_head
+        packed_op = {"oneDNN matmul": ONEDNN_SCOPE, "brgemm linear": BRGEMM_SCOPE, "slab linear": SLAB_SCOPE}.get(
+            chosen, "mkldnn::_linear_pointwise"
+        )
         assert ops[packed_op]["calls"] == 4 * bundled.info.num_layers + 1
     else:  # stock linears where the probe said no (F.linear: addmm/mm/linear in the op table)
-        assert "mkldnn::_linear_pointwise" not in ops and sum(ops.get(op, {}).get("calls", 0) for op in ("aten::mm", "aten::addmm")) >= linears
+        assert "mkldnn::_linear_pointwise" not in ops and (
+            sum(ops.get(op, {}).get("calls", 0) for op in ("aten::mm", "aten::addmm")) >= linears
+        )
     events = json.loads((tmp_path / "chrome_trace.json").read_text())["traceEvents"]
     names = {event.get("name") for event in events}
     assert {"layers.0", "layers.29", "layers.15.mlp"} <= names
@@ -146,13 +156,17 @@ def test_profile_level_counts_matmul_flops_of_stock_linears(bundled):
     assert ops["aten::mm"]["flops"] > 0 and "mkldnn::_linear_pointwise" not in ops
 
 
-def test_profile_without_a_folder_keeps_the_chrome_trace_in_memory_and_leaves_no_temp_folder(bundled, tmp_path, monkeypatch):
+def test_profile_without_a_folder_keeps_the_chrome_trace_in_memory_and_leaves_no_temp_folder(
+    bundled, tmp_path, monkeypatch
+):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where TemporaryDirectory would leave one
     engine = LLMEngine(bundled.model, bundled.tokenizer, EngineConfig())
     engine.add_request(TEXT)
     trace = run_captured(engine, capture_level="profile")
     assert trace.profile.chrome_trace_path == "" and not list(tmp_path.iterdir())
-    assert "layers.29.mlp" in {event.get("name") for event in json.loads(trace.profile.chrome_trace_json())["traceEvents"]}
+    assert "layers.29.mlp" in {
+        event.get("name") for event in json.loads(trace.profile.chrome_trace_json())["traceEvents"]
+    }
     loaded = load_trace(save_trace(trace, tmp_path / "saved"))  # written as its own file, read back into memory
     assert loaded.profile.chrome_trace_json() == trace.profile.chrome_trace_json()
 
@@ -230,11 +244,14 @@ def test_first_token_view_resamples_from_kept_logits(chunked_inspect):
     assert greedy.sampled_token_rank == 1 and greedy.greedy_token_id == record.output_token_ids[0]
     assert greedy.greedy.top_token_ids == record.first_token_top_ids
     vocabulary = len(record.first_token_logits)  # the entropy is a sum over it, here and in the engine, in fp32
-    assert greedy.greedy.entropy_nats == pytest.approx(record.first_token_entropy_nats, rel=allowed_difference(torch.float32, 1.0, OP_STEPS, vocabulary))
+    assert greedy.greedy.entropy_nats == pytest.approx(
+        record.first_token_entropy_nats, rel=allowed_difference(torch.float32, 1.0, OP_STEPS, vocabulary)
+    )
     hot = first_token_view(record.first_token_logits, SamplingParams(temperature=1.5, top_k=5), seed=3)
     assert hot.sampling.num_candidates == 5 and hot.sampled_token_id in hot.sampling.top_token_ids
     assert hot.sampling.entropy_nats < hot.greedy.entropy_nats  # only 5 candidates left
     assert hot.sampled_token_rank <= 5
     nucleus = first_token_view(record.first_token_logits, SamplingParams(temperature=1.0, top_p=0.5))
     kept = nucleus.sampling.num_candidates
-    assert sum(nucleus.greedy.top_probs[: kept - 1]) < 0.5 + allowed_difference(torch.float32, 1.0, OP_STEPS, kept)  # fp32 sums of probabilities
+    # fp32 sums of probabilities
+    assert sum(nucleus.greedy.top_probs[: kept - 1]) < 0.5 + allowed_difference(torch.float32, 1.0, OP_STEPS, kept)

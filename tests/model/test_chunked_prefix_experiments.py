@@ -60,12 +60,16 @@ def check_chunking(comparison):
         assert step.num_scheduled_tokens <= workload.token_budget
     assert chunked.paused_decode_steps(on) == [] and comparison.summary_on.num_paused_decode_steps == 0
     # ... and the long prompt is cut into chunks that sum to its length and fit the budget left
-    long_chunks = [(s, c) for s in on.steps for c in s.chunks if c.request_id == chunked.LONG_REQUEST_ID and c.is_prefill]
+    long_chunks = [
+        (s, c) for s in on.steps for c in s.chunks if c.request_id == chunked.LONG_REQUEST_ID and c.is_prefill
+    ]
     assert sum(c.num_tokens for _, c in long_chunks) == len(workload.long_prompt)
     assert len(long_chunks) > 1
     for step, chunk in long_chunks:
         assert chunk.num_tokens <= workload.token_budget - step.num_decode_tokens
-    assert [c.start_position for _, c in long_chunks] == [0] + list(itertools_accumulate(c.num_tokens for _, c in long_chunks))[:-1]
+    assert [c.start_position for _, c in long_chunks] == (
+        [0] + list(itertools_accumulate(c.num_tokens for _, c in long_chunks))[:-1]
+    )
 
     # chunking off: one prefill-only step runs the whole long prompt while the others wait
     whole = [s for s in off.steps if any(c.request_id == chunked.LONG_REQUEST_ID and c.is_prefill for c in s.chunks)]
@@ -99,13 +103,17 @@ def test_tiny_chunking_on_and_off_give_the_same_tokens_and_only_off_pauses_decod
     check_chunking(comparison)
     assert steps_seen == list(range(1, comparison.off.num_steps + comparison.on.num_steps + 1))
     summary = comparison.summary_on
-    assert summary.num_steps == comparison.on.num_steps and summary.itl_max_ms >= summary.itl_p99_ms >= summary.itl_p50_ms > 0
+    assert summary.num_steps == comparison.on.num_steps and (
+        summary.itl_max_ms >= summary.itl_p99_ms >= summary.itl_p50_ms > 0
+    )
     assert summary.long_ttft_ms == pytest.approx(comparison.on.requests["long"].time_to_first_token_s * 1000)
 
 
 def test_tiny_budget_sweep_outputs_match_and_bigger_budgets_take_fewer_steps(tiny_llama, tiny_sweep):
     sweep = tiny_sweep
-    assert [(p.token_budget, p.enable_chunked_prefill) for p in sweep.points] == [(16, False), (8, True), (16, True), (32, True)]
+    assert [(p.token_budget, p.enable_chunked_prefill) for p in sweep.points] == [
+        (16, False), (8, True), (16, True), (32, True)
+    ]
     assert all(p.outputs_match_off for p in sweep.points)
     steps = [p.summary.num_steps for p in sweep.points[1:]]
     assert steps == sorted(steps, reverse=True) and steps[0] > steps[-1]
@@ -129,7 +137,9 @@ def test_timeline_has_one_bar_per_chunk_and_labels_prefill_token_counts(tiny_com
             fig = chunked_figures.timeline_figure(trace, "t", x_axis)
             prefill, decode = fig.data
             chunks = [c for s in trace.steps for c in s.chunks]
-            assert len(prefill.y) == sum(c.is_prefill for c in chunks) and len(decode.y) == sum(not c.is_prefill for c in chunks)
+            assert len(prefill.y) == sum(c.is_prefill for c in chunks) and (
+                len(decode.y) == sum(not c.is_prefill for c in chunks)
+            )
             long_labels = [int(t) for y, t in zip(prefill.y, prefill.text) if y == "long"]
             assert sum(long_labels) == len(comparison.workload.long_prompt)
             if x_axis == "time":
@@ -138,7 +148,9 @@ def test_timeline_has_one_bar_per_chunk_and_labels_prefill_token_counts(tiny_com
                     max((s.start_time_s + s.wall_time_s) * 1000 for s in trace.steps)
                 )
             else:
-                assert sorted({round(b + 0.45) for b in list(prefill.base) + list(decode.base)}) == list(range(trace.num_steps))
+                assert sorted({round(b + 0.45) for b in list(prefill.base) + list(decode.base)}) == (
+                    list(range(trace.num_steps))
+                )
     summaries = {"chunking off": comparison.summary_off, "chunking on": comparison.summary_on}
     latency = chunked_figures.latency_figure(summaries, "t")
     assert [bar.name for bar in latency.data] == ["chunking off", "chunking on"]
@@ -218,7 +230,9 @@ def check_prefix(experiment):
         blocks = on.request_blocks(rid)
         num_hit = on.trace.requests[rid].num_cached_tokens // stream.block_size
         assert blocks.statuses[:num_hit] == ["hit"] * num_hit and "hit" not in blocks.statuses[num_hit:]
-        assert blocks.physical_blocks[: stream.num_shared_full_blocks] == first_blocks.physical_blocks[: stream.num_shared_full_blocks]
+        assert blocks.physical_blocks[: stream.num_shared_full_blocks] == (
+            first_blocks.physical_blocks[: stream.num_shared_full_blocks]
+        )
         assert len(blocks.statuses) == math.ceil(blocks.num_prompt_tokens / stream.block_size)
         assert blocks.statuses[-1] == ("partial" if blocks.num_prompt_tokens % stream.block_size else "computed")
     # caching never changes what is generated
@@ -289,13 +303,16 @@ def test_prefix_figures_draw_every_block_and_counter(tiny_prefix_experiment):
 def test_bundled_chat_stream_reuses_the_system_prompt(bundled):
     text, template = prefix.SHARED_PREFIXES["Chat: one system prompt, many users"]
     stream = prefix.build_stream(
-        bundled.tokenizer, text, list(prefix.QUESTIONS[:2]), template, max_new_tokens=2, block_size=16, other_user_after=1
+        bundled.tokenizer, text, list(prefix.QUESTIONS[:2]), template, max_new_tokens=2, block_size=16,
+        other_user_after=1
     )
     assert stream.request_ids == ["q1", prefix.OTHER_REQUEST_ID, "q2"]
     shared = stream.prompts[0][1][: stream.num_shared_prefix_tokens]
     assert all(p[: stream.num_shared_prefix_tokens] == shared for rid, p in stream.prompts if rid.startswith("q"))
     assert stream.num_shared_full_blocks >= 4
-    experiment = prefix.run_prefix_experiment(bundled.model, stream, small_num_blocks=stream.min_num_blocks, model_id=bundled.model_id)
+    experiment = prefix.run_prefix_experiment(
+        bundled.model, stream, small_num_blocks=stream.min_num_blocks, model_id=bundled.model_id
+    )
     check_prefix(experiment)
     assert experiment.cache_on.trace.requests["q2"].num_cached_tokens == stream.num_shared_full_blocks * 16
     assert any(step.blocks_evicted for step in experiment.small_cache.trace.steps)

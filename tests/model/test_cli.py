@@ -1,4 +1,5 @@
-"""The command line a newcomer runs: real processes (an error case or two through ``main`` in this one), the bundled model."""
+"""The command line a newcomer runs: real processes (an error case or two through ``main`` in this one), the bundled
+model."""
 
 import json
 import math
@@ -16,17 +17,22 @@ from prefillviz.measure.bench_keys import BENCH_KEYS, KEY_NAMES, VLLM_KEYS
 ROOT = Path(__file__).resolve().parents[2]
 RUN_KEYS = [
     "model", "device", "dtype", "num_prompt_tokens", "prompt_token_ids",
-    "first_token", "first_token_id", "time_to_first_token_s", "num_steps", "backend", "linear_layers", "forward", "dispatch", "dtype_note",
+    "first_token", "first_token_id", "time_to_first_token_s", "num_steps", "backend", "linear_layers", "forward",
+    "dispatch", "dtype_note",
 ]
 
 
 def prefillviz(*args, timeout=300):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "prefillviz", *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "prefillviz", *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout
+    )
 
 
 def test_run_json_prints_exactly_the_documented_keys(bundled):
-    result = prefillviz("run", "--prompt", "The capital of France is", "--dtype", "float32", "--token-budget", "2", "--json")
+    result = prefillviz(
+        "run", "--prompt", "The capital of France is", "--dtype", "float32", "--token-budget", "2", "--json"
+    )
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert list(data) == RUN_KEYS
@@ -35,15 +41,19 @@ def test_run_json_prints_exactly_the_documented_keys(bundled):
     assert data["num_prompt_tokens"] == 5 and data["num_steps"] == 3  # chunks of 2
     assert data["dtype"] == "float32" and data["device"] == "cpu"
     assert data["time_to_first_token_s"] > 0
-    dispatch = data["dispatch"]  # the measured choice: each of the 3 steps names what it ran, from the table's candidates
-    assert [step["bucket"] for step in dispatch["steps"]] == ["prefill_128", "mixed", "decode"]  # 2 fresh tokens, 2 after cached ones, the last one alone
+    # the measured choice: each of the 3 steps names what it ran, from the table's candidates
+    dispatch = data["dispatch"]
+    # 2 fresh tokens, 2 after cached ones, the last one alone
+    assert [step["bucket"] for step in dispatch["steps"]] == ["prefill_128", "mixed", "decode"]
     for step in dispatch["steps"]:
         assert step["attention"] == dispatch["choices"][step["bucket"]]["attention"]
         assert step["attention"] in dispatch["timings_ms"][step["bucket"]]["attention"]
 
 
 def test_run_on_the_textbook_backend_gives_the_same_token_and_measures_no_dispatch(bundled):
-    result = prefillviz("run", "--prompt", "The capital of France is", "--dtype", "float32", "--backend", "torch", "--json")
+    result = prefillviz(
+        "run", "--prompt", "The capital of France is", "--dtype", "float32", "--backend", "torch", "--json"
+    )
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["backend"] == "torch" and data["first_token"] == " Paris"
@@ -53,16 +63,26 @@ def test_run_on_the_textbook_backend_gives_the_same_token_and_measures_no_dispat
 
 def test_run_imports_nothing_it_does_not_need(bundled):
     """A cold ``run`` pays for every import (cold_start_s): not the app's, the figures' or pandas'."""
-    command = [sys.executable, "-X", "importtime", "-m", "prefillviz", "run", "--prompt", "Hi", "--dtype", "float32", "--json"]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    command = [
+        sys.executable, "-X", "importtime", "-m", "prefillviz", "run", "--prompt", "Hi", "--dtype", "float32", "--json"
+    ]
+    result = subprocess.run(
+        command, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-2000:]
-    imported = {line.rpartition("|")[2].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
-    unneeded = {"streamlit", "plotly", "pandas", "prefillviz.ui", "prefillviz.figures", "prefillviz.lessons", "prefillviz.measure.bench"}
+    imported = {
+        line.rpartition("|")[2].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
+    }
+    unneeded = {
+        "streamlit", "plotly", "pandas", "prefillviz.ui", "prefillviz.figures", "prefillviz.lessons",
+        "prefillviz.measure.bench",
+    }
     assert imported and not imported & unneeded, sorted(imported & unneeded)
 
 
 def test_run_errors_are_one_line_for_people(capsys):
-    result = prefillviz("run", "--prompt", "  ", "--dtype", "float32")  # a real process: its exit status and its last line
+    # a real process: its exit status and its last line
+    result = prefillviz("run", "--prompt", "  ", "--dtype", "float32")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == "error: The prompt is empty: type some text to run the model on."
     # the rest through the same main() in this process (a process each costs ~5 s of imports)
@@ -76,7 +96,10 @@ def test_run_errors_are_one_line_for_people(capsys):
 def test_trace_command_writes_a_trace_that_reloads(bundled, tmp_path):
     from prefillviz.instrument.trace_io import load_trace
 
-    result = prefillviz("trace", "--prompt", "The capital of France is", "--dtype", "float32", "--level", "inspect", "--out", str(tmp_path))
+    result = prefillviz(
+        "trace", "--prompt", "The capital of France is", "--dtype", "float32", "--level", "inspect", "--out",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["files"] == ["arrays.npz", "trace.json"]
     trace = load_trace(tmp_path)
@@ -86,21 +109,28 @@ def test_trace_command_writes_a_trace_that_reloads(bundled, tmp_path):
 @pytest.mark.bench
 def test_bench_json_has_the_documented_keys(bundled):
     """The whole bench on its quick sizes: the keys and the JSON's shape (the figures are make bench's)."""
-    result = prefillviz("bench", "--json", "--quick", "--num-tokens", "24", "--runs", "2", "--dtype", "float32", "--no-vllm")
+    result = prefillviz(
+        "bench", "--json", "--quick", "--num-tokens", "24", "--runs", "2", "--dtype", "float32", "--no-vllm"
+    )
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["quick"] is True  # nobody reads these as figures
     assert list(data) == list(KEY_NAMES)  # exactly the declared keys, in their order
     figures = [key.name for key in BENCH_KEYS if key.kind == "figure"]
-    assert all(isinstance(data[k], (int, float)) and math.isfinite(data[k]) and data[k] > 0 for k in figures), {k: data[k] for k in figures}
-    assert all(data[k] is None for k in VLLM_KEYS) and "--no-vllm" in data["details"]["vllm"]["skipped"]  # left out, and why
-    assert 300 < data["inspect_4096_peak_rss_mb"] < 3 * 1024  # a fresh process with the model loaded (quick: a short inspect)
+    assert all(
+        isinstance(data[k], (int, float)) and math.isfinite(data[k]) and data[k] > 0 for k in figures
+    ), {k: data[k] for k in figures}
+    # left out, and why
+    assert all(data[k] is None for k in VLLM_KEYS) and "--no-vllm" in data["details"]["vllm"]["skipped"]
+    # a fresh process with the model loaded (quick: a short inspect)
+    assert 300 < data["inspect_4096_peak_rss_mb"] < 3 * 1024
     assert data["prefill_achieved_gflops"] > 0 and data["gemm_peak_gflops"] > 0
     peer = data["details"]["hf_continuous_batching"]
     assert peer["outputs_compared"] == len(peer["prompt_lengths"]) >= 2
     assert peer["outputs_equal"] == peer["outputs_compared"]  # fp32: the same greedy tokens as HF's own
     assert data["sequential_over_parallel"] > 1  # 24 steps cost more than one
-    assert set(data["dispatch"]["choices"]) == {"decode", "mixed", "prefill_128", "prefill_512", "prefill_2048"}  # what the engine ran
+    # what the engine ran
+    assert set(data["dispatch"]["choices"]) == {"decode", "mixed", "prefill_128", "prefill_512", "prefill_2048"}
     assert data["details"]["hf_forward_s"]["runs"] == 2
     packing = data["details"]["packed_weights"]  # the engine's CPU linears, against stock, at 1, 32 and N tokens
     applies, why = packing_status(bundled.model)  # fp32 packs on every x86 CPU we know of, but the probe decides
@@ -111,4 +141,6 @@ def test_bench_json_has_the_documented_keys(bundled):
     assert data["details"]["cold_start_to_exit_s"]["median"] >= data["details"]["cold_start_s"]["median"]
     # vLLM's side of the bench is left out here (--no-vllm): tests/peer/test_vllm.py runs it on its worker
     assert data["details"]["vllm"] == {"skipped": "--no-vllm: the comparison with vLLM was left out"}
-    assert all(data[key] is None for key in ("engine_over_vllm_prefill_512", "engine_over_vllm_decode", "vllm_outputs_equal"))
+    assert all(
+        data[key] is None for key in ("engine_over_vllm_prefill_512", "engine_over_vllm_decode", "vllm_outputs_equal")
+    )

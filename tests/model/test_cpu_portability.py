@@ -23,17 +23,24 @@ from prefillviz.machine.devices import check_dtype
 from prefillviz.measure.dtype_speed import SLOW_FACTOR, DtypeSpeed, dtype_speed
 from tests.conftest import assert_matches_hf
 from tests.hf_oracle import hf_last_logits
-from tests.model.test_packed_weights import OpNames, record_packed_calls  # noqa: F401 (autouse: counts packed_linear calls here too)
+from tests.model.test_packed_weights import (  # noqa: F401 (autouse: counts packed_linear calls here too)
+    OpNames,
+    record_packed_calls,
+)
 from tests.tolerances import MODEL_STEPS, allowed_difference, longest_sum
 
-AVX2_ERROR = "mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
+AVX2_ERROR = (
+    "mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
+)
 
 
 @pytest.fixture
 def packing_unsupported(monkeypatch):
     """This process's packing probes answer as on an AVX2-only CPU, for every dtype: torch's packed op
     raises, and oneDNN's own matmul has no JIT kernel (so the measured dispatch has only the stock linears)."""
-    monkeypatch.setattr(packed_weights, "cpu_runs_packed_linear", lambda dtype: (False, f"this CPU can't run it ({AVX2_ERROR})"))
+    monkeypatch.setattr(
+        packed_weights, "cpu_runs_packed_linear", lambda dtype: (False, f"this CPU can't run it ({AVX2_ERROR})")
+    )
     monkeypatch.setattr(packed_weights, "onednn_linear", lambda dtype: None)
 
 
@@ -57,7 +64,8 @@ def test_probe_turns_the_avx2_error_into_a_reason(monkeypatch):
 def test_probe_answers_once_per_dtype_and_the_engine_follows_it():
     for dtype in (torch.float32, torch.bfloat16):
         ok, why = packed_weights.cpu_runs_packed_linear(dtype)
-        assert packed_weights.cpu_runs_packed_linear(dtype) is packed_weights.cpu_runs_packed_linear(dtype)  # asked once
+        # asked once
+        assert packed_weights.cpu_runs_packed_linear(dtype) is packed_weights.cpu_runs_packed_linear(dtype)
         assert ok == (why == "") and (ok or "stock linear layers run" in why)
         assert packed_weights.packing_available("cpu", dtype) == (ok, why)  # what the engine, peaks and bench read
     assert not packed_weights.packing_available("cpu", torch.float16)[0]  # no packed fp16 path at all
@@ -65,7 +73,9 @@ def test_probe_answers_once_per_dtype_and_the_engine_follows_it():
 
 def test_unsupported_packing_runs_stock_linears_and_still_matches_hf(tiny_llama, bundled, packing_unsupported):
     assert packed_weights.packing_status(tiny_llama) == (False, f"this CPU can't run it ({AVX2_ERROR})")
-    assert "stock linear layers (this CPU can't run it" in packed_weights.linear_weights_label(tiny_llama, with_reason=True)
+    assert "stock linear layers (this CPU can't run it" in packed_weights.linear_weights_label(
+        tiny_llama, with_reason=True
+    )
     prompt = list(range(3, 40))
     with packed_weights.packed_linears(tiny_llama) as packed, torch.inference_mode(), OpNames() as ops:
         tiny_llama(torch.tensor([prompt]))
@@ -76,14 +86,18 @@ def test_unsupported_packing_runs_stock_linears_and_still_matches_hf(tiny_llama,
 
 
 def test_cli_bfloat16_runs_with_stock_linears_where_packing_is_unsupported(bundled, packing_unsupported, capsys):
-    code = cli.main(["run", "--prompt", "The capital of France is", "--dtype", "bfloat16", "--pack-weights", "on", "--json"])
+    code = cli.main(
+        ["run", "--prompt", "The capital of France is", "--dtype", "bfloat16", "--pack-weights", "on", "--json"]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     result = json.loads(captured.out)
     # the greedy token is checked exactly because the fp32 model's top two logits are further apart than
     # twice what a bf16 forward may move them (its weights and activations rounded: MODEL_STEPS)
     reference = hf_last_logits(bundled.model, result["prompt_token_ids"])
-    allowed = allowed_difference(torch.bfloat16, reference, MODEL_STEPS, longest_sum(bundled.model, result["num_prompt_tokens"]))
+    allowed = allowed_difference(
+        torch.bfloat16, reference, MODEL_STEPS, longest_sum(bundled.model, result["num_prompt_tokens"])
+    )
     top = reference.topk(2)
     assert float(top.values[0] - top.values[1]) > 2 * allowed and result["first_token_id"] == int(top.indices[0])
     assert result["dtype"] == "bfloat16" and result["first_token"] == " Paris"
@@ -120,7 +134,9 @@ def test_a_slow_dtype_says_so_with_its_measured_factor():
     assert measured.dtype == "bfloat16" and "128-token" in measured.what
     assert measured.slow == (measured.slowdown_vs_float32 > SLOW_FACTOR) and measured.slow == bool(measured.note())
     slow = DtypeSpeed("cpu", "bfloat16", 3.04, "a matmul")
-    assert slow.slow and slow.note().startswith("bfloat16 runs 3.0x slower than float32 on this cpu (measured: a matmul)")
+    assert slow.slow and slow.note().startswith(
+        "bfloat16 runs 3.0x slower than float32 on this cpu (measured: a matmul)"
+    )
     assert DtypeSpeed("cpu", "bfloat16", 0.6, "a matmul").note() == ""
 
 
@@ -136,7 +152,10 @@ def test_warm_up_packs_the_weights_and_the_headline_ttft_is_a_median(bundled):
     assert len(runs) == 5 and sorted(runs)[2] == result.ttft_s  # the kept trace is the median run's
     assert result.machine_load is not None and 0 <= result.machine_load.other_cpu_percent <= 100
     label = result.ttft_label()
-    assert label.startswith("median of 5 timing passes, spread ") and "cores meanwhile" in label and "the measured backend's ops" in label
+    assert (
+        label.startswith("median of 5 timing passes, spread ") and "cores meanwhile" in label
+        and "the measured backend's ops" in label
+    )
     again = load_prefill_bundle(prefill_bundle(result))
     assert again.ttft_runs_s == runs and again.machine_load == result.machine_load
 

@@ -65,7 +65,9 @@ def test_a_request_prefilled_by_one_engine_decodes_on_another_through_its_own_bl
 
     decode = LLMEngine(tiny_llama, None, EngineConfig(block_size=8, num_blocks=12))
     decode.block_pool.allocate(3)  # so the decode engine's physical blocks differ from the prefill engine's
-    received = decode.add_prefilled_request(prompt, sent.output_token_ids[0], params, "r", sent.arrival_time, sent.first_token_time)
+    received = decode.add_prefilled_request(
+        prompt, sent.output_token_ids[0], params, "r", sent.arrival_time, sent.first_token_time
+    )
     assert received.block_table != sent.block_table and len(received.block_table) == 5
     write_request_kv(decode.kv_cache, received.block_table, payload)
     assert torch.equal(gather_request_kv(decode.kv_cache, received.block_table, 37), payload)
@@ -85,7 +87,9 @@ def test_disaggregated_run_matches_one_engine_and_moves_the_kv_bit_for_bit(bundl
     reference = run_workload(bundled.model, workload, enable_chunked_prefill=False)
 
     decoded = run.decode.trace.requests
-    assert {rid: r.output_token_ids for rid, r in decoded.items()} == {rid: r.output_token_ids for rid, r in reference.requests.items()}
+    assert {rid: r.output_token_ids for rid, r in decoded.items()} == {
+        rid: r.output_token_ids for rid, r in reference.requests.items()
+    }
     # the prefill worker ran whole prompts (both short ones in one step, then the long one) and
     # sampled each first token; the decode worker never ran a prompt token
     assert [[c.num_tokens for c in step.chunks] for step in run.prefill.trace.steps] == [[8, 8], [64]]
@@ -97,7 +101,9 @@ def test_disaggregated_run_matches_one_engine_and_moves_the_kv_bit_for_bit(bundl
     for rid, transfer in transfers.items():
         num_prompt_tokens = len(reference.requests[rid].prompt_token_ids)
         assert transfer.num_tokens == num_prompt_tokens
-        assert transfer.num_bytes == BUNDLED_FP32_KV_BYTES_PER_TOKEN * num_prompt_tokens == run.prefill.payloads[rid].size
+        assert transfer.num_bytes == BUNDLED_FP32_KV_BYTES_PER_TOKEN * num_prompt_tokens == (
+            run.prefill.payloads[rid].size
+        )
         assert np.array_equal(run.prefill.payloads[rid], run.decode.payloads[rid])  # bit for bit
         assert transfer.bit_identical and 0 < transfer.transfer_s < 5
         assert transfer.send_start_time < transfer.recv_end_time <= transfer.written_time
@@ -107,19 +113,31 @@ def test_disaggregated_run_matches_one_engine_and_moves_the_kv_bit_for_bit(bundl
     with torch.inference_mode():
         cache = bundled.model(torch.tensor([workload.long_prompt]), use_cache=True).past_key_values
     for layer in (0, 29):
-        hf_keys, hf_values = cache.layers[layer].keys[0].transpose(0, 1), cache.layers[layer].values[0].transpose(0, 1)  # (T, KVH, D)
-        for got, want in ((sent[0, layer], hf_keys), (sent[1, layer], hf_values)):  # two forwards: the engine's and HF's
-            assert_within(got, want, allowed_difference(torch.float32, want, MODEL_STEPS, longest_sum(bundled.model, 64)), f"layer {layer}")
+        hf_keys, hf_values = (
+            cache.layers[layer].keys[0].transpose(0, 1), cache.layers[layer].values[0].transpose(0, 1)  # (T, KVH, D)
+        )
+        # two forwards: the engine's and HF's
+        for got, want in ((sent[0, layer], hf_keys), (sent[1, layer], hf_values)):
+            assert_within(
+                got, want, allowed_difference(torch.float32, want, MODEL_STEPS, longest_sum(bundled.model, 64)),
+                f"layer {layer}",
+            )
     assert not worker_processes_alive()
 
 
 def test_cli_disagg_json_has_the_three_setups(bundled):
     out = io.StringIO()
-    arguments = ["disagg", "--json", "--dtype", "float32", "--num-short", "2", "--short-prompt-tokens", "8", "--short-new-tokens", "4"]
+    arguments = [
+        "disagg", "--json", "--dtype", "float32", "--num-short", "2", "--short-prompt-tokens", "8",
+        "--short-new-tokens", "4",
+    ]
     with contextlib.redirect_stdout(out):
         assert main([*arguments, "--long-prompt-tokens", "64", "--long-new-tokens", "3", "--token-budget", "24"]) == 0
     result = json.loads(out.getvalue())
-    assert result["outputs_equal"] is True and result["kv_bit_identical"] is True and result["kv_bytes_match_formula"] is True
+    assert (
+        result["outputs_equal"] is True and result["kv_bit_identical"] is True
+        and result["kv_bytes_match_formula"] is True
+    )
     assert result["kv_bytes_per_token"] == BUNDLED_FP32_KV_BYTES_PER_TOKEN
     assert result["kv_bytes_sent"] == BUNDLED_FP32_KV_BYTES_PER_TOKEN * (8 + 8 + 64)
     assert 0 < result["transfer_s_median"] < 5 and result["transfer_gb_s"] > 0
@@ -150,7 +168,9 @@ def test_a_worker_killed_or_stalled_mid_transfer_is_an_error_in_bounded_time_and
 
 def test_the_prefill_worker_killed_mid_transfer_is_an_error_and_the_next_run_works():
     start = time.perf_counter()
-    with pytest.raises(DisaggError, match=r"The prefill worker died mid-run \(killed by SIGKILL\)\. The decode worker was stopped"):
+    with pytest.raises(
+        DisaggError, match=r"The prefill worker died mid-run \(killed by SIGKILL\)\. The decode worker was stopped"
+    ):
         run_disaggregated(load_tiny, TINY_WORKLOAD, timeouts=FAST, fault="prefill_killed_mid_transfer")
     assert time.perf_counter() - start < 45
     assert not multiprocessing.active_children() and not worker_processes_alive()
@@ -167,10 +187,13 @@ def test_the_lesson_step_measures_every_number_and_its_question_gets_a_reveal(bu
 
     step = next(step for lesson in lessons.load_lessons() for step in lesson.steps if step.action["kind"] == "disagg")
     outcome = lessons.run_action(bundled, step.action, scale=0.05)
-    assert set(outcome.measured) == set(lessons.ACTION_KINDS["disagg"].measured) and outcome.measured["outputs_identical"] == 1.0
+    assert set(outcome.measured) == set(lessons.ACTION_KINDS["disagg"].measured) and (
+        outcome.measured["outputs_identical"] == 1.0
+    )
     long_tokens = len(outcome.raw["disagg"].workload.long_prompt)
     assert outcome.measured["kv_mb_sent_long"] == BUNDLED_FP32_KV_BYTES_PER_TOKEN * long_tokens / 1e6
-    assert 0.5 < outcome.measured["disagg_itl_growth"] < 50  # a ratio of two measured gaps (its value is the lesson's question)
+    # a ratio of two measured gaps (its value is the lesson's question)
+    assert 0.5 < outcome.measured["disagg_itl_growth"] < 50
     reveal = lessons.format_reveal(step.question, outcome.measured[step.question.answer], 0)
     assert reveal.measured_text and reveal.verdict and lessons.step_figure(step, outcome).data
     assert lessons.page_results(outcome, "label")["disagg"]["comparison"] is outcome.raw["disagg"]

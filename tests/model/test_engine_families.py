@@ -20,10 +20,23 @@ from tests.tolerances import assert_same_greedy_generation
 
 COMMON = dict(vocab_size=96, initializer_range=0.2)
 FAMILIES = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)),
-    "mistral": ("MistralConfig", "MistralForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1)),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, pad_token_id=0)),
+    "llama": (
+        "LlamaConfig", "LlamaForCausalLM",
+        dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+    ),
+    "qwen2": (
+        "Qwen2Config", "Qwen2ForCausalLM",
+        dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+    ),
+    "mistral": (
+        "MistralConfig", "MistralForCausalLM",
+        dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1),
+    ),
+    "phi3": (
+        "Phi3Config", "Phi3ForCausalLM",
+        dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+             pad_token_id=0),
+    ),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=32, n_layer=2, n_head=4, n_positions=256)),
 }
 
@@ -38,7 +51,10 @@ def test_family_chunked_prefill_and_decode_match_hf(family, backend):
     model = getattr(transformers, model_name)(config).eval()
     prompt = torch.randint(3, 96, (37,), generator=torch.Generator().manual_seed(1)).tolist()
     if backend.name == "torch" and not own_forward_status(model)[0]:
-        with pytest.raises(ConfigError, match="runs the engine's own forward only, which does not run this model.*pick the measured backend"):
+        with pytest.raises(
+            ConfigError,
+            match="runs the engine's own forward only, which does not run this model.*pick the measured backend",
+        ):
             LLMEngine(model, tokenizer=None, config=EngineConfig(), backend=backend)
         return
     engine = LLMEngine(model, tokenizer=None, config=EngineConfig(token_budget=10, block_size=8), backend=backend)
@@ -46,7 +62,9 @@ def test_family_chunked_prefill_and_decode_match_hf(family, backend):
     trace = engine.run()
     assert trace.num_steps == 4 + 4  # 37 tokens in chunks of 10, then 4 decodes
     assert_matches_hf(model, prompt, request.first_token_logits)
-    assert_same_greedy_generation(model, prompt, trace.requests[request.request_id].output_token_ids, hf_greedy_generate(model, prompt, 5))
+    assert_same_greedy_generation(
+        model, prompt, trace.requests[request.request_id].output_token_ids, hf_greedy_generate(model, prompt, 5)
+    )
 
 
 def test_seeded_sampling_through_the_engine_is_reproducible(tiny_llama):

@@ -89,7 +89,9 @@ def test_mixed_step_prefill_chunk_with_two_decodes_matches_hf(request, model_nam
     ]
     assert_matches_hf(model, long_prompt, long_request.first_token_logits)
     for request_id, prompt in [("a", short_a), ("b", short_b)]:
-        assert_same_greedy_generation(model, prompt, trace.requests[request_id].output_token_ids, hf_greedy_generate(model, prompt, 6))
+        assert_same_greedy_generation(
+            model, prompt, trace.requests[request_id].output_token_ids, hf_greedy_generate(model, prompt, 6)
+        )
 
 
 BUNDLED_PROMPTS = [
@@ -115,8 +117,11 @@ def test_bundled_greedy_generations_equal_hf_generate_and_generate_batch(bundled
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     config = GenerationConfig(max_new_tokens=16, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    cache = ContinuousBatchingConfig(num_blocks=16, max_batch_tokens=64)  # unsized, it sizes a cache from the free memory: ~20 s
-    outputs = bundled.model.generate_batch(inputs=prompts, generation_config=config, continuous_batching_config=cache, progress_bar=False)
+    # unsized, it sizes a cache from the free memory: ~20 s
+    cache = ContinuousBatchingConfig(num_blocks=16, max_batch_tokens=64)
+    outputs = bundled.model.generate_batch(
+        inputs=prompts, generation_config=config, continuous_batching_config=cache, progress_bar=False
+    )
     by_prompt = {tuple(output.prompt_ids): list(output.generated_tokens) for output in outputs.values()}
     for prompt, generated in zip(prompts, ours):
         assert_same_greedy_generation(bundled.model, prompt, generated, by_prompt[tuple(prompt)][:16])

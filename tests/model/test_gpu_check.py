@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="there is a GPU here")
 def test_without_a_gpu_the_script_says_to_use_the_self_test(capsys):
-    from prefillviz.measure.gpu_check import main  # the script's main, in this process (the self-test above ran the script)
+    # the script's main, in this process (the self-test above ran the script)
+    from prefillviz.measure.gpu_check import main
 
     assert main([]) == 2 and "--self-test" in capsys.readouterr().err
 
@@ -54,7 +55,9 @@ def test_a_compiled_kernel_that_fails_to_build_is_skipped_with_its_reason(monkey
     def broken(*args):
         raise RuntimeError("PassManager::run failed")  # what a Triton compile failure raises
 
-    monkeypatch.setattr(paged, "FLEX", paged.PagedKernel("v4 flex", 4, "broken", broken, lambda device: (True, "claims to run")))
+    monkeypatch.setattr(
+        paged, "FLEX", paged.PagedKernel("v4 flex", 4, "broken", broken, lambda device: (True, "claims to run"))
+    )
     bench = run_kernel_benchmark(4, 2, 16, sizes=(32,), device="cpu", families=("paged",), include_flex=True, runs=1)
     flex = [s for s in bench.skipped if s["kernel"] == "v4 flex"]
     assert flex and "trial launch failed" in flex[0]["reason"] and "PassManager::run failed" in flex[0]["reason"]
@@ -124,7 +127,9 @@ def test_the_triton_kernel_builds_its_block_tables_once_per_step_not_in_each_tim
     pytest.importorskip("triton")
 
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-c", TABLES_ONCE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", TABLES_ONCE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["runs"] and result["built"] == 1 and result["same"] and result["vs_oracle"] <= result["allowed"]

@@ -52,7 +52,10 @@ def test_every_engine_the_app_builds_carries_the_hosted_limits(monkeypatch, tiny
     stream = PrefixStream(prompts=(("q0", (5, 6, 7)),), num_shared_prefix_tokens=2)
 
     def limits():
-        configs = [one_request_engine(tiny_llama, num_tokens=16).config, workload.engine_config(True), stream.engine_config(True)]
+        configs = [
+            one_request_engine(tiny_llama, num_tokens=16).config, workload.engine_config(True),
+            stream.engine_config(True),
+        ]
         return {(config.max_prompt_tokens, config.max_new_tokens) for config in configs}
 
     monkeypatch.setenv("PREFILLVIZ_HOSTED", "1")
@@ -130,7 +133,9 @@ def test_a_cuda_torch_that_cannot_reach_a_gpu_says_so_on_the_sidebar(monkeypatch
     devices.cuda_fallback_note.cache_clear()
     try:
         note = devices.cuda_fallback_note()
-        assert "built for CUDA 12.8" in note and "runs on the CPU" in note and "driver on your system is too old" in note
+        assert (
+            "built for CUDA 12.8" in note and "runs on the CPU" in note and "driver on your system is too old" in note
+        )
         app = AppTest.from_file(APP, default_timeout=240)
         app.run()
         assert not app.exception

@@ -42,7 +42,8 @@ def torch_reference(q, k, v, scale):
     groups = q.shape[0] // k.shape[0]
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
         return F.scaled_dot_product_attention(
-            q[None], k.repeat_interleave(groups, 0)[None], v.repeat_interleave(groups, 0)[None], is_causal=True, scale=scale
+            q[None], k.repeat_interleave(groups, 0)[None], v.repeat_interleave(groups, 0)[None], is_causal=True,
+            scale=scale
         )[0]
 
 
@@ -79,14 +80,20 @@ def test_gqa_query_heads_share_kv_head_h_over_groups():
 @pytest.mark.parametrize("block_size", [1, 7, 64, 256])
 def test_blocked_kernel_is_right_for_any_block_size(block_size):
     q, k, v = random_qkv(4, 2, 50, 8)
-    assert_within(attention_blocked(q, k, v, 0.35, block_size), attention_naive(q, k, v, 0.35), attention_allowed_difference(v, context=50))
+    assert_within(
+        attention_blocked(q, k, v, 0.35, block_size), attention_naive(q, k, v, 0.35),
+        attention_allowed_difference(v, context=50),
+    )
 
 
 def test_check_and_time_reports_a_checked_timed_kernel():
     q, k, v = random_qkv(9, 3, 96, 64)
     result = check_and_time(BLOCKED, q, k, v, 0.125, runs=2, warmup=1)
-    assert result.kernel == "v3 blocked" and (result.num_heads, result.num_kv_heads, result.num_tokens, result.head_dim) == (9, 3, 96, 64)
-    assert result.max_abs_diff <= attention_allowed_difference(v, context=96) <= result.allowed_diff  # the check allows no less than fp32 needs
+    assert result.kernel == "v3 blocked" and (
+        (result.num_heads, result.num_kv_heads, result.num_tokens, result.head_dim) == (9, 3, 96, 64)
+    )
+    # the check allows no less than fp32 needs
+    assert result.max_abs_diff <= attention_allowed_difference(v, context=96) <= result.allowed_diff
     timing = result.timing
     assert 0 < timing.min_s <= timing.median_s <= timing.max_s and timing.num_runs == 2
     assert result.output_bytes == 9 * 96 * 64 * 4
@@ -107,7 +114,9 @@ def test_naive_kernel_really_holds_the_n_by_n_scores_and_blocked_does_not():
 
 def not_causal(q, k, v, scale):
     groups = q.shape[0] // k.shape[0]
-    return F.scaled_dot_product_attention(q[None], k.repeat_interleave(groups, 0)[None], v.repeat_interleave(groups, 0)[None], scale=scale)[0]
+    return F.scaled_dot_product_attention(
+        q[None], k.repeat_interleave(groups, 0)[None], v.repeat_interleave(groups, 0)[None], scale=scale
+    )[0]
 
 
 def test_check_and_time_refuses_a_kernel_that_is_not_causal():
@@ -119,7 +128,10 @@ def test_check_and_time_refuses_a_kernel_that_is_not_causal():
 
 def test_check_and_time_refuses_a_wrong_shape_and_inconsistent_inputs():
     q, k, v = random_qkv(4, 2, 12, 8)
-    transposed = AttentionKernel("v0 transposed", 0, "returns (N, H, D)", lambda q, k, v, s: attention_naive(q, k, v, s).transpose(0, 1), lambda *a: None)
+    transposed = AttentionKernel(
+        "v0 transposed", 0, "returns (N, H, D)", lambda q, k, v, s: attention_naive(q, k, v, s).transpose(0, 1),
+        lambda *a: None,
+    )
     with pytest.raises(KernelCheckError, match="shape"):
         check_and_time(transposed, q, k, v, 0.3, runs=1)
     with pytest.raises(KernelCheckError, match="multiple of KVH"):
@@ -137,4 +149,5 @@ def test_bfloat16_kernels_pass_the_check_against_the_fp32_oracle(kernel):
     q, k, v = (t.to(torch.bfloat16) for t in random_qkv(9, 3, 70, 64))
     result = check_and_time(kernel, q, k, v, 0.125, runs=1, warmup=1, measure_memory=False)
     assert result.dtype == "bfloat16" and result.max_abs_diff <= result.allowed_diff
-    assert result.max_abs_diff <= attention_allowed_difference(v, context=70)  # P and the output rounded to bf16, a step each (v1's bf16 scores too: their errors average over the keys)
+    # P and the output rounded to bf16, a step each (v1's bf16 scores too: their errors average over the keys)
+    assert result.max_abs_diff <= attention_allowed_difference(v, context=70)

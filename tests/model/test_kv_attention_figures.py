@@ -33,7 +33,9 @@ def one_step(bundled):
 @pytest.fixture(scope="module")
 def chunked(bundled):
     steps_expected = []
-    run = inspect_run.run_inspection(bundled, PROMPT, chunk_size=7, make_progress=lambda n: steps_expected.append(n) or None)
+    run = inspect_run.run_inspection(
+        bundled, PROMPT, chunk_size=7, make_progress=lambda n: steps_expected.append(n) or None
+    )
     run.steps_expected = steps_expected
     return run
 
@@ -66,7 +68,10 @@ def test_kv_heatmap_of_a_chunked_run_matches_the_one_step_run(bundled, one_step,
     _, one = inspect_run.kv_write_matrix(one_step.trace, one_step.request_id, "key_norm")
     positions, chunks = inspect_run.kv_write_matrix(chunked.trace, chunked.request_id, "key_norm")
     assert list(positions) == list(range(one_step.num_tokens))
-    allowed = allowed_difference(torch.float32, np.abs(one).max(), MODEL_STEPS, longest_sum(bundled.model, one_step.num_tokens))  # two forwards
+    # two forwards
+    allowed = allowed_difference(
+        torch.float32, np.abs(one).max(), MODEL_STEPS, longest_sum(bundled.model, one_step.num_tokens)
+    )
     np.testing.assert_allclose(chunks, one, rtol=0, atol=allowed)
     table = inspect_run.kv_write_table(chunked.trace, chunked.request_id, "key_norm")
     assert len(table) == 30 * one_step.num_tokens
@@ -104,7 +109,9 @@ def test_memory_growth_ends_at_the_formula_and_matches_the_write_log(one_step, c
         np.testing.assert_allclose(measured.y, np.array(measured.x) * FP32_BYTES_PER_TOKEN)  # every step on the line
         held = next(t for t in fig.data if t.name.startswith("blocks the engine held"))
         assert held.y[-1] == math.ceil(n / 16) * 16 * FP32_BYTES_PER_TOKEN
-    assert list(kv_memory.memory_growth(chunked.trace, chunked.request_id).tokens) == [0] + [min(b + 7, n) for b in range(0, n, 7)]
+    assert list(kv_memory.memory_growth(chunked.trace, chunked.request_id).tokens) == (
+        [0] + [min(b + 7, n) for b in range(0, n, 7)]
+    )
 
 
 def test_gqa_bars_show_this_model_against_mha(one_step):
@@ -120,12 +127,15 @@ def test_gqa_bars_show_this_model_against_mha(one_step):
 def test_attention_heatmap_small_prompt_is_exact_with_token_labels(one_step):
     captured = one_step.trace.captured_qk[one_step.request_id]
     n = one_step.num_tokens
-    fig = attention_figures.attention_map_figure(captured.queries[3], captured.keys[3], 4, captured.scaling[3], 3, one_step.token_texts)
+    fig = attention_figures.attention_map_figure(
+        captured.queries[3], captured.keys[3], 4, captured.scaling[3], 3, one_step.token_texts
+    )
     z = np.array(fig.data[0].z, dtype=float)
     assert z.shape == (n, n)
     assert list(fig.data[0].x) == [kv_figures.token_label(i, t) for i, t in enumerate(one_step.token_texts)]
     assert np.isnan(z[0, 1]) and np.all(np.isnan(z[np.triu_indices(n, 1)]))  # masked above the diagonal
-    np.testing.assert_allclose(np.nansum(z, axis=1), 1.0, atol=allowed_difference(torch.float32, 1.0, OP_STEPS, n))  # rows are distributions
+    # rows are distributions
+    np.testing.assert_allclose(np.nansum(z, axis=1), 1.0, atol=allowed_difference(torch.float32, 1.0, OP_STEPS, n))
     assert "head 4 (KV head 1)" in fig.layout.title.text
 
 
@@ -151,7 +161,10 @@ def test_head_grid_is_layers_by_heads_and_clicks_map_back(one_step):
     np.testing.assert_allclose(np.array(entropy.marker.color).reshape(30, 9), summaries["entropy"])
     np.testing.assert_allclose(np.array(sink.marker.color).reshape(30, 9), summaries["sink"])
     index = 11 * 9 + 7  # a click as Streamlit reports it: the point's own x (head) and y (layer)
-    point = {"curve_number": 2, "point_index": index, "x": int(sink.x[index]), "y": int(sink.y[index]), "customdata": {"0": 1}}
+    point = {
+        "curve_number": 2, "point_index": index, "x": int(sink.x[index]), "y": int(sink.y[index]),
+        "customdata": {"0": 1},
+    }
     assert attention_figures.selected_head({"points": [point]}) == (11, 7)
     assert attention_figures.selected_head({"points": []}) is None
 
@@ -161,7 +174,9 @@ def test_chunk_strips_match_the_runs_chunks(chunked):
     boundaries = inspect_run.chunk_boundaries(chunked.trace, chunked.request_id)
     strips = causal_chunk_strips(boundaries, n)
     captured = chunked.trace.captured_qk[chunked.request_id]
-    fig = attention_figures.attention_map_figure(captured.queries[0], captured.keys[0], 0, captured.scaling[0], 0, chunked.token_texts, strips)
+    fig = attention_figures.attention_map_figure(
+        captured.queries[0], captured.keys[0], 0, captured.scaling[0], 0, chunked.token_texts, strips
+    )
     shapes = fig.layout.shapes
     assert len(shapes) == chunked.num_steps
     for shape, start, step in zip(shapes, boundaries, chunked.trace.steps):

@@ -13,8 +13,8 @@ from tests.model.test_engine_oracle import random_prompt
 
 
 def test_a_new_engine_reuses_a_dropped_engines_cache_memory_and_its_garbage_reaches_no_output(tiny_llama):
-    """The measured backend's pool (``kv_spares.py``): the next engine of the same cache shape takes the dropped one's tensors (no
-    fresh pages to fault in), and since a slot is read only after its own step wrote it, what the
+    """The measured backend's pool (``kv_spares.py``): the next engine of the same cache shape takes the dropped one's
+    tensors (no fresh pages to fault in), and since a slot is read only after its own step wrote it, what the
     old engine left there (here NaN in every slot) changes nothing: the logits still match HF."""
     import gc
 
@@ -35,8 +35,11 @@ def test_a_new_engine_reuses_a_dropped_engines_cache_memory_and_its_garbage_reac
     del engine
     assert torch.isfinite(logits).all()
     assert_matches_hf(tiny_llama, prompt, logits)
-    second = LLMEngine(tiny_llama, tokenizer=None, config=EngineConfig(**config), backend=MEASURED)  # the second engine's went back too
-    assert all(getattr(t, "left_by_the_first_engine", False) for t in second.kv_cache.key_cache + second.kv_cache.value_cache)
+    # the second engine's went back too
+    second = LLMEngine(tiny_llama, tokenizer=None, config=EngineConfig(**config), backend=MEASURED)
+    assert all(
+        getattr(t, "left_by_the_first_engine", False) for t in second.kv_cache.key_cache + second.kv_cache.value_cache
+    )
 
 
 @pytest.mark.parametrize("held", ["a view", "a layer's tensor", "the list of layers"])
@@ -47,7 +50,10 @@ def test_a_dropped_cache_still_held_is_not_handed_out(tiny_llama, held):
 
     config = EngineConfig(token_budget=512, num_blocks=41)
     first = LLMEngine(tiny_llama, tokenizer=None, config=config, backend=MEASURED)
-    kept = {"a view": lambda c: c.key_cache[0][:2], "a layer's tensor": lambda c: c.key_cache[0], "the list of layers": lambda c: c.key_cache}[held](first.kv_cache)
+    kept = {
+        "a view": lambda c: c.key_cache[0][:2], "a layer's tensor": lambda c: c.key_cache[0],
+        "the list of layers": lambda c: c.key_cache,
+    }[held](first.kv_cache)
     layer = kept[0] if held == "the list of layers" else kept
     layer.fill_(3.0)
     del first
@@ -59,5 +65,6 @@ def test_a_dropped_cache_still_held_is_not_handed_out(tiny_llama, held):
     assert bool((layer == 3.0).all())
     del kept, layer, second
     gc.collect()
-    third = LLMEngine(tiny_llama, tokenizer=None, config=config, backend=MEASURED)  # once let go, that set is handed out again
+    # once let go, that set is handed out again
+    third = LLMEngine(tiny_llama, tokenizer=None, config=config, backend=MEASURED)
     assert len({t.untyped_storage().data_ptr() for t in third.kv_cache.key_cache}) == len(third.kv_cache.key_cache)

@@ -15,11 +15,14 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def first_action(kind: str) -> dict:
     """The first action of this kind in the lesson files (what a class really runs)."""
-    return next(step.action for lesson in lessons.load_lessons() for step in lesson.steps if step.action["kind"] == kind)
+    return next(
+        step.action for lesson in lessons.load_lessons() for step in lesson.steps if step.action["kind"] == kind
+    )
 
 
 def run(bundled, kind: str, **override) -> lessons.ActionOutcome:
-    action = {name: value for name, value in {**first_action(kind), **override}.items() if value is not None}  # None: the default
+    # None: the default
+    action = {name: value for name, value in {**first_action(kind), **override}.items() if value is not None}
     outcome = lessons.run_action(bundled, action, scale=SCALE)
     assert set(outcome.measured) == set(lessons.ACTION_KINDS[kind].measured)
     assert all(math.isfinite(value) for value in outcome.measured.values()), outcome.measured
@@ -27,7 +30,10 @@ def run(bundled, kind: str, **override) -> lessons.ActionOutcome:
     for lesson in lessons.load_lessons():  # every question on this kind gets a reveal and a figure
         for step in lesson.steps:
             if step.action["kind"] == kind:
-                reveal = lessons.format_reveal(step.question, outcome.measured[step.question.answer], 0 if step.question.kind == "choice" else step.question.default)
+                reveal = lessons.format_reveal(
+                    step.question, outcome.measured[step.question.answer],
+                    0 if step.question.kind == "choice" else step.question.default,
+                )
                 assert reveal.measured_text and reveal.verdict
                 assert lessons.step_figure(step, outcome).data
     return outcome
@@ -45,11 +51,17 @@ def test_a_budget_smaller_than_the_prompt_takes_several_steps(bundled):
 def test_prefill_is_one_step_and_sets_the_prefill_page(bundled):
     outcome = run(bundled, "prefill", token_budget=None)
     measured = outcome.measured
-    assert measured["num_steps"] == 1 and measured["num_tokens"] == len(bundled.tokenizer(PRESETS["Chat with a system prompt"])["input_ids"])
+    assert measured["num_steps"] == 1 and (
+        measured["num_tokens"] == len(bundled.tokenizer(PRESETS["Chat with a system prompt"])["input_ids"])
+    )
     assert 0 < measured["forward_share_percent"] <= 100 and measured["forward_ms"] <= measured["ttft_ms"]
     results = lessons.page_results(outcome, "label")
-    assert isinstance(results["prefill"], PrefillResult) and results["prefill"].prompt == PRESETS["Chat with a system prompt"]
-    assert lessons.page_state(outcome) == {"prefill_prompt": PRESETS["Chat with a system prompt"], "prefill_preset": "Chat with a system prompt"}
+    assert isinstance(results["prefill"], PrefillResult) and (
+        results["prefill"].prompt == PRESETS["Chat with a system prompt"]
+    )
+    assert lessons.page_state(outcome) == {
+        "prefill_prompt": PRESETS["Chat with a system prompt"], "prefill_preset": "Chat with a system prompt"
+    }
 
 
 def test_ttft_ratio_times_a_short_and_a_long_prompt(bundled):
@@ -59,7 +71,10 @@ def test_ttft_ratio_times_a_short_and_a_long_prompt(bundled):
     assert [len(times[4]), len(times[26])] == [3, 3]  # each shape's warm-up run is left out
     assert sum(times[4]) + sum(times[26]) < outcome.elapsed_s  # real clocks inside the action's own wall time
     facts = dict(outcome.facts)  # what the step shows: both times, and their ratio agreeing with them
-    assert set(facts) == {"TTFT, 4 tokens", "TTFT, 26 tokens", "Tokens: long / short", "TTFT: long / short", "FLOPs: long / short (time ∝ FLOPs would give this)"}
+    assert set(facts) == {
+        "TTFT, 4 tokens", "TTFT, 26 tokens", "Tokens: long / short", "TTFT: long / short",
+        "FLOPs: long / short (time ∝ FLOPs would give this)",
+    }
     assert measured["ttft_over_flop_ratio"] == pytest.approx(measured["ttft_ratio"] / measured["flop_ttft_ratio"])
     assert 6 < measured["flop_ttft_ratio"] < 26 / 4 + 1 and 6_000 < measured["attention_crossover_tokens"] < 6_300
     shown = [float(facts[f"TTFT, {n} tokens"].removesuffix(" ms").replace(",", "")) for n in (4, 26)]
@@ -79,9 +94,12 @@ def test_token_by_token_takes_n_steps_is_slower_and_fills_the_same_cache(bundled
 def test_roofline_puts_prefill_at_a_higher_intensity_than_decode(bundled):
     measured = run(bundled, "roofline", runs=1).measured
     assert measured["prefill_tokens"] == 13 and measured["intensity_ratio"] > 5
-    assert measured["decode_intensity"] == pytest.approx(measured["decode_intensity_limit"], rel=0.05)  # 2 FLOPs per weight
+    # 2 FLOPs per weight
+    assert measured["decode_intensity"] == pytest.approx(measured["decode_intensity_limit"], rel=0.05)
     assert measured["decode_intensity_limit"] == 0.5  # fp32: 4 bytes per weight
-    assert measured["past_ridge_tokens"] >= 13 and (measured["past_ridge_over_ridge"] >= 1.5 or measured["past_ridge_tokens"] > 13)
+    assert measured["past_ridge_tokens"] >= 13 and (
+        measured["past_ridge_over_ridge"] >= 1.5 or measured["past_ridge_tokens"] > 13
+    )
     assert measured["prefill_gflops"] > 0 and measured["decode_gflops"] > 0 and measured["ridge_intensity"] > 0
 
 
@@ -93,14 +111,20 @@ def test_kv_memory_matches_the_formula_and_gqa_saves_3x(bundled):
     assert measured["kv_total_mb"] == pytest.approx(measured["num_tokens"] * 46_080 / 1e6)
     # at the model's whole context one request's cache (~377 MB) is still smaller than the weights (~538 MB)
     assert measured["max_context"] == 8192 and measured["kv_at_context_mb"] == pytest.approx(8192 * 46_080 / 1e6)
-    assert measured["weights_mb"] == pytest.approx(538, rel=0.01) and measured["kv_at_context_mb"] < measured["weights_mb"]
+    assert measured["weights_mb"] == pytest.approx(538, rel=0.01) and (
+        measured["kv_at_context_mb"] < measured["weights_mb"]
+    )
     assert measured["tokens_to_match_weights"] == math.ceil(measured["weights_mb"] * 1e6 / 46_080)
 
 
 def test_chunked_runs_more_steps_and_generates_the_same_tokens(bundled):
     outcome = run(bundled, "chunked")
-    assert outcome.measured["outputs_identical"] == 1 and outcome.measured["num_steps_on"] > outcome.measured["num_steps_off"]
-    assert outcome.measured["arrival_gap_ratio"] == pytest.approx(outcome.measured["arrival_gap_off_ms"] / outcome.measured["arrival_gap_on_ms"])
+    assert outcome.measured["outputs_identical"] == 1 and (
+        outcome.measured["num_steps_on"] > outcome.measured["num_steps_off"]
+    )
+    assert outcome.measured["arrival_gap_ratio"] == pytest.approx(
+        outcome.measured["arrival_gap_off_ms"] / outcome.measured["arrival_gap_on_ms"]
+    )
     assert set(lessons.page_results(outcome, "label")["chunked"]) == {"comparison", "label"}
 
 
@@ -116,7 +140,11 @@ def test_disagg_sends_the_long_prompts_kv_and_says_where_the_workers_ran(bundled
     outcome = run(bundled, "disagg")
     measured = outcome.measured
     assert measured["placement_kind"] == 0  # both workers on this CPU: the lesson's text says they split its cores
-    assert measured["kv_mb_sent_long"] == pytest.approx(measured["long_prompt_tokens"] * measured["kv_bytes_per_token"] / 1e6)
+    assert measured["kv_mb_sent_long"] == pytest.approx(
+        measured["long_prompt_tokens"] * measured["kv_bytes_per_token"] / 1e6
+    )
     assert measured["kv_bytes_per_token"] == 46_080 and measured["outputs_identical"] == 1
-    assert measured["disagg_ttft_ratio"] == pytest.approx(measured["long_ttft_disagg_ms"] / measured["long_ttft_off_ms"])
+    assert measured["disagg_ttft_ratio"] == pytest.approx(
+        measured["long_ttft_disagg_ms"] / measured["long_ttft_off_ms"]
+    )
     assert "cpu" in dict(outcome.facts)["Placement"]

@@ -1,4 +1,5 @@
-"""The engine's own forward (engine/forward.py) with each backend, and the C++ ops (prefillviz/backends/ops/engine_ops.py).
+"""The engine's own forward (engine/forward.py) with each backend, and the C++ ops
+(prefillviz/backends/ops/engine_ops.py).
 
 Each way the engine can run a step (the textbook backend's plain torch, the measured backend with
 and without its C++ ops, the stock transformers forward) against the others and against the plain
@@ -26,7 +27,14 @@ from prefillviz.instrument.capture import run_captured
 from tests.conftest import assert_matches_hf
 from tests.hf_oracle import hf_greedy_generate
 from tests.tiny_models import make_tiny_llama
-from tests.tolerances import MODEL_STEPS, OP_STEPS, allowed_difference, assert_same_greedy_generation, assert_within, longest_sum
+from tests.tolerances import (
+    MODEL_STEPS,
+    OP_STEPS,
+    allowed_difference,
+    assert_same_greedy_generation,
+    assert_within,
+    longest_sum,
+)
 
 WAYS = ("compiled", "measured torch ops", "textbook", "stock")
 
@@ -83,7 +91,10 @@ def test_every_way_of_running_a_step_matches_hf_in_fp32(tiny_llama, way, monkeyp
         assert_matches_hf(tiny_llama, prompts[request_id], requests[request_id].first_token_logits)
     for request_id, token_ids in prompts.items():
         new = len(trace.requests[request_id].output_token_ids)
-        assert_same_greedy_generation(tiny_llama, token_ids, trace.requests[request_id].output_token_ids, hf_greedy_generate(tiny_llama, token_ids, new))
+        assert_same_greedy_generation(
+            tiny_llama, token_ids, trace.requests[request_id].output_token_ids,
+            hf_greedy_generate(tiny_llama, token_ids, new),
+        )
 
 
 @pytest.mark.parametrize("way", ["compiled", "textbook"])
@@ -96,7 +107,8 @@ def test_the_bundled_models_steps_match_hf_on_both_backends(bundled, way, monkey
 
 
 def test_bf16_ways_agree_with_the_bf16_hf_forward(monkeypatch):
-    model = make_tiny_llama(head_dim=32, hidden_size=128).to(torch.bfloat16)  # head size 32: the ops' AVX-512 and AVX2 tiles
+    # head size 32: the ops' AVX-512 and AVX2 tiles
+    model = make_tiny_llama(head_dim=32, hidden_size=128).to(torch.bfloat16)
     ways = ["measured torch ops", "textbook", "stock"]
     if engine_ops.engine_ops() is not None:
         ways.insert(0, "compiled")
@@ -116,7 +128,9 @@ def test_every_capture_level_observes_the_engines_own_forward_and_leaves_no_hook
     engine = LLMEngine(tiny_llama, tokenizer=None, config=EngineConfig(), backend=backend)
     calls = []
     original = type(engine.runner.own_forward).__call__
-    monkeypatch.setattr(type(engine.runner.own_forward), "__call__", lambda self, *args: calls.append(args[2]) or original(self, *args))
+    monkeypatch.setattr(
+        type(engine.runner.own_forward), "__call__", lambda self, *args: calls.append(args[2]) or original(self, *args)
+    )
     for level in ("timing", "inspect", "profile"):
         engine.add_request(prompt(20, 128, 1))
         trace = run_captured(engine, capture_level=level)
@@ -127,8 +141,9 @@ def test_every_capture_level_observes_the_engines_own_forward_and_leaves_no_hook
             ops = {row["op"] for row in trace.profile.op_table}
             assert {"layers.0", "layers.1.attention", "layers.1.mlp", "lm_head"} <= ops  # the forward's own scopes
     assert len(calls) == 3 and None not in calls  # each level's one step ran the engine's forward, its observer told
+    # transformers' own output-capturing hooks stay
     ours = [h for m in tiny_llama.modules() for h in [*m._forward_hooks.values(), *m._forward_pre_hooks.values()]
-            if not getattr(h, "__module__", "").startswith("transformers.")]  # transformers' own output-capturing hooks stay
+            if not getattr(h, "__module__", "").startswith("transformers.")]
     assert not ours
 
 
@@ -142,20 +157,33 @@ def test_an_inspection_pass_captures_the_same_on_every_way(tiny_llama, monkeypat
             traces[way] = run_captured(engine, capture_level="inspect")
     stock = traces["stock"]
 
-    def same_within_the_forwards_roundings(got, want, what):  # two fp32 forwards: the whole-model bound at the values' size
-        assert_within(got, want, allowed_difference(torch.float32, torch.as_tensor(want), MODEL_STEPS, longest_sum(tiny_llama, 40)), what)
+    # two fp32 forwards: the whole-model bound at the values' size
+    def same_within_the_forwards_roundings(got, want, what):
+        assert_within(
+            got, want,
+            allowed_difference(torch.float32, torch.as_tensor(want), MODEL_STEPS, longest_sum(tiny_llama, 40)),
+            what,
+        )
 
     for way in ways:
         trace = traces[way]
-        assert [s.num_prefill_tokens for s in trace.steps] == [24, 16, 0, 0]  # a chunk, the rest of the prompt, two decodes
+        # a chunk, the rest of the prompt, two decodes
+        assert [s.num_prefill_tokens for s in trace.steps] == [24, 16, 0, 0]
         for step, reference in zip(trace.steps, stock.steps):
             for name in ("positions", "slots"):  # where each way wrote: integers, equal
-                assert torch.equal(torch.as_tensor(getattr(step.kv_writes, name)), torch.as_tensor(getattr(reference.kv_writes, name)))
+                assert torch.equal(
+                    torch.as_tensor(getattr(step.kv_writes, name)),
+                    torch.as_tensor(getattr(reference.kv_writes, name)),
+                )
             for name in ("key_norms", "value_norms"):
-                same_within_the_forwards_roundings(getattr(step.kv_writes, name), getattr(reference.kv_writes, name), f"{way} {name}")
+                same_within_the_forwards_roundings(
+                    getattr(step.kv_writes, name), getattr(reference.kv_writes, name), f"{way} {name}"
+                )
             same_within_the_forwards_roundings(step.hidden_norms, reference.hidden_norms, f"{way} hidden norms")
         captured, expected = trace.captured_qk["r"], stock.captured_qk["r"]
-        for got, want in zip(captured.queries + captured.keys + captured.values, expected.queries + expected.keys + expected.values):
+        for got, want in zip(
+            captured.queries + captured.keys + captured.values, expected.queries + expected.keys + expected.values
+        ):
             same_within_the_forwards_roundings(got, want, f"{way} captured q/k/v")
 
 
@@ -169,7 +197,8 @@ def test_which_forward_each_model_and_setting_gets(tiny_llama, monkeypatch):
     assert forward_label(tiny_llama, MEASURED).startswith("engine forward, measured backend")
     assert LLMEngine(gpt2, tokenizer=None, config=EngineConfig(), backend=MEASURED).runner.own_forward is None
     with pytest.raises(ConfigError, match="does not run this model \\(no engine forward for gpt2"):
-        LLMEngine(gpt2, tokenizer=None, config=EngineConfig(), backend=TorchBackend())  # the textbook is the Llama forward
+        # the textbook is the Llama forward
+        LLMEngine(gpt2, tokenizer=None, config=EngineConfig(), backend=TorchBackend())
     monkeypatch.setenv(forward.STOCK_FORWARD_ENV, "1")
     assert not forward.own_forward_status(tiny_llama)[0]
     assert LLMEngine(tiny_llama, tokenizer=None, config=EngineConfig(), backend=MEASURED).runner.own_forward is None
@@ -232,8 +261,11 @@ def test_avx512_bf16_rounding_gives_atens_bits_but_for_denormals(compiled_ops):
         pytest.skip("no AVX512-BF16 here (or PREFILLVIZ_NO_BF16_DOT): ATen's rounding is the only one")
     generator = torch.Generator().manual_seed(3)
     width, dim, heads = 576, 64, 3
-    scales = torch.logspace(-8, 8, 33)[:, None]  # rows from 1e-8 to 1e8, whose products (to 1e-16 and 1e16) stay normal floats
-    x, residual, gate_up = ((scales * torch.randn(33, n, generator=generator)).to(torch.bfloat16) for n in (width, width, 2 * width))
+    # rows from 1e-8 to 1e8, whose products (to 1e-16 and 1e16) stay normal floats
+    scales = torch.logspace(-8, 8, 33)[:, None]
+    x, residual, gate_up = (
+        (scales * torch.randn(33, n, generator=generator)).to(torch.bfloat16) for n in (width, width, 2 * width)
+    )
     weight = torch.randn(width, generator=generator).to(torch.bfloat16)
     qkv = torch.randn(33, (heads + 2) * dim, generator=generator).to(torch.bfloat16)
     angles = torch.rand(33, dim // 2, generator=generator) * 6
@@ -246,7 +278,9 @@ def test_avx512_bf16_rounding_gives_atens_bits_but_for_denormals(compiled_ops):
             rotated = qkv.clone()
             caches = [torch.zeros(3, 16, 1, dim, dtype=torch.bfloat16) for _ in range(2)]
             compiled_ops.rope_write_kv(rotated, cos, sin, torch.arange(33), *caches, heads)
-            outputs[native] = [compiled_ops.add_rms_norm(x, summed, weight, 1e-5), summed, compiled_ops.silu_mul(gate_up), rotated]
+            outputs[native] = [
+                compiled_ops.add_rms_norm(x, summed, weight, 1e-5), summed, compiled_ops.silu_mul(gate_up), rotated
+            ]
             denormal = torch.full((1, 64), 3e-39).to(torch.bfloat16)
             denormal_sum = torch.zeros_like(denormal)  # 0 + a denormal, rounded to bf16
             compiled_ops.add_rms_norm(denormal, denormal_sum, torch.ones(64, dtype=torch.bfloat16), 1e-5)
@@ -255,7 +289,8 @@ def test_avx512_bf16_rounding_gives_atens_bits_but_for_denormals(compiled_ops):
         compiled_ops.set_bf16_dot_products(True)
     for name, native, aten in zip(["add_rms_norm", "residual", "silu_mul", "rope"], outputs[True], outputs[False]):
         assert torch.equal(native.view(torch.int16), aten.view(torch.int16)), name
-    assert torch.equal(outputs[False][-1], denormal) and not outputs[True][-1].any()  # ATen keeps it, the instruction reads zero
+    # ATen keeps it, the instruction reads zero
+    assert torch.equal(outputs[False][-1], denormal) and not outputs[True][-1].any()
 
 
 def test_ops_report_why_they_are_off(monkeypatch):
@@ -285,7 +320,8 @@ def test_the_stacked_weights_are_made_again_when_a_weight_changes():
         layer.mlp.up_proj.weight.mul_(0.5)  # an in-place write
     second = llama_weights(model, STOCK)
     assert second is not first
-    layer.self_attn.o_proj.weight = torch.nn.Parameter(layer.self_attn.o_proj.weight.detach() * 2)  # another parameter in its place
+    # another parameter in its place
+    layer.self_attn.o_proj.weight = torch.nn.Parameter(layer.self_attn.o_proj.weight.detach() * 2)
     third = llama_weights(model, STOCK)
     assert third is not second
     layer.mlp.down_proj = torch.nn.Linear(128, 64, bias=False)  # another module in its place

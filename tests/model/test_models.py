@@ -88,7 +88,9 @@ def test_bundled_model_loads_offline_from_the_gguf(bundled_loads):
     assert info.kv_bytes_per_token == 46080
     import gguf  # the load parsed the GGUF once (bundled._gguf_parsed_once) and put gguf's own names back
 
-    assert gguf.GGUFReader is gguf.gguf_reader.GGUFReader and gguf.get_tensor_name_map is gguf.tensor_mapping.get_tensor_name_map
+    assert gguf.GGUFReader is gguf.gguf_reader.GGUFReader and (
+        gguf.get_tensor_name_map is gguf.tensor_mapping.get_tensor_name_map
+    )
 
 
 def test_bundled_model_knows_the_capital_of_france(bundled_loads):
@@ -116,8 +118,13 @@ def test_second_load_comes_from_the_cache_with_identical_logits(bundled_loads):
     # the cache keeps every weight bit for bit; the two forwards may still add in other orders (a library can
     # pick its kernel by a buffer's alignment), so the logits are held to one op's roundings at their size
     first_weights, cached_weights = first.model.state_dict(), cached.model.state_dict()
-    assert first_weights.keys() == cached_weights.keys() and all(torch.equal(first_weights[k], cached_weights[k]) for k in first_weights)
-    assert_within(actual, expected, allowed_difference(torch.float32, expected, OP_STEPS, longest_sum(first.model)), "cached vs first load")
+    assert first_weights.keys() == cached_weights.keys() and all(
+        torch.equal(first_weights[k], cached_weights[k]) for k in first_weights
+    )
+    assert_within(
+        actual, expected, allowed_difference(torch.float32, expected, OP_STEPS, longest_sum(first.model)),
+        "cached vs first load",
+    )
     # the cache was written atomically: only the finished folder is left
     assert [p.name for p in cache_dir.parent.iterdir()] == [cache_dir.name]
     assert (cache_dir / "prefillviz-cache.json").is_file()
@@ -299,7 +306,10 @@ def test_dtype_and_device_resolution():
     assert cpu_bf16_speedup() is speedup  # measured once per process
 
 
-@pytest.mark.parametrize("speedup,expected", [(4.7, torch.bfloat16), (1.3, torch.bfloat16), (1.1, torch.float32), (0.2, torch.float32), (None, torch.float32)])
+@pytest.mark.parametrize(
+    "speedup,expected",
+    [(4.7, torch.bfloat16), (1.3, torch.bfloat16), (1.1, torch.float32), (0.2, torch.float32), (None, torch.float32)],
+)
 def test_auto_picks_bfloat16_on_a_cpu_only_where_it_measured_faster(monkeypatch, speedup, expected):
     """4.7: bf16 on AMX or AVX512-BF16; 0.2: an AVX2-only CPU, where bf16 matmuls are emulated; None: bf16 can't run."""
     monkeypatch.setattr(devices, "cpu_bf16_speedup", lambda: speedup)
@@ -308,7 +318,10 @@ def test_auto_picks_bfloat16_on_a_cpu_only_where_it_measured_faster(monkeypatch,
 
 def test_no_remote_code_is_ever_trusted():
     forbidden = "trust_remote_code" + "=True"  # spelled in two parts so this file never matches itself
-    sources = [*(REPO / "prefillviz").rglob("*.py"), *(REPO / "views").glob("*.py"), *(REPO / "kernels").glob("*.py"), REPO / "app.py"]
+    sources = [
+        *(REPO / "prefillviz").rglob("*.py"), *(REPO / "views").glob("*.py"), *(REPO / "kernels").glob("*.py"),
+        REPO / "app.py",
+    ]
     offenders = [
         str(path.relative_to(REPO))
         for path in sources

@@ -40,7 +40,8 @@ def test_bias_leading_dimensions_and_a_strided_input(onednn):
 def test_more_row_counts_than_it_keeps(onednn):
     weight = torch.randn(40, 24)
     linear = onednn.Linear(weight)
-    for rows in list(range(1, 80)) + [3, 70]:  # 79 counts, past the 8 kept: the oldest primitives are dropped and made again
+    # 79 counts, past the 8 kept: the oldest primitives are dropped and made again
+    for rows in list(range(1, 80)) + [3, 70]:
         x = torch.randn(rows, 24)
         assert_linear_close(linear(x), x, weight)
 
@@ -94,7 +95,9 @@ def test_a_wide_weight_on_the_jit_gemm_runs_in_column_blocks(onednn):
     768 columns (1,800: 768 + 768 + 264), one row whole, each the same product as F.linear."""
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "DNNL_MAX_CPU_ISA": "AVX2", "PYTHONPATH": str(root)}
-    done = subprocess.run([sys.executable, "-c", JIT_GEMM_CHECK], capture_output=True, text=True, cwd=root, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", JIT_GEMM_CHECK], capture_output=True, text=True, cwd=root, env=env, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     if not result["one_row"].startswith("gemm"):

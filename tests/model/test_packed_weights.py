@@ -32,7 +32,10 @@ from tests.tolerances import (
     longest_sum,
 )
 
-pytestmark = pytest.mark.skipif(not packing_status(torch.nn.Linear(2, 2))[0], reason=f"no packed fp32 linear here: {packing_status(torch.nn.Linear(2, 2))[1]}")
+pytestmark = pytest.mark.skipif(
+    not packing_status(torch.nn.Linear(2, 2))[0],
+    reason=f"no packed fp32 linear here: {packing_status(torch.nn.Linear(2, 2))[1]}",
+)
 
 PACKED_CALL = "packed_linear"
 
@@ -111,7 +114,10 @@ def test_engine_runs_packed_linears_and_matches_hf_in_fp32(tiny_llama):
     assert outside.packed == 0 and outside.stock == num_linears
 
 
-@pytest.mark.skipif(not cpu_runs_packed_linear(torch.bfloat16)[0], reason=f"this CPU can't pack bf16: {cpu_runs_packed_linear(torch.bfloat16)[1]}")
+@pytest.mark.skipif(
+    not cpu_runs_packed_linear(torch.bfloat16)[0],
+    reason=f"this CPU can't pack bf16: {cpu_runs_packed_linear(torch.bfloat16)[1]}",
+)
 def test_bundled_bf16_packed_equals_stock_and_greedy_agrees(bundled):
     """Packed and stock bf16 linears sum in other orders (AMX tiles, AVX512-BF16 dot products): each
     run, and the two against each other, within a few bf16 steps of the logits (``MODEL_STEPS``)."""
@@ -158,7 +164,8 @@ def test_changed_weights_are_packed_again(tiny_llama):
         layer.weight.mul_(2.0)  # in place: same storage, new version
     with torch.inference_mode(), packed_linears(model):
         after = layer(x)
-    assert torch.equal(after, 2.0 * before)  # doubling every weight doubles every product and sum exactly (powers of two)
+    # doubling every weight doubles every product and sum exactly (powers of two)
+    assert torch.equal(after, 2.0 * before)
     assert_linear_close(after, x, layer.weight)
 
 
@@ -200,12 +207,18 @@ def test_a_new_dtype_is_packed_again(tiny_llama):
             packed = model(x).logits
         stock = model(x).logits
     # a stale pack would keep the lm_head's old sign; the fresh one differs only in its sums' order
-    assert_within(packed, stock, allowed_difference(torch.float32, stock, MODEL_STEPS, longest_sum(model, x.shape[1])), "packed against stock fp32")
+    assert_within(
+        packed, stock, allowed_difference(torch.float32, stock, MODEL_STEPS, longest_sum(model, x.shape[1])),
+        "packed against stock fp32",
+    )
 
 
 def engine_settings(model):
     """What the engine changes on the shared model: (attention implementation, linears with a rerouted forward)."""
-    return model.config._attn_implementation, sum("forward" in m.__dict__ for m in model.modules() if type(m) is torch.nn.Linear)
+    return (
+        model.config._attn_implementation,
+        sum("forward" in m.__dict__ for m in model.modules() if type(m) is torch.nn.Linear),
+    )
 
 
 def test_the_model_is_stock_again_after_the_blocks_even_on_error(tiny_llama):

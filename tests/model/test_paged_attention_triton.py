@@ -196,7 +196,8 @@ def test_reference_sees_the_offset_causal_mask():
     args = make_case(4, 2, 16, 5, [12], [12], "float32")
     full = reference(**args)
     decode = dict(args, q=args["q"][:, -1:], query_start_loc=torch.tensor([0, 1], dtype=torch.int32))
-    allowed = allowed_difference(torch.float32, reference_values(args), OP_STEPS, 16)  # the same sums, in matmuls of other shapes
+    # the same sums, in matmuls of other shapes
+    allowed = allowed_difference(torch.float32, reference_values(args), OP_STEPS, 16)
     assert (reference(**decode) - full[:, -1:]).abs().max().item() <= allowed
 
 

@@ -46,7 +46,10 @@ def allowed_for(inputs):
     """How far two computations of this step's attention may differ, in its dtype: a weighted mean of
     its cached and new values, summed over its longest context (``attention_allowed_difference``)."""
     step = inputs.step
-    context = max(cached + end - start for cached, start, end in zip(step.num_computed, step.query_start_loc, step.query_start_loc[1:]))
+    context = max(
+        cached + end - start
+        for cached, start, end in zip(step.num_computed, step.query_start_loc, step.query_start_loc[1:])
+    )
     return attention_allowed_difference(inputs.value_cache, context)
 
 
@@ -60,7 +63,9 @@ def whole_sequence_reference(inputs, r):
     start, end, cached = step.query_start_loc[r], step.query_start_loc[r + 1], step.num_computed[r]
     earlier = torch.randn(inputs.q.shape[0], cached, inputs.q.shape[2])
     queries = torch.cat([earlier, inputs.q[:, start:end]], dim=1)
-    out = F.scaled_dot_product_attention(queries[None], keys[None], values[None], is_causal=True, scale=inputs.scale, enable_gqa=True)
+    out = F.scaled_dot_product_attention(
+        queries[None], keys[None], values[None], is_causal=True, scale=inputs.scale, enable_gqa=True
+    )
     return out[0, :, cached:]
 
 
@@ -85,7 +90,9 @@ def test_torch_kernels_match_the_oracle(kernel, requests, heads):
 
 
 @pytest.mark.parametrize("heads", [*HEADS, pytest.param((8, 1, 32), id="MQA")])
-@pytest.mark.parametrize("requests", [*STEPS, pytest.param([(0, 100), (70, 45), (130, 1)], id="several query blocks and key tiles")])
+@pytest.mark.parametrize(
+    "requests", [*STEPS, pytest.param([(0, 100), (70, 45), (130, 1)], id="several query blocks and key tiles")]
+)
 @pytest.mark.parametrize("block_size", [16, 5])
 @pytest.mark.parametrize("kernel", [COMPILED, COMPILED_TILES], ids=["rows across lanes", "key tiles"])
 def test_compiled_kernel_matches_the_oracle(compiled_ops, requests, heads, block_size, kernel):
@@ -114,7 +121,8 @@ def test_compiled_kernel_in_bf16_and_its_status(compiled_ops, kernel):
     has_dot_products = compiled_ops.bf16_dot_products()
     outputs = []
     try:
-        for on in [False, True] if has_dot_products else [False]:  # fp32 tiles; AVX512-BF16 dot products where the CPU has them
+        # fp32 tiles; AVX512-BF16 dot products where the CPU has them
+        for on in [False, True] if has_dot_products else [False]:
             compiled_ops.set_bf16_dot_products(on)
             difference, allowed = check_paged(kernel, inputs)
             assert 0 < difference <= min(allowed, allowed_for(inputs))  # P and the output rounded to bf16: a step each
@@ -125,7 +133,8 @@ def test_compiled_kernel_in_bf16_and_its_status(compiled_ops, kernel):
     assert len(outputs) == 1 or not torch.equal(*outputs)
     lanes, tiles = COMPILED(*inputs.arguments()), COMPILED_TILES(*inputs.arguments())
     assert torch.equal(lanes[:, :1], tiles[:, :1])  # the decode's three rows fill no vector: key tiles in both
-    if has_dot_products:  # the prompt's and the chunk's rows: P in fp32 across v7's lanes, in bf16 in the tiles' dot products
+    # the prompt's and the chunk's rows: P in fp32 across v7's lanes, in bf16 in the tiles' dot products
+    if has_dot_products:
         assert not torch.equal(lanes[:, 1:], tiles[:, 1:])
     assert COMPILED.status("cpu") == (True, COMPILED.status("cpu")[1]) and "C++ ops" in COMPILED.status("cpu")[1]
     assert not COMPILED.status("cuda")[0]
@@ -139,10 +148,20 @@ def brgemm_runs(dtype: torch.dtype):
         pytest.skip(f"v8 can't run {dtype} here: {why}")
 
 
-@pytest.mark.parametrize("heads", [pytest.param((9, 3, 64), id="GQA, SmolLM2's heads"), pytest.param((8, 1, 64), id="MQA"),
-                                   pytest.param((4, 4, 128), id="MHA, head size 128")])
-@pytest.mark.parametrize("requests", [*STEPS, pytest.param([(0, 100), (70, 45), (130, 1)], id="several query blocks"),
-                                      pytest.param([(500, 300), (0, 333)], id="several key blocks, keys past a pack block")])
+@pytest.mark.parametrize(
+    "heads",
+    [
+        pytest.param((9, 3, 64), id="GQA, SmolLM2's heads"), pytest.param((8, 1, 64), id="MQA"),
+        pytest.param((4, 4, 128), id="MHA, head size 128"),
+    ],
+)
+@pytest.mark.parametrize(
+    "requests",
+    [
+        *STEPS, pytest.param([(0, 100), (70, 45), (130, 1)], id="several query blocks"),
+        pytest.param([(500, 300), (0, 333)], id="several key blocks, keys past a pack block"),
+    ],
+)
 @pytest.mark.parametrize("block_size", [16, 5])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_brgemm_kernel_matches_the_oracle(compiled_ops, requests, heads, block_size, dtype):
@@ -182,9 +201,11 @@ def test_brgemm_kernel_refuses_what_it_cannot_run(compiled_ops, tiny_llama):
     with pytest.raises(RuntimeError, match="bf16 or fp32"):
         BRGEMM(*inputs.arguments())
     assert dispatch_tuning.brgemm_why(torch.device("cpu"), torch.float16, 64) == "v8 runs bf16 and fp32 only"
-    assert "multiple of 64" in dispatch_tuning.candidate_statuses(tiny_llama.float())["attention"]["v8 brgemm"]  # the tiny Llama's heads are 16 wide
+    # the tiny Llama's heads are 16 wide
+    assert "multiple of 64" in dispatch_tuning.candidate_statuses(tiny_llama.float())["attention"]["v8 brgemm"]
     assert "multiple of 64" in dispatch_tuning.brgemm_why(torch.device("cpu"), torch.bfloat16, 16)
-    assert "another layout" not in brgemm_problem("bfloat16")  # where oneDNN packs bf16, v8's own packing writes what its pack writes
+    # where oneDNN packs bf16, v8's own packing writes what its pack writes
+    assert "another layout" not in brgemm_problem("bfloat16")
     runs, why = BRGEMM.status("cpu")
     assert why and (runs or "oneDNN" in why or "C++ ops" in why)  # where it can't run, it says which part is missing
 
@@ -192,7 +213,8 @@ def test_brgemm_kernel_refuses_what_it_cannot_run(compiled_ops, tiny_llama):
 def test_the_oracle_in_row_blocks_is_the_same_arithmetic():
     inputs = random_step([(50, 70), (0, 33)], 6, 2, 16, seed=2)
     whole = paged_naive(*inputs.arguments())
-    assert_within(paged_naive(*inputs.arguments(), row_block=8), whole, allowed_for(inputs))  # the same sums, in matmuls of other shapes
+    # the same sums, in matmuls of other shapes
+    assert_within(paged_naive(*inputs.arguments(), row_block=8), whole, allowed_for(inputs))
 
 
 def test_packed_mask_is_block_diagonal_and_causal_with_offsets():
@@ -224,12 +246,18 @@ def test_fp32_decode_matches_sdpa_in_fp32_and_rounds_like_it_in_bf16(heads, dtyp
     generator = torch.Generator().manual_seed(6)
     q = torch.randn(heads[0], 1, 64, generator=generator).to(dtype)
     k, v = (torch.randn(heads[1], 300, 64, generator=generator).to(dtype) for _ in range(2))
-    exact = F.scaled_dot_product_attention(q[None].float(), k[None].float(), v[None].float(), scale=0.125, enable_gqa=True)[0]
+    exact = F.scaled_dot_product_attention(
+        q[None].float(), k[None].float(), v[None].float(), scale=0.125, enable_gqa=True
+    )[0]
     got = decode_fp32(q, k, v, 0.125)
     assert got.dtype == dtype and got.shape == q.shape
-    sdpa_error = (F.scaled_dot_product_attention(q[None], k[None], v[None], scale=0.125, enable_gqa=True)[0].float() - exact).abs().max()
-    fp32_roundings = allowed_difference(torch.float32, v, OP_STEPS)  # below this, two fp32 computations differ by chance
-    assert (got.float() - exact).abs().max() <= max(float(sdpa_error), fp32_roundings)  # no worse than SDPA in the same dtype
+    sdpa_error = (
+        F.scaled_dot_product_attention(q[None], k[None], v[None], scale=0.125, enable_gqa=True)[0].float() - exact
+    ).abs().max()
+    # below this, two fp32 computations differ by chance
+    fp32_roundings = allowed_difference(torch.float32, v, OP_STEPS)
+    # no worse than SDPA in the same dtype
+    assert (got.float() - exact).abs().max() <= max(float(sdpa_error), fp32_roundings)
 
 
 def test_v6_is_v2_except_for_16_bit_decodes_on_a_cpu():
@@ -243,7 +271,9 @@ def test_v6_is_v2_except_for_16_bit_decodes_on_a_cpu():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("requests", [[(1024, 32)], [(40, 9), (17, 1), (0, 23)]], ids=["a prefix-cache hit", "chunk + decode + fresh prompt"])
+@pytest.mark.parametrize(
+    "requests", [[(1024, 32)], [(40, 9), (17, 1), (0, 23)]], ids=["a prefix-cache hit", "chunk + decode + fresh prompt"]
+)
 def test_consecutive_slots_are_read_in_place_and_give_the_gathered_result(monkeypatch, requests, dtype):
     """A fresh engine's pool hands out blocks in order, so a request's context is one run of slots:
     v2, v3 and v6 then read it from the cache in place, bit for bit what the gather gives."""
@@ -256,8 +286,12 @@ def test_consecutive_slots_are_read_in_place_and_give_the_gathered_result(monkey
     def consecutive(slots):
         return bool((slots.diff() == 1).all())
 
-    assert all((paged_attention.consecutive_from(shuffled.step, r) is None) != consecutive(shuffled.step.slots(r)) for r in cached)
-    assert any(paged_attention.consecutive_from(shuffled.step, r) is None for r in cached)  # the shuffled pool broke a run
+    assert all(
+        (paged_attention.consecutive_from(shuffled.step, r) is None) != consecutive(shuffled.step.slots(r))
+        for r in cached
+    )
+    # the shuffled pool broke a run
+    assert any(paged_attention.consecutive_from(shuffled.step, r) is None for r in cached)
     in_place = {kernel.name: kernel(*in_order.arguments()) for kernel in (LOOP, PACKED, LOOP_FP32_DECODES)}
     monkeypatch.setattr(paged_attention, "consecutive_from", lambda step, r: None)  # every context gathered
     for kernel in (LOOP, PACKED, LOOP_FP32_DECODES):
@@ -266,7 +300,9 @@ def test_consecutive_slots_are_read_in_place_and_give_the_gathered_result(monkey
 
 def test_a_kernel_that_forgets_the_cache_is_refused_before_it_is_timed():
     def new_tokens_only(q, k_new, v_new, key_cache, value_cache, step, scale):
-        return F.scaled_dot_product_attention(q[None], k_new[None], v_new[None], is_causal=True, scale=scale, enable_gqa=True)[0]
+        return F.scaled_dot_product_attention(
+            q[None], k_new[None], v_new[None], is_causal=True, scale=scale, enable_gqa=True
+        )[0]
 
     wrong = PagedKernel("wrong", 0, "ignores what was cached", new_tokens_only)
     inputs = random_step([(30, 5)], 4, 2, 16)
@@ -287,7 +323,8 @@ def test_registry_and_the_engines_kernel():
     assert get_paged_kernel("v3 packed") is PACKED
     with pytest.raises(KeyError, match="v1 naive"):
         get_paged_kernel("v9")
-    assert all(get_paged_kernel(name) for name in ATTENTION_CANDIDATES)  # every candidate the dispatch times is a checked version
+    # every candidate the dispatch times is a checked version
+    assert all(get_paged_kernel(name) for name in ATTENTION_CANDIDATES)
     assert NAIVE.status("cpu")[0] and LOOP.status("cpu")[0]
 
 
@@ -327,13 +364,16 @@ def test_the_last_layers_attention_at_the_kept_rows_is_the_whole_steps_there(can
         brgemm_runs(dtype)
     inputs = random_step([(20, 1), (0, 23), (31, 12), (64, 1)], 9, 3, 64, block_size=16, dtype=dtype, seed=5)
     step = inputs.step
-    meta = AttentionMetadata(SimpleNamespace(key_cache=[inputs.key_cache], value_cache=[inputs.value_cache]), step.slot_mapping,
-                             step.query_start_loc, step.num_computed, step.context_slots, [], torch.zeros(0))
+    meta = AttentionMetadata(SimpleNamespace(key_cache=[inputs.key_cache], value_cache=[inputs.value_cache]),
+                             step.slot_mapping, step.query_start_loc, step.num_computed, step.context_slots, [],
+                             torch.zeros(0))
     q, k, v = (t.transpose(0, 1) for t in (inputs.q, inputs.k_new, inputs.v_new))  # (T, heads, D)
     rows = torch.cat([t.reshape(t.shape[0], -1) for t in (q, k, v)], dim=1)  # the q|k|v rows v7 and v8 read q from
 
     def attention(keep=None):
-        return step_attention(candidate, 0, q, k, v, inputs.scale, meta, rows if candidate in ROWS_CANDIDATES else None, keep)
+        return step_attention(
+            candidate, 0, q, k, v, inputs.scale, meta, rows if candidate in ROWS_CANDIDATES else None, keep
+        )
 
     whole = attention()
     keep = torch.tensor([0, 23, 36])  # the last rows of requests 0, 1 and 3

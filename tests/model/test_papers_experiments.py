@@ -28,12 +28,16 @@ def test_a_decode_riding_along_a_prefill_costs_less_per_token_than_in_a_decode_o
     assert result.mixed_per_token_ms < result.decode_only_per_token_ms
     assert result.ratio > 2
     assert result.decode_only_ms < result.mixed_ms  # 4 tokens are cheaper than 64 in one step, even so
-    assert [row["prefill_tokens"] for row in result.rows()] == [0, 64, 61] and [row["decode_tokens"] for row in result.rows()] == [4, 0, 3]
+    assert [row["prefill_tokens"] for row in result.rows()] == [0, 64, 61] and (
+        [row["decode_tokens"] for row in result.rows()] == [4, 0, 3]
+    )
     assert all(len(times) == 3 for times in result.runs_ms.values())
     figure = figures.piggyback_figure(result, "t")
     paper = {(r["prefill_tokens"] > 0, r["decode_tokens"] > 0): r["per_token_ms"] for r in published.piggyback_rows()}
-    assert figure.data[0].y[0] == pytest.approx(paper[(False, True)] / paper[(True, False)])  # the paper's decode-only bar
-    assert figure.data[1].y[0] == pytest.approx(result.decode_only_per_token_ms / result.prefill_alone_per_token_ms)  # ours
+    # the paper's decode-only bar
+    assert figure.data[0].y[0] == pytest.approx(paper[(False, True)] / paper[(True, False)])
+    # ours
+    assert figure.data[1].y[0] == pytest.approx(result.decode_only_per_token_ms / result.prefill_alone_per_token_ms)
     with pytest.raises(RequestError, match="C > 3"):
         run_piggyback(bundled, chunk_tokens=3)
 
@@ -76,14 +80,19 @@ def test_the_second_request_decodes_from_the_hit_blocks_as_the_hf_forward_does(b
     record = engine.trace().requests["second"]
     assert record.num_cached_tokens == 32
     reference = hf_last_logits(bundled.model, second)
-    assert_same_greedy_token(reference, record.output_token_ids[0], logits_allowed_difference(bundled.model, reference, len(second)))
+    assert_same_greedy_token(
+        reference, record.output_token_ids[0], logits_allowed_difference(bundled.model, reference, len(second))
+    )
 
 
 def test_the_knee_fit_finds_a_hinge_and_the_ridge_moves_with_the_peaks(bundled):
     sizes = [4, 8, 16, 32, 64, 128, 256]
     times = [10.0 + 0.5 * max(0, n - 32) for n in sizes]
     fit = fit_knee(sizes, times)
-    assert fit.knee_tokens == pytest.approx(32) and fit.flat_ms == pytest.approx(10) and fit.ms_per_token == pytest.approx(0.5)
+    assert (
+        fit.knee_tokens == pytest.approx(32) and fit.flat_ms == pytest.approx(10)
+        and fit.ms_per_token == pytest.approx(0.5)
+    )
     assert fit.r_squared == pytest.approx(1.0)
     flat = fit_knee(sizes, [10.0] * len(sizes))
     assert flat.ms_per_token == pytest.approx(0.0, abs=1e-9)
@@ -103,5 +112,8 @@ def test_the_published_numbers_are_read_from_the_papers_files():
     model = published.distserve_interference([128, 2048], 3, 24)
     assert model[0]["ratio"] < model[1]["ratio"] and np.isfinite(model[1]["ratio"])
     for source in published.SOURCES.values():
-        assert (published.PAPERS_DIR / source.file).is_file() and len(source.commit) == 40 and source.model and source.hardware
+        assert (
+            (published.PAPERS_DIR / source.file).is_file() and len(source.commit) == 40 and source.model
+            and source.hardware
+        )
     assert prefix_lengths([16, 32])[:3] == [12, 15, 16]

@@ -25,14 +25,18 @@ from tests.hf_oracle import hf_last_logits
 from tests.tolerances import MODEL_STEPS, allowed_difference, logits_allowed_difference, longest_sum
 
 TINY_PROMPT = [5, 17, 99, 3, 42, 8, 77, 64, 12, 101, 33, 7]  # 12 ids of the tiny model's 128
-FAKE_PEAKS = MachinePeaks("cpu", "float32", matmul_gflops=100.0, memory_gb_s=20.0, measured_at="now", machine="test cpu", num_threads=2)
+FAKE_PEAKS = MachinePeaks(
+    "cpu", "float32", matmul_gflops=100.0, memory_gb_s=20.0, measured_at="now", machine="test cpu", num_threads=2
+)
 
 
 def value_sizes(model, token_ids):
     """max |V| of each layer in the HF forward of ``token_ids`` (the values are v_proj's outputs, unrotated)."""
     sizes = {}
     hooks = [
-        layer.self_attn.v_proj.register_forward_hook(lambda module, args, out, index=index: sizes.__setitem__(index, out.abs().max().item()))
+        layer.self_attn.v_proj.register_forward_hook(
+            lambda module, args, out, index=index: sizes.__setitem__(index, out.abs().max().item())
+        )
         for index, layer in enumerate(model.model.layers)
     ]
     try:
@@ -48,10 +52,13 @@ def assert_both_ways_within_the_forwards_roundings(comparison, model):
     ``MODEL_STEPS`` of the dtype at their own size (the app's own pass mark is ``check.passed``)."""
     check, terms = comparison.equality, longest_sum(model, comparison.num_tokens)
     for layer, (key_diff, key_size, value_diff, value_size) in enumerate(
-        zip(check.key_max_abs_diff, check.key_max_abs, check.value_max_abs_diff, value_sizes(model, comparison.token_ids))
+        zip(check.key_max_abs_diff, check.key_max_abs, check.value_max_abs_diff,
+            value_sizes(model, comparison.token_ids))
     ):
         assert key_diff <= allowed_difference(torch.float32, key_size, MODEL_STEPS, terms), f"layer {layer}'s keys"
-        assert value_diff <= allowed_difference(torch.float32, value_size, MODEL_STEPS, terms), f"layer {layer}'s values"
+        assert value_diff <= allowed_difference(torch.float32, value_size, MODEL_STEPS, terms), (
+            f"layer {layer}'s values"
+        )
     logits = torch.from_numpy(comparison.parallel.record.first_token_logits)
     assert check.logits_max_abs_diff <= logits_allowed_difference(model, logits, comparison.num_tokens)
 
@@ -59,7 +66,9 @@ def assert_both_ways_within_the_forwards_roundings(comparison, model):
 @pytest.fixture(scope="module")
 def tiny_comparison(tiny_llama):
     fractions = []
-    comparison = run_both_ways((tiny_llama, None), TINY_PROMPT, progress=lambda fraction, text: fractions.append(fraction))
+    comparison = run_both_ways(
+        (tiny_llama, None), TINY_PROMPT, progress=lambda fraction, text: fractions.append(fraction)
+    )
     return comparison, fractions
 
 
@@ -78,11 +87,16 @@ def test_one_step_vs_n_steps_with_times(tiny_comparison):
         # the first token comes after every step's forward, and within the steps' own clocks
         steps = run.timing.steps
         assert sum(step.forward_time_s for step in steps) < run.time_to_first_token_s
-        assert run.time_to_first_token_s <= steps[-1].start_time_s + steps[-1].wall_time_s - steps[0].start_time_s + 0.05
-    assert comparison.parallel.time_to_first_token_s == statistics.median(comparison.parallel.timing_runs_s)  # 3 runs: the middle one
+        assert run.time_to_first_token_s <= (
+            steps[-1].start_time_s + steps[-1].wall_time_s - steps[0].start_time_s + 0.05
+        )
+    # 3 runs: the middle one
+    assert comparison.parallel.time_to_first_token_s == statistics.median(comparison.parallel.timing_runs_s)
     # the tiny model's prefill takes a few ms, so a busy machine's stall can swap the two: the claim that N steps
     # cost more than one is checked on the bundled model below, where it holds by several times
-    assert comparison.ratio == comparison.token_by_token.time_to_first_token_s / comparison.parallel.time_to_first_token_s
+    assert comparison.ratio == (
+        comparison.token_by_token.time_to_first_token_s / comparison.parallel.time_to_first_token_s
+    )
     assert len(comparison.step_rows()) == n + 1
     assert fractions and fractions == sorted(fractions) and fractions[-1] == pytest.approx(1.0)
     assert [p.phase for p in comparison.roofline_points] == [PARALLEL, TOKEN_BY_TOKEN]
@@ -94,8 +108,13 @@ def test_both_ways_fill_the_same_kv_cache_tiny(tiny_comparison, tiny_llama):
     terms = longest_sum(tiny_llama, len(TINY_PROMPT))
     assert check.longest_sum == terms == rounding.longest_sum(tiny_llama.config, len(TINY_PROMPT))
     # the app's pass mark is the tests' bound for two whole forwards (tests/tolerances.py), at any size of value
-    assert check.relative_tolerance * 7.5 == pytest.approx(allowed_difference(torch.float32, 7.5, MODEL_STEPS, terms), rel=1e-12)
-    assert relative_tolerance_for("bfloat16", terms) > relative_tolerance_for("float16", terms) > relative_tolerance_for("float32", terms)
+    assert check.relative_tolerance * 7.5 == pytest.approx(
+        allowed_difference(torch.float32, 7.5, MODEL_STEPS, terms), rel=1e-12
+    )
+    assert (
+        relative_tolerance_for("bfloat16", terms) > relative_tolerance_for("float16", terms)
+        > relative_tolerance_for("float32", terms)
+    )
     assert check.same_positions and check.num_positions == len(TINY_PROMPT) and check.num_layers == 2
     assert_both_ways_within_the_forwards_roundings(tiny_comparison[0], tiny_llama)
     assert check.parallel_top_token_id == check.token_by_token_top_token_id
@@ -111,7 +130,8 @@ def test_both_ways_on_the_bundled_model_match_each_other_and_hf(bundled, one_tor
     assert check.passed
     logits = torch.from_numpy(comparison.parallel.record.first_token_logits)
     assert_matches_hf(bundled.model, comparison.token_ids, logits)
-    assert comparison.ratio > 1, comparison.machine_load  # N steps through all 30 layers against one (one thread: a busy machine stalls no OpenMP barrier)
+    # N steps through all 30 layers against one (one thread: a busy machine stalls no OpenMP barrier)
+    assert comparison.ratio > 1, comparison.machine_load
 
 
 def test_different_prompts_fail_the_check(tiny_llama):
@@ -121,16 +141,17 @@ def test_different_prompts_fail_the_check(tiny_llama):
         engine.add_request(prompt, SamplingParams(max_new_tokens=1), request_id="prompt")
         traces.append(run_captured(engine, capture_level="inspect"))
     check = compare_inspections(*traces, longest_sum(tiny_llama))
-    assert check.relative_diff > 100 * check.relative_tolerance and not check.passed  # other keys are off by about their own size
+    # other keys are off by about their own size
+    assert check.relative_diff > 100 * check.relative_tolerance and not check.passed
 
 
 def equality_check(dtype, top_two_margin, gap, same_token):
     """A check whose keys and values are within rounding and whose top tokens are as given."""
     return EqualityCheck(
-        dtype=dtype, longest_sum=1536, num_positions=4, same_positions=True, key_max_abs_diff=[0.0], value_max_abs_diff=[0.0],
-        key_max_abs=[10.0], value_max_abs=[1.0], logits_max_abs_diff=0.0, probs_max_abs_diff=0.0, parallel_top_token_id=5,
-        token_by_token_top_token_id=5 if same_token else 6, logits_max_abs=20.0, top_two_margin=top_two_margin,
-        token_by_token_top_logit_gap=gap,
+        dtype=dtype, longest_sum=1536, num_positions=4, same_positions=True, key_max_abs_diff=[0.0],
+        value_max_abs_diff=[0.0], key_max_abs=[10.0], value_max_abs=[1.0], logits_max_abs_diff=0.0,
+        probs_max_abs_diff=0.0, parallel_top_token_id=5, token_by_token_top_token_id=5 if same_token else 6,
+        logits_max_abs=20.0, top_two_margin=top_two_margin, token_by_token_top_logit_gap=gap,
     )
 
 
@@ -165,8 +186,10 @@ def test_fit_recovers_known_coefficients_and_needs_three_sizes():
 
 def test_sweep_points_steps_and_fit(tiny_llama):
     fractions = []
-    sweep = run_sweep(  # 2, 16 and 64 steps: far enough apart that a hiccup of a shared 2-core machine can't reorder them
-        (tiny_llama, None), [4, 8, 16], [2, 16, 64], parallel_runs=1, sequential_runs=5, progress=lambda f, t: fractions.append(f)
+    # 2, 16 and 64 steps: far enough apart that a hiccup of a shared 2-core machine can't reorder them
+    sweep = run_sweep(
+        (tiny_llama, None), [4, 8, 16], [2, 16, 64], parallel_runs=1, sequential_runs=5,
+        progress=lambda f, t: fractions.append(f),
     )
     assert [p.num_tokens for p in sweep.points[PARALLEL]] == [4, 8, 16]
     assert [p.num_steps for p in sweep.points[PARALLEL]] == [1, 1, 1]

@@ -55,7 +55,8 @@ def test_parting_tells_a_near_tie_from_a_clear_difference(tiny_llama):
     model = copy.deepcopy(tiny_llama).to(torch.bfloat16)
     prompt = list(range(3, 40))
     with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([prompt + [7]]), logits_to_keep=1).logits[0, -1].float()  # as parting runs it: the same bits
+        # as parting runs it: the same bits
+        logits = model(input_ids=torch.tensor([prompt + [7]]), logits_to_keep=1).logits[0, -1].float()
     order = logits.argsort(descending=True).tolist()
     gaps = [abs(float(logits[x] - logits[y])) for x, y in zip(order, order[1:])]
     close = gaps.index(min(gaps))

@@ -20,8 +20,10 @@ def test_a_prefix_one_token_short_of_a_block_gets_no_hit_on_vllm_as_on_ours(bund
 
 
 def test_the_piggyback_steps_are_found_in_vllms_schedule(bundled, vllm_worker):
-    result = papers_vllm.vllm_piggyback(vllm_worker, bundled.tokenizer, bundled.info.vocab_size, chunk_tokens=64, runs=1)
-    assert result.mixed_per_token_ms < result.decode_only_per_token_ms  # each step's make-up was found in vLLM's own schedule
+    result = papers_vllm.vllm_piggyback(vllm_worker, bundled.tokenizer, bundled.info.vocab_size, chunk_tokens=64,
+                                        runs=1)
+    # each step's make-up was found in vLLM's own schedule
+    assert result.mixed_per_token_ms < result.decode_only_per_token_ms
     assert result.model_id.startswith("vLLM") and all(len(times) == 1 for times in result.runs_ms.values())
 
 
@@ -37,5 +39,6 @@ def test_the_papers_page_runs_the_knee_sweep_on_vllm_too(bundled, vllm_worker):
     theirs = app.session_state["results"]["papers_knee_vllm"]
     assert theirs.sizes == [2, 4, 8] and theirs.model_id.startswith("vLLM")
     assert next(m.value for m in app.metric if m.label == "vLLM's knee").startswith("N ≈")
-    knee = next(spec for spec in chart_specs(app).values() if spec["layout"]["title"]["text"].startswith("Time to first token against N"))
+    knee = next(spec for spec in chart_specs(app).values()
+                if spec["layout"]["title"]["text"].startswith("Time to first token against N"))
     assert "vLLM: TTFT (median)" in [trace.get("name") for trace in knee["data"]]

@@ -57,7 +57,8 @@ def assert_same_block_maps(ours, theirs):
     for request_id in ours.requests:
         a, b = request_blocks(ours, request_id), request_blocks(theirs, request_id)
         assert a.statuses == b.statuses and len(a.physical_blocks) == len(b.physical_blocks), (request_id, a, b)
-        assert len(set(b.physical_blocks)) == len(b.physical_blocks) and 0 not in b.physical_blocks  # distinct, never the null block
+        # distinct, never the null block
+        assert len(set(b.physical_blocks)) == len(b.physical_blocks) and 0 not in b.physical_blocks
     assert blocks_in_use(ours, ours.num_blocks) == blocks_in_use(theirs, theirs.num_blocks - 1)
     assert [len(s.blocks_evicted) for s in ours.steps] == [len(s.blocks_evicted) for s in theirs.steps]
 
@@ -70,12 +71,14 @@ def test_greedy_outputs_are_the_same_for_six_prompts_one_at_a_time(bundled, vllm
     for index, text in enumerate(list(PRESETS.values())[:6]):
         requests = [PeerRequest(f"p{index}", prompt_ids(bundled, text), NEW_TOKENS)]
         ours, theirs, comparison = both(bundled, vllm, requests, token_budget=2048)
-        assert comparison.outputs_differ == [], (text, ours.requests[f"p{index}"].output_token_ids, theirs.requests[f"p{index}"].output_token_ids)
+        assert comparison.outputs_differ == [], (text, ours.requests[f"p{index}"].output_token_ids,
+                                                 theirs.requests[f"p{index}"].output_token_ids)
         assert len(theirs.requests[f"p{index}"].output_token_ids) == NEW_TOKENS
 
 
 def test_a_mixed_batch_has_the_same_outputs_schedule_and_cache_hits(bundled, vllm):
-    requests = [PeerRequest(f"r{i}", bench_token_ids(bundled.tokenizer, n + 5 * i)[5 * i :], NEW_TOKENS) for i, n in enumerate((40, 90, 200, 33))]
+    requests = [PeerRequest(f"r{i}", bench_token_ids(bundled.tokenizer, n + 5 * i)[5 * i :], NEW_TOKENS)
+                for i, n in enumerate((40, 90, 200, 33))]
     ours, theirs, comparison = both(bundled, vllm, requests, token_budget=512)
     assert comparison.outputs_differ == [], comparison.summary()
     assert comparison.cached_tokens_equal, comparison.cached_tokens
@@ -85,12 +88,15 @@ def test_a_mixed_batch_has_the_same_outputs_schedule_and_cache_hits(bundled, vll
 def test_a_shared_prefix_hits_the_same_blocks_including_a_block_boundary(bundled, vllm):
     prefix = bench_token_ids(bundled.tokenizer, 64)  # exactly 2 blocks of 32
     requests = [PeerRequest("first", prefix + [100, 200, 300], 4)]
-    requests += [PeerRequest(f"q{i}", prefix + bench_token_ids(bundled.tokenizer, 10 + i)[-(3 + i) :], 4, arrival_step=6 * (i + 1)) for i in range(3)]
-    requests += [PeerRequest("whole", list(prefix), 4, arrival_step=30)]  # the whole prompt is cached: one token is recomputed
+    requests += [PeerRequest(f"q{i}", prefix + bench_token_ids(bundled.tokenizer, 10 + i)[-(3 + i) :], 4,
+                             arrival_step=6 * (i + 1)) for i in range(3)]
+    # the whole prompt is cached: one token is recomputed
+    requests += [PeerRequest("whole", list(prefix), 4, arrival_step=30)]
     ours, theirs, comparison = both(bundled, vllm, requests, token_budget=256)
     assert comparison.cached_tokens_equal, comparison.cached_tokens
     assert comparison.cached_tokens["q0"] == (64, 64)  # both full blocks of the prefix
-    assert comparison.cached_tokens["whole"] == (32, 32)  # a whole-prompt hit recomputes its last block (its last token needs logits)
+    # a whole-prompt hit recomputes its last block (its last token needs logits)
+    assert comparison.cached_tokens["whole"] == (32, 32)
     assert comparison.outputs_differ == [], comparison.summary()
     assert comparison.schedule_equal, comparison.summary()
     assert_same_block_maps(ours, theirs)
@@ -127,7 +133,8 @@ def test_arrival_by_time_and_seeded_sampling(bundled, vllm):
     ours, theirs, comparison = both(bundled, vllm, requests, 64)
     for trace in (ours, theirs):
         assert trace.requests["later"].arrival_time_s - trace.requests["now"].arrival_time_s >= 0.4
-    assert comparison.outputs_differ == [] and comparison.cached_tokens_equal  # the schedules may part: timing decides arrivals
+    # the schedules may part: timing decides arrivals
+    assert comparison.outputs_differ == [] and comparison.cached_tokens_equal
 
     sampled = [PeerRequest("s", prompt, 12, temperature=0.9, top_k=40, top_p=0.95, seed=7)]
     first, second = (vllm.run(sampled, 256).requests["s"].output_token_ids for _ in range(2))
@@ -139,13 +146,15 @@ def test_evictions_in_a_small_cache_leave_the_same_hits(bundled, small_cache_vll
     tokens = bench_token_ids(bundled.tokenizer, 800)
     a, c, d = tokens[:96], tokens[200:296], tokens[400:496]  # three 3-block prefixes; the cache holds 9 blocks
     requests = [
-        PeerRequest("a1", a + [5], 2), PeerRequest("c", c + [5], 2, arrival_step=4), PeerRequest("d", d + [5], 2, arrival_step=8),
+        PeerRequest("a1", a + [5], 2), PeerRequest("c", c + [5], 2, arrival_step=4),
+        PeerRequest("d", d + [5], 2, arrival_step=8),
         PeerRequest("a2", a + [6], 2, arrival_step=12), PeerRequest("d2", d + [7], 2, arrival_step=16),
     ]
     theirs = small_cache_vllm.run(requests, 256)
     ours = side_by_side.run_ours(bundled.model, bundled.tokenizer, requests, 256, num_blocks=SMALL_CACHE_BLOCKS - 1)
     comparison = side_by_side.compare(ours, theirs)
-    # a's last block was evicted to make room for d (a freed request's tail blocks go first, as in vLLM); d's three stayed
+    # a's last block was evicted to make room for d (a freed request's tail blocks go first, as in vLLM);
+    # d's three stayed
     assert comparison.cached_tokens == {"a1": (0, 0), "c": (0, 0), "d": (0, 0), "a2": (64, 64), "d2": (96, 96)}
     assert comparison.all_equal, comparison.summary()
     assert_same_block_maps(ours, theirs)
@@ -165,15 +174,19 @@ def test_chunked_workloads_schedule_the_same_tokens_every_step(bundled, vllm, bu
 
 
 def test_the_bench_side_by_side_fills_its_keys(bundled, vllm):
-    """``bench``'s vLLM part on its quick sizes, on this module's worker (tests/model runs the rest of the bench with --no-vllm)."""
+    """``bench``'s vLLM part on its quick sizes, on this module's worker (tests/model runs the rest of the bench with
+    --no-vllm)."""
     result = vllm_side_by_side(bundled, 24, 1, quick=True, worker=vllm)
     assert result["vllm_outputs_equal"] == result["details"]["outputs_compared"] == 8  # fp32: the same greedy tokens
     assert result["vllm_outputs_within_tolerance"] == 8 and result["details"]["parting"] == []
-    assert all(result[key] > 0 for key in ("engine_over_vllm_prefill_512", "engine_over_vllm_prefill_2048", "engine_over_vllm_prefix_hit", "engine_over_vllm_decode"))
+    assert all(result[key] > 0 for key in ("engine_over_vllm_prefill_512", "engine_over_vllm_prefill_2048",
+                                           "engine_over_vllm_prefix_hit", "engine_over_vllm_decode"))
     assert result["details"]["versions"]["vllm"] and vllm.alive  # a worker it was given is left running
     seconds, by_round = result["details"]["seconds"], result["details"]["ratios_by_round"]
-    assert len(by_round["decode"]) == 1 and result["engine_over_vllm_decode"] == by_round["decode"][0]  # one round: its ratio
-    assert by_round["decode"][0] == pytest.approx(seconds["decode"]["vllm"]["median"] / seconds["decode"]["ours"]["median"])
+    # one round: its ratio
+    assert len(by_round["decode"]) == 1 and result["engine_over_vllm_decode"] == by_round["decode"][0]
+    assert by_round["decode"][0] == pytest.approx(seconds["decode"]["vllm"]["median"]
+                                                  / seconds["decode"]["ours"]["median"])
 
 
 def test_a_worker_that_stalls_or_dies_is_reported_and_nothing_is_left_running(bundled, small_cache_vllm):
@@ -182,7 +195,8 @@ def test_a_worker_that_stalls_or_dies_is_reported_and_nothing_is_left_running(bu
 
     worker = small_cache_vllm
     with pytest.raises(VLLMUnavailable, match="no answer within"):  # a stall: the wait has a timeout
-        worker.run([PeerRequest("long", bench_token_ids(bundled.tokenizer, 256), 8)], 256, timeout_s=0.05)  # ~0.5 s of work
+        # ~0.5 s of work
+        worker.run([PeerRequest("long", bench_token_ids(bundled.tokenizer, 256), 8)], 256, timeout_s=0.05)
     assert not worker.alive  # it was stopped, not left running
     with pytest.raises(VLLMUnavailable, match="not running"):  # a dead worker says so
         worker.run([PeerRequest("a", [1, 2, 3], 1)], 64)

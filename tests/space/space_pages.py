@@ -15,7 +15,8 @@ from streamlit.testing.v1 import AppTest
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")
-PAGES = sorted(path.name for path in (ROOT / "views").glob("*.py"))
+NOT_PAGES = {"__init__.py", "navigation.py"}  # views/navigation.py is app.py's navigation, not a page
+PAGES = sorted(path.name for path in (ROOT / "views").glob("*.py") if path.name not in NOT_PAGES)
 
 
 def texts(app: AppTest, element: str, sidebar: bool = False) -> list[str]:
@@ -43,7 +44,8 @@ def pages() -> dict:
               "uploader": bool(app.get("file_uploader")), "pages": {}}
     app.selectbox(key="prefill_preset").set_value("Short question").run()
     app.button(key="prefill_run").click().run()
-    report["prefill_run"] = {**seen(app), "subheaders": texts(app, "subheader"), "metrics": [m.label for m in app.metric]}
+    report["prefill_run"] = {**seen(app), "subheaders": texts(app, "subheader"),
+                             "metrics": [m.label for m in app.metric]}
     for page in PAGES:
         app.switch_page(f"views/{page}").run()
         report["pages"][page] = {**seen(app), "titles": texts(app, "title")}

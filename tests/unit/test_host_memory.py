@@ -7,7 +7,8 @@ import pytest
 
 from prefillviz.backends import host_memory
 
-SCRIPT = "from prefillviz.backends import host_memory as h; print(h.status() == ''); print(h.keep_freed_memory()); print(h.keep_freed_memory() is h.status())"
+SCRIPT = ("from prefillviz.backends import host_memory as h; print(h.status() == ''); "
+          "print(h.keep_freed_memory()); print(h.keep_freed_memory() is h.status())")
 
 
 def run(env_value: str | None) -> list[str]:
@@ -16,7 +17,8 @@ def run(env_value: str | None) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k != host_memory.STOCK_ENV}
     if env_value is not None:
         env[host_memory.STOCK_ENV] = env_value
-    result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, env=env, check=True)
+    result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, env=env,
+                            check=True)
     return result.stdout.splitlines()
 
 

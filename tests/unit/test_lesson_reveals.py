@@ -74,7 +74,8 @@ AGREES = [
     (4, 4, {"ttft_speedup": 8}, "8× faster: with a hit", "Only"),
     (5, 1, {"disagg_itl_growth": 1.3}, "stayed within 1.3×", "grew to"),
     (5, 1, {"disagg_itl_growth": 6}, "grew to 6×", "stayed within"),
-    (5, 2, {"kv_mb_sent_long": 11.8, "long_prompt_tokens": 512, "kv_bytes_per_token": 23040}, "**11.8 MB** for 512 tokens in bfloat16 (23,040", "a few MB"),
+    (5, 2, {"kv_mb_sent_long": 11.8, "long_prompt_tokens": 512, "kv_bytes_per_token": 23040},
+     "**11.8 MB** for 512 tokens in bfloat16 (23,040", "a few MB"),
     (5, 3, {"placement_kind": 0}, "split its cores", "share one GPU"),
     (5, 3, {"placement_kind": 1}, "share one GPU", "split its cores"),
     (5, 3, {"placement_kind": 2}, "a GPU of its own", "split its cores"),
@@ -109,7 +110,8 @@ def test_a_variant_is_chosen_by_the_first_condition_that_holds():
     kind = ACTION_KINDS["ttft_ratio"]
     text = "Shared {ttft_ratio}.\n\n#### If ttft_ratio < 2\nflat\n#### If ttft_ratio <= 16\nsome\n#### Otherwise\nsteep"
     _, variants = parse_after_reveal(text, kind, "here")
-    assert [chosen_variant(variants, {"ttft_ratio": v}).text for v in (1.0, 2.0, 16.0, 16.5)] == ["flat", "some", "some", "steep"]
+    assert [chosen_variant(variants, {"ttft_ratio": v}).text for v in (1.0, 2.0, 16.0, 16.5)] == [
+        "flat", "some", "some", "steep"]
     assert math.isclose(variants[1].bound, 16)
 
 
@@ -129,7 +131,8 @@ def test_a_broken_reveal_text_says_what_is_wrong(text, message):
 
 @pytest.mark.parametrize(
     "devices, kind, words",
-    [(("cpu", "cpu"), 0, "split its cores"), (("cuda:0", "cuda:0"), 1, "share one GPU"), (("cuda:0", "cuda:1"), 2, "a GPU of its own")],
+    [(("cpu", "cpu"), 0, "split its cores"), (("cuda:0", "cuda:0"), 1, "share one GPU"),
+     (("cuda:0", "cuda:1"), 2, "a GPU of its own")],
 )
 def test_the_disaggregation_text_follows_where_the_workers_ran(devices, kind, words):
     from prefillviz.lessons.kinds.disagg import placement_kind

@@ -30,19 +30,25 @@ def test_every_step_shows_a_small_diagram_and_at_most_three_sentences_before_its
     for lesson in load_lessons():
         for step in lesson.steps:
             assert step.narration.startswith("```"), f"{lesson.slug}, step {step.index + 1}: no diagram first"
-            assert len(step.narration.split("```")[1].strip().splitlines()) <= 6, f"{lesson.slug}, step {step.index + 1}: a small one"
-            text = step.narration.split("```")[-1].split("**Look at:**")[0]  # what is read between the diagram and the question
-            assert len(re.findall(r"[.!?](?:\s|$)", text.strip())) <= 3, f"{lesson.slug}, step {step.index + 1}: more than three sentences"
+            assert len(step.narration.split("```")[1].strip().splitlines()) <= 6, (
+                f"{lesson.slug}, step {step.index + 1}: a small one")
+            # what is read between the diagram and the question
+            text = step.narration.split("```")[-1].split("**Look at:**")[0]
+            assert len(re.findall(r"[.!?](?:\s|$)", text.strip())) <= 3, (
+                f"{lesson.slug}, step {step.index + 1}: more than three sentences")
 
 
-@pytest.mark.parametrize("term", ["token budget", "batch", "logits", "greedy", "KV head", "activations", "torch.distributed", "inter-token latency"])
+@pytest.mark.parametrize("term", ["token budget", "batch", "logits", "greedy", "KV head", "activations",
+                                  "torch.distributed", "inter-token latency"])
 def test_a_term_is_defined_in_bold_where_the_lessons_first_use_it(term):
     text = "\n".join(
-        part for lesson in load_lessons() for part in [lesson.intro, *(p for s in lesson.steps for p in (s.narration, s.after_reveal))]
+        part for lesson in load_lessons()
+        for part in [lesson.intro, *(p for s in lesson.steps for p in (s.narration, s.after_reveal))]
     )
     first = re.search(re.escape(term), text, flags=re.IGNORECASE)
     assert first is not None, term
-    assert text[first.start() - 2 : first.start()] == "**", f"{term!r} is first used before it is defined: {text[first.start() - 80 : first.end() + 20]!r}"
+    assert text[first.start() - 2 : first.start()] == "**", (
+        f"{term!r} is first used before it is defined: {text[first.start() - 80 : first.end() + 20]!r}")
 
 
 def test_each_markdown_has_one_section_per_step_spec():
@@ -68,19 +74,21 @@ def test_every_step_runs_a_known_action_and_asks_what_it_measures():
 def test_lesson_two_asks_the_400_token_question():
     lesson = load_lessons()[1]
     first = lesson.steps[0]
-    assert first.action == {"kind": "parallel_vs_sequential", "preset": "Long document", "num_tokens": 400, "parallel_timing_runs": 3}
+    assert first.action == {"kind": "parallel_vs_sequential", "preset": "Long document", "num_tokens": 400,
+                            "parallel_timing_runs": 3}
     assert "400-token" in first.question.text and first.question.answer == "ratio"
 
 
 def test_the_kv_lesson_states_the_formula_the_code_computes():
     shape = ModelShape(
-        architecture="LlamaForCausalLM", family="llama", num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, hidden_size=576,
-        intermediate_size=1536, vocab_size=49152, max_context=8192, dtype_bytes=4,
+        architecture="LlamaForCausalLM", family="llama", num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
+        hidden_size=576, intermediate_size=1536, vocab_size=49152, max_context=8192, dtype_bytes=4,
     )  # SmolLM2-135M
     text = (LESSONS_DIR / "03_kv_cache_and_gqa.md").read_text(encoding="utf-8")
     fp32, bf16 = kv_memory_report(shape, dtype="float32"), kv_memory_report(shape, dtype="bfloat16")
     assert f"{fp32.bytes_per_token:,} bytes per token" in text and f"{bf16.bytes_per_token:,} bytes per token" in text
-    assert f"{fp32.mha_bytes_per_token:,} bytes per token" in text and fp32.gqa_saving_factor == 3 and "3× larger" in text
+    assert (f"{fp32.mha_bytes_per_token:,} bytes per token" in text and fp32.gqa_saving_factor == 3
+            and "3× larger" in text)
 
 
 def test_narration_states_no_measured_times_as_facts():
@@ -108,14 +116,19 @@ def lesson_copy(tmp_path):
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda s: s["steps"][1]["action"].update(kind="nope"), "step 2 ('Where the time to first token goes'): unknown action kind 'nope'"),
-        (lambda s: s["steps"][0]["question"].update(answer="speed"), "the question's answer 'speed' is not measured by action kind 'prefill'"),
+        (lambda s: s["steps"][1]["action"].update(kind="nope"),
+         "step 2 ('Where the time to first token goes'): unknown action kind 'nope'"),
+        (lambda s: s["steps"][0]["question"].update(answer="speed"),
+         "the question's answer 'speed' is not measured by action kind 'prefill'"),
         (lambda s: s["steps"].pop(), "2 step spec(s) but 01_prefill_and_ttft.md has 3 '## ' step section(s)"),
-        (lambda s: s.update(minutes=25), "'minutes' (the estimated time to complete) must be a whole number from 1 to 10"),
-        (lambda s: s["steps"][2]["action"].update(long_token=512), "action 'ttft_ratio' has no parameter(s) ['long_token']"),
+        (lambda s: s.update(minutes=25),
+         "'minutes' (the estimated time to complete) must be a whole number from 1 to 10"),
+        (lambda s: s["steps"][2]["action"].update(long_token=512),
+         "action 'ttft_ratio' has no parameter(s) ['long_token']"),
         (lambda s: s["steps"][0]["action"].update(preset="Poem"), "unknown preset 'Poem'"),
         (lambda s: s["steps"][0].update(view="views/nowhere.py"), "'view' must name a page file under views/"),
-        (lambda s: s["steps"][0]["question"]["options"][0].pop("up_to"), "every choice but the last needs a number 'up_to'"),
+        (lambda s: s["steps"][0]["question"]["options"][0].pop("up_to"),
+         "every choice but the last needs a number 'up_to'"),
         (lambda s: s["steps"][2]["question"].update(default=7), "the 'default' 7 is not one of the slider's options"),
         (lambda s: s["steps"][0].update(settings={"dtype": "int3"}), "setting dtype must be one of"),
     ],
@@ -148,7 +161,8 @@ def test_scale_cuts_token_counts_but_not_below_their_floor():
     _, parameters = resolve_parameters({"kind": "roofline", "prefill_sizes": [16, 64, 256]}, scale=0.1)
     assert parameters["prefill_sizes"] == [4, 6, 26]
     _, parameters = resolve_parameters({"kind": "chunked"}, scale=0.05)
-    assert (parameters["long_prompt_tokens"], parameters["token_budget"], parameters["num_short_requests"]) == (26, 8, 3)
+    assert (parameters["long_prompt_tokens"], parameters["token_budget"],
+            parameters["num_short_requests"]) == (26, 8, 3)
     with pytest.raises(LessonError, match="scale must be in"):
         resolve_parameters({"kind": "prefill"}, scale=0)
     with pytest.raises(LessonError, match="unknown action kind 'decode'"):
@@ -162,7 +176,8 @@ def test_the_reveal_compares_the_prediction_with_the_measurement():
     assert close.verdict == "Close: within a factor of 1.31 of the measurement."
     far = format_reveal(ratio, 40.0, 10)
     assert not far.close and far.verdict == "Off by a factor of 4.0: you guessed low." and far.off_by == 4.0
-    share = lessons.Question("number", "Share?", "forward_share_percent", "%", (0, 50, 100), 50, compare="difference", close_within=10)
+    share = lessons.Question("number", "Share?", "forward_share_percent", "%", (0, 50, 100), 50, compare="difference",
+                             close_within=10)
     assert format_reveal(share, 97.4, 90).verdict == "Close: within 7.4% of the measurement."
     assert format_reveal(share, 97.4, 50).verdict == "Off by 47.4%: you guessed low."
     steps = load_lessons()[0].steps[0].question

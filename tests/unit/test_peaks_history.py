@@ -12,13 +12,20 @@ from prefillviz.analysis.machine_peaks import MachinePeaks
 from prefillviz.machine.load import BUSY_PERCENT
 from prefillviz.measure import peaks as peaks_module
 from prefillviz.measure import peaks_history
-from prefillviz.measure.peaks_history import MAX_AGE, MAX_MEASUREMENTS, machine_peaks, peaks_cache_path, write_measurements
+from prefillviz.measure.peaks_history import (
+    MAX_AGE,
+    MAX_MEASUREMENTS,
+    machine_peaks,
+    peaks_cache_path,
+    write_measurements,
+)
 
 QUIET, BUSY = 2.0, 80.0  # other processes' CPU percent
 assert QUIET < BUSY_PERCENT < BUSY
 
 
-def peaks(matmul_gflops: float, memory_gb_s: float, other_cpu_percent: float | None = QUIET, age: datetime.timedelta = datetime.timedelta()) -> MachinePeaks:
+def peaks(matmul_gflops: float, memory_gb_s: float, other_cpu_percent: float | None = QUIET,
+          age: datetime.timedelta = datetime.timedelta()) -> MachinePeaks:
     measured_at = (datetime.datetime.now(datetime.UTC) - age).isoformat(timespec="seconds")
     return MachinePeaks(
         "cpu", "float32", matmul_gflops, memory_gb_s, measured_at, "test cpu", 2,
@@ -110,7 +117,8 @@ def test_best_figures_from_a_busy_moment_are_measured_again_even_when_the_newest
     assert (result.num_measurements, result.matmul_gflops, result.busy) == (3, 159.0, True)
 
 
-@pytest.mark.parametrize("age, measured_again", [(MAX_AGE - datetime.timedelta(hours=1), False), (MAX_AGE + datetime.timedelta(hours=1), True)])
+@pytest.mark.parametrize("age, measured_again", [(MAX_AGE - datetime.timedelta(hours=1), False),
+                                                 (MAX_AGE + datetime.timedelta(hours=1), True)])
 def test_an_old_cache_is_measured_again_and_a_fresh_quiet_one_is_not(measure, age, measured_again):
     write_measurements(peaks_cache_path("cpu", "float32"), [peaks(100.0, 10.0, QUIET, age=age)])
     measure.plan(peaks(90.0, 9.0, QUIET))
@@ -123,7 +131,8 @@ def test_an_old_cache_is_measured_again_and_a_fresh_quiet_one_is_not(measure, ag
 def test_older_formats_are_ignored_and_measured_over(measure):
     path = peaks_cache_path("cpu", "float32")
     path.parent.mkdir(parents=True)
-    flat = {key: value for key, value in vars(peaks(1e6, 1e6)).items() if key in ("device", "dtype", "matmul_gflops", "memory_gb_s", "measured_at", "machine", "num_threads")}
+    flat = {key: value for key, value in vars(peaks(1e6, 1e6)).items()
+            if key in ("device", "dtype", "matmul_gflops", "memory_gb_s", "measured_at", "machine", "num_threads")}
     path.write_text(json.dumps(flat))  # format 2: one flat measurement
     path.with_name(path.name.replace(f"_v{peaks_history.PEAKS_FORMAT}.json", "_v2.json")).write_text(json.dumps(flat))
     measure.plan(peaks(100.0, 10.0))
@@ -159,5 +168,6 @@ def test_measure_peaks_records_the_other_processes_cpu_share(monkeypatch):
     monkeypatch.setattr(peaks_module, "measure_matmul_gflops", lambda device, dtype, runs: 150.0)
     monkeypatch.setattr(peaks_module, "measure_bandwidth_gb_s", lambda device, dtype, runs: (8.0, 11.0))
     measured = peaks_module.measure_peaks("cpu", "float32")
-    assert (measured.matmul_gflops, measured.memory_gb_s, measured.gemv_gb_s, measured.copy_gb_s) == (150.0, 11.0, 8.0, 11.0)
+    assert (measured.matmul_gflops, measured.memory_gb_s, measured.gemv_gb_s,
+            measured.copy_gb_s) == (150.0, 11.0, 8.0, 11.0)
     assert measured.other_cpu_percent == 42.0 and measured.busy

@@ -74,13 +74,15 @@ def test_nothing_listening_is_said_in_words():
         probe_server("http://127.0.0.1:9")
 
 
-@pytest.mark.parametrize("bad_server", [{"/": lambda h: send(h, 200, b"<html>hello</html>", "text/html")}], indirect=True)
+@pytest.mark.parametrize("bad_server", [{"/": lambda h: send(h, 200, b"<html>hello</html>", "text/html")}],
+                         indirect=True)
 def test_a_web_page_without_the_api_is_not_openai_compatible(bad_server):
     with pytest.raises(ProbeError, match="no /v1/models .*not an OpenAI-compatible server"):
         probe_server(bad_server)
 
 
-@pytest.mark.parametrize("bad_server", [{"/v1/models": lambda h: send(h, 200, b"<html>login</html>", "text/html")}], indirect=True)
+@pytest.mark.parametrize("bad_server", [{"/v1/models": lambda h: send(h, 200, b"<html>login</html>", "text/html")}],
+                         indirect=True)
 def test_a_page_that_is_not_json_is_named(bad_server):
     with pytest.raises(ProbeError, match="not JSON .*<html>login"):
         probe_server(bad_server)
@@ -99,7 +101,10 @@ def junk_stream(handler):
     handler.wfile.write(b"data: {not json at all\n\n")
 
 
-@pytest.mark.parametrize("bad_server", [{"/v1/models": models, "/v1/completions": lambda h: junk_stream(h) if json.loads(h.body).get("stream") else usage(h)}], indirect=True)
+@pytest.mark.parametrize("bad_server", [{
+    "/v1/models": models,
+    "/v1/completions": lambda h: junk_stream(h) if json.loads(h.body).get("stream") else usage(h),
+}], indirect=True)
 def test_junk_in_the_stream_is_an_error_not_a_crash(bad_server):
     with pytest.raises(ProbeError, match="streamed junk, not JSON"):
         probe_server(bad_server, settings=ProbeSettings(sizes=(16, 32, 64), runs=1))

@@ -29,7 +29,8 @@ class OneEngine:
         self.lock = threading.Lock()
         self.registry = CollectorRegistry()
         self.queue = Histogram("vllm:request_queue_time_seconds", "queue", registry=self.registry, buckets=BUCKETS)
-        self.prefill = Histogram("vllm:request_prefill_time_seconds", "prefill", registry=self.registry, buckets=BUCKETS)
+        self.prefill = Histogram("vllm:request_prefill_time_seconds", "prefill", registry=self.registry,
+                                 buckets=BUCKETS)
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "ttft", registry=self.registry, buckets=BUCKETS)
         self.fail_after, self.gap_s = fail_after, num_gaps_s
         self.num_streams = self.num_finished = self.num_hung_up = 0
@@ -45,7 +46,8 @@ class OneEngine:
         body = json.loads(handler.body)
         prompt_tokens = len(body["prompt"].split()) + 6
         if not body.get("stream"):
-            send(handler, 200, json.dumps({"choices": [{"text": "x"}], "usage": {"prompt_tokens": prompt_tokens}}).encode())
+            send(handler, 200,
+                 json.dumps({"choices": [{"text": "x"}], "usage": {"prompt_tokens": prompt_tokens}}).encode())
             return
         self.num_streams += 1
         if self.fail_after is not None and self.num_streams > self.fail_after:
@@ -89,7 +91,8 @@ def engine(request):
 
 
 def quick(**changes) -> LoadSettings:
-    return LoadSettings(**{"requests_per_point": 8, "prompt_tokens": 32, "output_tokens": 4, "max_seconds": 60, **changes})
+    return LoadSettings(**{"requests_per_point": 8, "prompt_tokens": 32, "output_tokens": 4, "max_seconds": 60,
+                           **changes})
 
 
 def test_ttft_p99_and_the_queue_share_rise_with_load_and_the_split_matches_the_client(engine):
@@ -101,8 +104,10 @@ def test_ttft_p99_and_the_queue_share_rise_with_load_and_the_split_matches_the_c
     for point in (low, high):
         assert point["requests_ok"] == 8 and point["errors"] == 0
         assert point["split"]["missing"] == []
-        split = point["split"]  # this server's TTFT is its queue + prefill exactly; the client's adds HTTP and this process's threads
-        assert split["before_scheduler_s_mean"] == pytest.approx(0.0, abs=0.005) and 0.3 < split["split_over_client"] < 1.05, split
+        # this server's TTFT is its queue + prefill exactly; the client's adds HTTP and this process's threads
+        split = point["split"]
+        assert (split["before_scheduler_s_mean"] == pytest.approx(0.0, abs=0.005)
+                and 0.3 < split["split_over_client"] < 1.05), split
         assert split["waiting_s_mean"] == pytest.approx(split["queue_s_mean"] + split["before_scheduler_s_mean"])
         assert point["split"]["prefill_s_mean"] == pytest.approx(PREFILL_S, rel=0.5)
         assert point["output_tokens_per_s"] > 0 and point["itl_s_p50"] < 0.1
@@ -116,7 +121,8 @@ def test_closed_loop_goodput_falls_when_users_queue_and_metrics_are_missing(engi
     report = load_sweep(engine.url, settings=quick(mode="concurrency", loads=(1, 8), ttft_target_s=0.25))
     one, eight = (p.to_json(0.25, 0.25) for p in report.points)
     # 1 user: TTFT ≈ one 100 ms prefill; 8 users: the k-th waits for k - 1 prefills, so most take over 250 ms
-    assert one["goodput_share"] >= 0.75 and eight["goodput_share"] <= 0.5 and one["goodput_share"] > eight["goodput_share"] + 0.4, (one, eight)
+    assert (one["goodput_share"] >= 0.75 and eight["goodput_share"] <= 0.5
+            and one["goodput_share"] > eight["goodput_share"] + 0.4), (one, eight)
     assert eight["ttft_s_p50"] > 2 * one["ttft_s_p50"]
     assert one["split"]["queue_s_mean"] is None and one["split"]["missing"] == ["/metrics (the server has none)"]
     assert "can't be split into queue and prefill" in report.reading()
@@ -136,25 +142,29 @@ def test_a_server_that_starts_failing_stops_the_sweep_and_keeps_the_points_befor
 def test_a_stop_closes_every_stream_in_flight(engine):
     engine.gap_s = 0.1  # long answers: several streams are open when the stop comes
     started = time.monotonic()
-    report = load_sweep(engine.url, settings=quick(loads=(40.0,), output_tokens=20), should_stop=lambda: engine.num_streams >= 3 + 5)
+    report = load_sweep(engine.url, settings=quick(loads=(40.0,), output_tokens=20),
+                        should_stop=lambda: engine.num_streams >= 3 + 5)
     assert report.points == [] and "Stopped by the user during load 40" in report.stopped_reason
     assert time.monotonic() - started < 4 * 20 * 0.1  # the three warm-ups, not the point's answers
     deadline = time.monotonic() + 10
     while engine.num_finished + engine.num_hung_up < engine.num_streams and time.monotonic() < deadline:
         time.sleep(0.05)  # each handler notices the closed stream at its next write
-    assert engine.num_finished == 3 and engine.num_hung_up == engine.num_streams - 3 >= 5  # only the warm-ups were read to the end
+    # only the warm-ups were read to the end
+    assert engine.num_finished == 3 and engine.num_hung_up == engine.num_streams - 3 >= 5
 
 
 def test_the_plan_is_refused_before_anything_is_sent_when_over_its_bounds(engine):
     with pytest.raises(ProbeError, match=r"would go over its bounds: requests \(52 > 20\)"):
-        load_sweep(engine.url, settings=quick(loads=(1.0, 2.0, 4.0, 8.0, 16.0, 32.0)), budget=ProbeBudget(max_requests=20))
+        load_sweep(engine.url, settings=quick(loads=(1.0, 2.0, 4.0, 8.0, 16.0, 32.0)),
+                   budget=ProbeBudget(max_requests=20))
     assert engine.num_posts == 0
     with pytest.raises(ProbeError, match="Impossible load settings.*knee factor above 1"):
         load_sweep(engine.url, settings=quick(knee_factor=0.5))
 
 
 def point(load: float, ttfts: list[float]) -> PointResult:
-    records = [RequestRecord(sent_s=0.0, target_tokens=10, shared_prefix=False, time_to_first_token_s=t, end_s=t) for t in ttfts]
+    records = [RequestRecord(sent_s=0.0, target_tokens=10, shared_prefix=False, time_to_first_token_s=t, end_s=t)
+               for t in ttfts]
     return PointResult("rate", load, PointRun(records, 1.0, {}))
 
 
@@ -176,7 +186,8 @@ def test_the_command_line_prints_each_points_percentiles_goodput_split_and_the_k
     result = json.loads(capsys.readouterr().out)
     assert result["knee_load"] == 4.0 and [p["load"] for p in result["load_points"]] == [4.0, 80.0]
     for point in result["load_points"]:
-        assert {"ttft_s_p50", "ttft_s_p90", "ttft_s_p99", "itl_s_p50", "itl_s_p99", "goodput_share", "requests_per_s"} <= set(point)
+        assert {"ttft_s_p50", "ttft_s_p90", "ttft_s_p99", "itl_s_p50", "itl_s_p99", "goodput_share",
+                "requests_per_s"} <= set(point)
         assert point["split"]["queue_s_mean"] is not None and point["split"]["prefill_s_mean"] > 0
     assert result["load_points"][0]["goodput_share"] > result["load_points"][1]["goodput_share"]
     assert main(argv) == 0  # the table for people
@@ -196,13 +207,15 @@ def test_prompts_follow_the_length_distribution_and_the_shared_prefix_share():
     plan = plan_requests(settings, maker, shared, random.Random(3), 400)
     with_prefix = [r for r in plan if r.shared_prefix]
     assert 0.4 < len(with_prefix) / len(plan) < 0.6
-    assert all(r.prompt.startswith(shared) for r in with_prefix) and not any(r.prompt.startswith(shared) for r in plan if not r.shared_prefix)
+    assert (all(r.prompt.startswith(shared) for r in with_prefix)
+            and not any(r.prompt.startswith(shared) for r in plan if not r.shared_prefix))
     lengths = [r.target_tokens for r in plan]
     assert 100 <= min(lengths) < 110 and 290 < max(lengths) <= 300  # uniform in 200 × [0.5, 1.5]
     assert len({r.prompt for r in plan}) == len(plan)  # each suffix is its own: only the shared prefix is shared
 
 
-@pytest.mark.parametrize("engine", [{"num_gaps_s": 0.2}], indirect=True)  # streams of 3 s: most of the point is spent waiting on them
+# streams of 3 s: most of the point is spent waiting on them
+@pytest.mark.parametrize("engine", [{"num_gaps_s": 0.2}], indirect=True)
 def test_waiting_on_the_streams_leaves_the_cpu_to_the_server(engine, monkeypatch):
     """The probe shares the machine with the server it measures (2 cores here): while its requests stream,
     it must sleep, not spin. A loop that waited on already-finished tasks once took a whole core.
@@ -220,8 +233,8 @@ def test_waiting_on_the_streams_leaves_the_cpu_to_the_server(engine, monkeypatch
     plan = [PlannedRequest("a b c d", 10, False)] * 8
     with ServerClient(engine.url) as client:
         wall = time.perf_counter()
-        run = run_point(client, "tiny", "rate", 8.0, plan, 16, max_errors=0, deadline_s=60, request_deadline_s=30, seed=0,
-                        poll_metrics=False, should_stop=lambda: False, on_done=lambda record: None)
+        run = run_point(client, "tiny", "rate", 8.0, plan, 16, max_errors=0, deadline_s=60, request_deadline_s=30,
+                        seed=0, poll_metrics=False, should_stop=lambda: False, on_done=lambda record: None)
         wall = time.perf_counter() - wall
     assert sum(r.ok for r in run.records) == 8
     assert len(waits) <= wall / 0.02 + len(plan), f"{len(waits)} wake-ups in {wall:.2f} s"

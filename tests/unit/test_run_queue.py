@@ -24,7 +24,8 @@ def test_runs_never_overlap_and_go_in_arrival_order():
             with lock:
                 running[0] -= 1
 
-    def until(condition) -> None:  # the threads' arrival, not a guessed sleep, orders them (a loaded CI machine is slow)
+    # the threads' arrival, not a guessed sleep, orders them (a loaded CI machine is slow)
+    def until(condition) -> None:
         deadline = time.monotonic() + 10
         while not condition() and time.monotonic() < deadline:
             time.sleep(0.002)

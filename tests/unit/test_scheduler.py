@@ -187,7 +187,8 @@ def test_finished_requests_leave_the_scheduler():
     assert list(scheduler.requests) == ["kept"]
 
 
-@pytest.mark.parametrize("field", ["block_size", "token_budget", "max_num_running", "num_blocks", "max_prompt_tokens", "max_new_tokens"])
+@pytest.mark.parametrize("field", ["block_size", "token_budget", "max_num_running", "num_blocks", "max_prompt_tokens",
+                                   "max_new_tokens"])
 @pytest.mark.parametrize("value", [0, -3])
 def test_impossible_settings_are_refused(field, value):
     with pytest.raises(ConfigError, match=field):

@@ -39,7 +39,8 @@ def in_threads(*jobs):
 def test_sessions_asking_the_same_inputs_share_one_measurement():
     runs, calls = SharedRuns(), []
     key = ("prefill page", "bundled", "cpu", "float32", "The capital of France is")
-    shared = in_threads(*[lambda i=i: runs.run(key, slow_measure(calls), viewer=f"session {i}", poll_s=0.02) for i in range(5)])
+    shared = in_threads(*[lambda i=i: runs.run(key, slow_measure(calls), viewer=f"session {i}", poll_s=0.02)
+                          for i in range(5)])
     assert len(calls) == 1 and runs.measured == 1
     assert all(s.result == "result" for s in shared)
     assert [s.joined for s in shared] == [False, True, True, True, True]

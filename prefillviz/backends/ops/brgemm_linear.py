@@ -16,7 +16,13 @@ from __future__ import annotations
 import torch
 
 from prefillviz.backends.host_memory import huge_page_empty
-from prefillviz.backends.ops.engine_ops import BRGEMM_DTYPES, brgemm_problem, compiled_status, engine_ops, engine_ops_status
+from prefillviz.backends.ops.engine_ops import (
+    BRGEMM_DTYPES,
+    brgemm_problem,
+    compiled_status,
+    engine_ops,
+    engine_ops_status,
+)
 
 SLAB = 64  # output columns per packed slab of a weight (csrc/linear_brgemm.h)
 BRGEMM_SCOPE = "brgemm::linear"  # the profiler's name for a call of BrgemmLinear
@@ -79,7 +85,8 @@ class BrgemmLinear:
             self.out_features = parts[0].shape[0]
             slabs = [pack_slabs(part) for part in parts]
             # on memory of its own, marked for 2 MiB pages (host_memory.huge_page_empty says why)
-            self.packed, self.huge_pages = huge_page_empty((sum(s.shape[0] for s in slabs), slabs[0].shape[1]), weight.dtype)
+            self.packed, self.huge_pages = huge_page_empty((sum(s.shape[0] for s in slabs), slabs[0].shape[1]),
+                                                           weight.dtype)
             torch.cat(slabs, out=self.packed)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -53,8 +53,8 @@ def build(name: str, folder: str, sources: list[Path], cap: str, include_paths: 
     # ninja comes from PyPI into this interpreter's bin folder, which need not be on PATH
     os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     cpp_extension.load(
-        name, [str(sources[0])], extra_cflags=flags(cap), extra_ldflags=["-fopenmp", *ldflags], extra_include_paths=list(include_paths),
-        build_directory=str(directory), verbose=verbose,
+        name, [str(sources[0])], extra_cflags=flags(cap), extra_ldflags=["-fopenmp", *ldflags],
+        extra_include_paths=list(include_paths), build_directory=str(directory), verbose=verbose,
     )
     return directory / f"{name}.so"
 

@@ -29,7 +29,8 @@ engine runs the same forward with plain torch ops, and ``engine_ops_status`` say
 
 ``PREFILLVIZ_NO_ENGINE_OPS=1`` turns them off (to run the suite as a machine without them would);
 ``PREFILLVIZ_NO_BF16_DOT=1`` keeps them but computes bf16 attention in fp32 tiles and rounds
-with ATen's code, as on a CPU without AVX512-BF16 (where ``__builtin_cpu_supports("avx512bf16")`` says no, that is the path).
+with ATen's code, as on a CPU without AVX512-BF16 (where ``__builtin_cpu_supports("avx512bf16")`` says no, that is
+the path).
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ from prefillviz.backends.ops.paged import PagedKernel, PagedStep, paged_naive
 from prefillviz.backends.ops.paged_check import random_step
 from prefillviz.engine.backend import rms_norm, silu_mul
 
-SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("engine_ops.cpp", "attention_row_lanes.h", "attention_brgemm.h", "linear_brgemm.h")]  # the .cpp includes the .h files
+# the .cpp includes the .h files
+SOURCES = [Path(__file__).resolve().parent / "csrc" / name
+           for name in ("engine_ops.cpp", "attention_row_lanes.h", "attention_brgemm.h", "linear_brgemm.h")]
 FOLDER = "engine_ops"  # under build/
 DISABLE_ENV = "PREFILLVIZ_NO_ENGINE_OPS"
 NO_BF16_DOT_ENV = "PREFILLVIZ_NO_BF16_DOT"  # bf16 attention in fp32 tiles, as on a CPU without AVX512-BF16
@@ -74,7 +77,8 @@ def engine_ops_status() -> tuple[object | None, str]:
     try:
         ops = cpp_build.load(build_name(cap), FOLDER)
         if ops is None:
-            return None, f"the engine's C++ ops are not built for {cap} here (`make install` builds them: python -m prefillviz.backends.ops.engine_ops --build)"
+            return None, (f"the engine's C++ ops are not built for {cap} here (`make install` builds them: "
+                          "python -m prefillviz.backends.ops.engine_ops --build)")
         problem = self_check(ops)
     except Exception as error:  # noqa: BLE001 -- any failure means "not here", with its reason
         return None, f"the engine's C++ ops failed to load: {cpp_build.first_line(error)}"
@@ -109,11 +113,13 @@ def self_check(ops, dtype: torch.dtype = torch.float32) -> str:
 
 
 def _check_ops(ops, dtype: torch.dtype, generator: torch.Generator) -> str:
-    # a step of dtype per side (a reference rounds twice where an op rounds once) + two fp32 sums of 64 unit-normal terms (sqrt(64) eps_fp32 x sum |terms| ~ 64)
+    # a step of dtype per side (a reference rounds twice where an op rounds once) + two fp32 sums of 64 unit-normal
+    # terms (sqrt(64) eps_fp32 x sum |terms| ~ 64)
     tolerance = 2 * torch.finfo(dtype).eps + 2 * 64**1.5 * torch.finfo(torch.float32).eps
 
     def close(got: torch.Tensor, want: torch.Tensor) -> bool:
-        return got.shape == want.shape and bool(torch.allclose(got.float(), want.float(), rtol=tolerance, atol=tolerance))
+        return got.shape == want.shape and bool(torch.allclose(got.float(), want.float(),
+                                                               rtol=tolerance, atol=tolerance))
 
     x = torch.randn(5, 64, generator=generator).to(dtype)
     weight = torch.randn(64, generator=generator).to(dtype)
@@ -121,10 +127,12 @@ def _check_ops(ops, dtype: torch.dtype, generator: torch.Generator) -> str:
         return f"rms_norm, {dtype}"
     residual = torch.randn(5, 64, generator=generator).to(dtype)
     summed = residual + x
-    if not close(ops.add_rms_norm(x, residual, weight, 1e-5), rms_norm(summed, weight, 1e-5)) or not close(residual, summed):
+    if (not close(ops.add_rms_norm(x, residual, weight, 1e-5), rms_norm(summed, weight, 1e-5))
+            or not close(residual, summed)):
         return f"add_rms_norm, {dtype}"
     over = x.clone()  # in_place: the norm written over x (the forward's), the residual added as before
-    if ops.add_rms_norm(over, summed.clone(), weight, 1e-5, True).data_ptr() != over.data_ptr() or not close(over, rms_norm(summed + x, weight, 1e-5)):
+    if (ops.add_rms_norm(over, summed.clone(), weight, 1e-5, True).data_ptr() != over.data_ptr()
+            or not close(over, rms_norm(summed + x, weight, 1e-5))):
         return f"add_rms_norm in place, {dtype}"
     for width in (48, 64):  # the general path and the one-pass path (whole pairs of vectors)
         gate_up = torch.randn(5, 2 * width, generator=generator).to(dtype)
@@ -135,7 +143,8 @@ def _check_ops(ops, dtype: torch.dtype, generator: torch.Generator) -> str:
     fp32 = [t.float() if isinstance(t, torch.Tensor) else t for t in inputs.arguments()]
     want = paged_naive(*fp32).transpose(0, 1).reshape(q.shape)
     for row_lanes in (True, False):  # v7, and v7 tiles
-        if not close(paged_attention(ops, q, inputs.key_cache, inputs.value_cache, inputs.step, 6, inputs.scale, row_lanes=row_lanes), want):
+        if not close(paged_attention(ops, q, inputs.key_cache, inputs.value_cache, inputs.step, 6, inputs.scale,
+                                     row_lanes=row_lanes), want):
             return f"paged_attention{'' if row_lanes else ' in key tiles'}, {dtype}"
     return ""
 
@@ -153,7 +162,8 @@ def step_meta(step) -> tuple[torch.Tensor, torch.Tensor]:
 def paged_attention(ops, q: torch.Tensor, key_cache, value_cache, step, num_heads: int, scale: float, meta=None,
                     row_lanes: bool = True, brgemm: bool = False) -> torch.Tensor:
     """q (T, H D) -> (T, H D): a compiled kernel over the step (``meta`` from ``step_meta``, made once per step);
-    ``row_lanes``: a request whose rows fill a vector has them across the lanes (v7), else every request is in key tiles (v7 tiles);
+    ``row_lanes``: a request whose rows fill a vector has them across the lanes (v7), else every request is in key
+    tiles (v7 tiles);
     ``brgemm``: v8 instead (``csrc/attention_brgemm.h``)."""
     slots, rows = meta if meta is not None else step_meta(step)
     if brgemm:
@@ -168,7 +178,8 @@ def paged_compiled(q, k_new, v_new, key_cache, value_cache, step: PagedStep, sca
     (``brgemm``: v8, the same way)."""
     num_heads, num_tokens, head_dim = q.shape
     rows = q.transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
-    out = paged_attention(engine_ops(), rows, key_cache, value_cache, step, num_heads, scale, row_lanes=row_lanes, brgemm=brgemm)
+    out = paged_attention(engine_ops(), rows, key_cache, value_cache, step, num_heads, scale, row_lanes=row_lanes,
+                          brgemm=brgemm)
     return out.view(num_tokens, num_heads, head_dim).transpose(0, 1)
 
 
@@ -187,13 +198,14 @@ def compiled_status(device: str | torch.device) -> tuple[bool, str]:
 
 COMPILED = PagedKernel(
     "v7 compiled", 7,
-    "FlashAttention's tiling in C++ on a CPU: per (request, KV head, 16 or 32 query tokens), online softmax, no gather; "
-    "a request whose rows fill a vector has them across the lanes, the rest in key tiles",
+    "FlashAttention's tiling in C++ on a CPU: per (request, KV head, 16 or 32 query tokens), online softmax, "
+    "no gather; a request whose rows fill a vector has them across the lanes, the rest in key tiles",
     paged_compiled, compiled_status,
 )
 COMPILED_TILES = PagedKernel(
     "v7 tiles", 7,
-    "v7 with every request in key tiles: fp32 tiles, or bf16 pairs on AVX512-BF16's dot products where the CPU has them",
+    "v7 with every request in key tiles: fp32 tiles, or bf16 pairs on AVX512-BF16's dot products "
+    "where the CPU has them",
     paged_compiled_tiles, compiled_status,
 )
 
@@ -215,7 +227,8 @@ def brgemm_status(device: str | torch.device) -> tuple[bool, str]:
     running = [dtype for dtype, problem in problems.items() if not problem]
     if not running:
         return False, "; ".join(problems.values())
-    return True, " and ".join(running) + " on oneDNN's brgemm micro-kernel" + "".join(f" ({dtype}: {problem})" for dtype, problem in problems.items() if problem)
+    return True, (" and ".join(running) + " on oneDNN's brgemm micro-kernel"
+                  + "".join(f" ({dtype}: {problem})" for dtype, problem in problems.items() if problem))
 
 
 BRGEMM_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}  # what v8 runs, by the names its probe takes
@@ -240,23 +253,26 @@ def brgemm_problem(dtype: str) -> str:
 
 BRGEMM = PagedKernel(
     "v8 brgemm", 8,
-    "bf16 or fp32: per request, Q K^T and P V on oneDNN's brgemm micro-kernel (bf16 on the AMX tiles where the CPU has them), "
-    "K and V packed once per KV head for its query heads, the softmax in fp32 vectors between",
+    "bf16 or fp32: per request, Q K^T and P V on oneDNN's brgemm micro-kernel (bf16 on the AMX tiles where the CPU "
+    "has them), K and V packed once per KV head for its query heads, the softmax in fp32 vectors between",
     paged_brgemm, brgemm_status, brgemm_why,
 )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prefillviz.backends.ops.engine_ops", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m prefillviz.backends.ops.engine_ops",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--build", action="store_true", help="compile the ops for this CPU (what `make install` runs)")
-    parser.add_argument("--capability", choices=[*cpp_build.CAPABILITY_FLAGS, "DEFAULT"], help="build for these vector units instead of this CPU's")
+    parser.add_argument("--capability", choices=[*cpp_build.CAPABILITY_FLAGS, "DEFAULT"],
+                        help="build for these vector units instead of this CPU's")
     args = parser.parse_args(argv)
     if args.build:
         started = time.perf_counter()
         try:
             path = build(args.capability)
         except Exception as error:  # noqa: BLE001 -- the engine runs without them; say so and go on
-            print(f"the engine's C++ ops did not build ({type(error).__name__}: {str(error).splitlines()[-1][:300] if str(error) else ''}); "
+            print(f"the engine's C++ ops did not build ({type(error).__name__}: "
+                  f"{str(error).splitlines()[-1][:300] if str(error) else ''}); "
                   "the engine will run plain torch ops", file=sys.stderr)
             return 1
         print(f"built {path} in {time.perf_counter() - started:.0f} s")

@@ -38,7 +38,8 @@ from prefillviz.backends.ops import cpp_build
 SOURCES = [Path(__file__).resolve().parent / "csrc" / "onednn_linear.cpp"]
 FOLDER = "onednn_linear"  # under build/
 DISABLE_ENV = "PREFILLVIZ_NO_ONEDNN"
-INCLUDE_ROOTS = (Path("/usr/include"), Path("/usr/local/include"))  # where Debian (or a source install) puts oneDNN's headers
+# where Debian (or a source install) puts oneDNN's headers
+INCLUDE_ROOTS = (Path("/usr/include"), Path("/usr/local/include"))
 # the kernels ``Linear`` runs on: brgemm (AVX-512, AMX) and, where oneDNN 2.6 has none (AVX2), its
 # JIT gemm, a weight wider than 1,024 in blocks of 768 columns (csrc/onednn_linear.cpp says why).
 # On AVX2 code (this Zen 4 under DNNL_MAX_CPU_ISA=AVX2) that made whole engine steps 1.04x
@@ -54,7 +55,8 @@ def system_headers() -> Path | None:
 
 def _version_of(headers: Path) -> str:
     text = (headers / "oneapi" / "dnnl" / "dnnl_version.h").read_text()
-    fields = {line.split()[1]: line.split()[2] for line in text.splitlines() if line.startswith("#define DNNL_VERSION_") and len(line.split()) > 2}
+    fields = {line.split()[1]: line.split()[2] for line in text.splitlines()
+              if line.startswith("#define DNNL_VERSION_") and len(line.split()) > 2}
     return ".".join(fields.get(f"DNNL_VERSION_{part}", "?") for part in ("MAJOR", "MINOR", "PATCH"))
 
 
@@ -84,7 +86,8 @@ def onednn_status() -> tuple[object | None, str]:
     try:
         module = cpp_build.load(build_name(), FOLDER)
     except Exception as error:  # noqa: BLE001 -- any failure means "not here", with its reason
-        return None, f"oneDNN's matmul failed to load ({cpp_build.first_line(error)}); torch's packed linear runs instead"
+        return None, (f"oneDNN's matmul failed to load ({cpp_build.first_line(error)}); "
+                      "torch's packed linear runs instead")
     if module is None:
         missing = "" if system_headers() else " (oneDNN is not installed: apt-get install libdnnl-dev)"
         return None, f"oneDNN's matmul is not built here{missing}; torch's packed linear runs instead"
@@ -98,7 +101,8 @@ def onednn_runs(dtype: torch.dtype) -> tuple[bool, str]:
     if module is None:
         return False, why
     generator = torch.Generator().manual_seed(0)
-    # each side rounds its outputs once (a step of dtype each) + two fp32 sums of 40 unit-normal products (sqrt(40) eps_fp32 x sum |x w| ~ 40)
+    # each side rounds its outputs once (a step of dtype each) + two fp32 sums of 40 unit-normal products
+    # (sqrt(40) eps_fp32 x sum |x w| ~ 40)
     tolerance = 2 * torch.finfo(dtype).eps + 2 * 40**1.5 * torch.finfo(torch.float32).eps
     try:
         weight = torch.randn(48, 40, generator=generator).to(dtype)
@@ -108,16 +112,21 @@ def onednn_runs(dtype: torch.dtype) -> tuple[bool, str]:
             x = torch.randn(rows, 40, generator=generator).to(dtype)
             got, want = linear(x), F.linear(x, weight)
             if got.shape != want.shape or not torch.allclose(got.float(), want.float(), rtol=tolerance, atol=tolerance):
-                return False, f"oneDNN's {dtype} matmul gave a wrong result on this CPU; torch's packed linear runs instead"
+                return False, (f"oneDNN's {dtype} matmul gave a wrong result on this CPU; "
+                               "torch's packed linear runs instead")
         x = torch.randn(2, 3, 40, generator=generator).to(dtype)
-        if not torch.allclose(module.Linear(weight, bias)(x).float(), F.linear(x, weight, bias).float(), rtol=tolerance, atol=tolerance):
-            return False, f"oneDNN's {dtype} matmul with a bias gave a wrong result on this CPU; torch's packed linear runs instead"
+        if not torch.allclose(module.Linear(weight, bias)(x).float(), F.linear(x, weight, bias).float(),
+                              rtol=tolerance, atol=tolerance):
+            return False, (f"oneDNN's {dtype} matmul with a bias gave a wrong result on this CPU; "
+                           "torch's packed linear runs instead")
         implementation = linear.implementation(32)
     except RuntimeError as error:
-        return False, f"this CPU's oneDNN can't run a {dtype} matmul ({cpp_build.first_line(error)}); torch's packed linear runs instead"
+        return False, (f"this CPU's oneDNN can't run a {dtype} matmul ({cpp_build.first_line(error)}); "
+                       "torch's packed linear runs instead")
     if not implementation.startswith(JIT_KERNELS):
         # a reference kernel (plain C++ loops) is far slower than torch's op
-        return False, f"this CPU's oneDNN {module.version()} has no JIT matmul for {dtype} (it would run {implementation}); torch's packed linear runs instead"
+        return False, (f"this CPU's oneDNN {module.version()} has no JIT matmul for {dtype} "
+                       f"(it would run {implementation}); torch's packed linear runs instead")
     return True, f"{why} ({implementation})"
 
 
@@ -126,8 +135,10 @@ def onednn_linear(dtype: torch.dtype):
     return onednn_status()[0] if onednn_runs(dtype)[0] else None
 
 
-def compare(shapes=((3072, 576), (576, 1536), (960, 576)), rows=(1, 32, 512), dtype: torch.dtype = torch.float32) -> list[dict]:
-    """Each (N, K) and row count: GFLOP/s of torch's packed linear and of ``Linear`` (medians of 7 runs, same process)."""
+def compare(shapes=((3072, 576), (576, 1536), (960, 576)), rows=(1, 32, 512),
+            dtype: torch.dtype = torch.float32) -> list[dict]:
+    """Each (N, K) and row count: GFLOP/s of torch's packed linear and of ``Linear`` (medians of 7 runs, same
+    process)."""
     from prefillviz.machine.timers import time_call
 
     def median_seconds(call) -> float:
@@ -144,14 +155,18 @@ def compare(shapes=((3072, 576), (576, 1536), (960, 576)), rows=(1, 32, 512), dt
             flops = 2 * m * n * k
             torch_s = median_seconds(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""))
             onednn_s = median_seconds(lambda: ours(x)) if ours else None
-            results.append({"N": n, "K": k, "M": m, "torch_gflops": flops / torch_s / 1e9, "onednn_gflops": flops / onednn_s / 1e9 if onednn_s else None})
+            results.append({"N": n, "K": k, "M": m, "torch_gflops": flops / torch_s / 1e9,
+                            "onednn_gflops": flops / onednn_s / 1e9 if onednn_s else None})
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prefillviz.backends.ops.onednn_linear", description=__doc__.splitlines()[0])
-    parser.add_argument("--build", action="store_true", help="compile it against the system's oneDNN (what `make install` runs)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the dtype to time (without --build)")
+    parser = argparse.ArgumentParser(prog="python -m prefillviz.backends.ops.onednn_linear",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--build", action="store_true",
+                        help="compile it against the system's oneDNN (what `make install` runs)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="the dtype to time (without --build)")
     args = parser.parse_args(argv)
     if args.build:
         started = time.perf_counter()
@@ -159,14 +174,16 @@ def main(argv: list[str] | None = None) -> int:
             path = build()
         except Exception as error:  # noqa: BLE001 -- the engine runs torch's packed linear without it; say so and go on
             errors = [line for line in str(error).splitlines() if "error:" in line][:3]
-            print(f"oneDNN's matmul did not build ({cpp_build.first_line(error, 300)}); the engine will pack with torch's op", *errors, sep="\n", file=sys.stderr)
+            print(f"oneDNN's matmul did not build ({cpp_build.first_line(error, 300)}); "
+                  "the engine will pack with torch's op", *errors, sep="\n", file=sys.stderr)
             return 1
         print(f"built {path} in {time.perf_counter() - started:.0f} s")
     for dtype in (torch.float32, torch.bfloat16):
         print(f"{dtype}: {'yes' if onednn_runs(dtype)[0] else 'no'}: {onednn_runs(dtype)[1]}")
     if not args.build and onednn_linear(getattr(torch, args.dtype)):
         for row in compare(dtype=getattr(torch, args.dtype)):
-            print(f"N={row['N']:5d} K={row['K']:5d} M={row['M']:4d}: torch's packed linear {row['torch_gflops']:6.1f} GFLOP/s, oneDNN matmul {row['onednn_gflops']:6.1f}")
+            print(f"N={row['N']:5d} K={row['K']:5d} M={row['M']:4d}: torch's packed linear "
+                  f"{row['torch_gflops']:6.1f} GFLOP/s, oneDNN matmul {row['onednn_gflops']:6.1f}")
     return 0
 
 

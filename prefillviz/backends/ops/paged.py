@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from prefillviz.engine.paged_attention import PagedStep, context, gather, paged_naive, paged_sdpa
 
 
-def packed_positions(step: PagedStep, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def packed_positions(step: PagedStep,
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(query request, query position, key request, key position): (T,), (T,), (S,), (S,).
 
     S = the sum of the context lengths: the keys of every request, one after another,
@@ -30,8 +31,10 @@ def packed_positions(step: PagedStep, device: torch.device) -> tuple[torch.Tenso
     requests = torch.arange(step.num_requests)
     query_request = requests.repeat_interleave(query_lens)
     key_request = requests.repeat_interleave(context_lens)
-    key_position = torch.arange(int(context_lens.sum())) - (context_lens.cumsum(0) - context_lens).repeat_interleave(context_lens)
-    query_position = torch.arange(len(query_request)) - (query_lens.cumsum(0) - query_lens).repeat_interleave(query_lens)
+    key_position = (torch.arange(int(context_lens.sum()))
+                    - (context_lens.cumsum(0) - context_lens).repeat_interleave(context_lens))
+    query_position = (torch.arange(len(query_request))
+                      - (query_lens.cumsum(0) - query_lens).repeat_interleave(query_lens))
     query_position += torch.tensor(step.num_computed).repeat_interleave(query_lens)
     return tuple(t.to(device) for t in (query_request, query_position, key_request, key_position))
 
@@ -39,17 +42,22 @@ def packed_positions(step: PagedStep, device: torch.device) -> tuple[torch.Tenso
 # ------------------------------------------------------------------------------ versions
 def paged_loop_fp32_decodes(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float) -> torch.Tensor:
     """v6: v2, but a 16-bit decode on a CPU is two small fp32 matmuls instead of SDPA."""
-    if q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16) or all(step.query_len(r) > 1 for r in range(step.num_requests)):
+    if (q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16)
+            or all(step.query_len(r) > 1 for r in range(step.num_requests))):
         return paged_sdpa(q, k_new, v_new, key_cache, value_cache, step, scale)
     outputs = []
     for r in range(step.num_requests):
         start, end = step.query_start_loc[r], step.query_start_loc[r + 1]
         if end - start == 1:
-            k, v = (k_new[:, start:end], v_new[:, start:end]) if step.num_computed[r] == 0 else (context(key_cache, step, r), context(value_cache, step, r))
+            k, v = ((k_new[:, start:end], v_new[:, start:end]) if step.num_computed[r] == 0
+                    else (context(key_cache, step, r), context(value_cache, step, r)))
             outputs.append(decode_fp32(q[:, start:end], k, v, scale))
         else:
-            one = step.kept(("one request", r), lambda: PagedStep([0, end - start], [step.num_computed[r]], step.slot_mapping[start:end], [step.context_slots[r]]))
-            outputs.append(paged_sdpa(q[:, start:end], k_new[:, start:end], v_new[:, start:end], key_cache, value_cache, one, scale))
+            one = step.kept(("one request", r), lambda: PagedStep([0, end - start], [step.num_computed[r]],
+                                                                  step.slot_mapping[start:end],
+                                                                  [step.context_slots[r]]))
+            outputs.append(paged_sdpa(q[:, start:end], k_new[:, start:end], v_new[:, start:end], key_cache, value_cache,
+                                      one, scale))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
 
 
@@ -73,7 +81,8 @@ def packed_mask(step: PagedStep, device: torch.device) -> torch.Tensor:
 
 def packed_keys(k_new, v_new, key_cache, value_cache, step: PagedStep) -> tuple[torch.Tensor, torch.Tensor]:
     if step.num_requests == 1:
-        return (k_new, v_new) if step.num_computed[0] == 0 else (context(key_cache, step, 0), context(value_cache, step, 0))
+        return ((k_new, v_new) if step.num_computed[0] == 0
+                else (context(key_cache, step, 0), context(value_cache, step, 0)))
     slots = step.packed_slots()
     return gather(key_cache, slots), gather(value_cache, slots)  # (KVH, S, D)
 
@@ -106,8 +115,10 @@ class PagedKernel:
     def __call__(self, q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float) -> torch.Tensor:
         return self.forward(q, k_new, v_new, key_cache, value_cache, step, scale)
 
-NAIVE = PagedKernel("v1 naive", 1, "the oracle: per request, gather, (H, q, ctx) scores, mask, softmax, times V", paged_naive)
-LOOP = PagedKernel("v2 loop", 2, "one torch SDPA call per request (is_causal, offset mask, or none): the engine's own", paged_sdpa)
+NAIVE = PagedKernel("v1 naive", 1, "the oracle: per request, gather, (H, q, ctx) scores, mask, softmax, times V",
+                    paged_naive)
+LOOP = PagedKernel("v2 loop", 2, "one torch SDPA call per request (is_causal, offset mask, or none): the engine's own",
+                   paged_sdpa)
 PACKED = PagedKernel("v3 packed", 3, "all requests in one SDPA call with a block-diagonal causal mask", paged_packed)
 LOOP_FP32_DECODES = PagedKernel(
     "v6 loop, fp32 decodes", 6,

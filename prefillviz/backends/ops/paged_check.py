@@ -15,8 +15,10 @@ import torch
 from prefillviz.backends.ops.paged import PagedKernel, PagedStep, paged_naive
 from prefillviz.engine.errors import PrefillVizError
 
-DEFAULT_TOLERANCE = {dtype: 8 * torch.finfo(dtype).eps + 2 * 4096**0.5 * torch.finfo(torch.float32).eps for dtype in (torch.float32, torch.float16, torch.bfloat16)}
-"""Allowed max |kernel - oracle| per unit of max |v|, by dtype: a few ulps of the output's dtype plus fp32 accumulation over up to 4,096 keys."""
+DEFAULT_TOLERANCE = {dtype: 8 * torch.finfo(dtype).eps + 2 * 4096**0.5 * torch.finfo(torch.float32).eps
+                     for dtype in (torch.float32, torch.float16, torch.bfloat16)}
+"""Allowed max |kernel - oracle| per unit of max |v|, by dtype: a few ulps of the output's dtype plus fp32 accumulation
+over up to 4,096 keys."""
 ORACLE_ROW_BLOCK = 256  # the check's oracle holds at most (H, 256, N) scores at a time
 
 
@@ -37,7 +39,8 @@ def compare_to_oracle(
     difference = float((got.float() - expected).abs().max())
     if not math.isfinite(difference) or difference > allowed:
         raise KernelCheckError(
-            f"{name} differs from the naive oracle by {difference:.3g} (allowed {allowed:.1g}) on {where}: it is not timed."
+            f"{name} differs from the naive oracle by {difference:.3g} (allowed {allowed:.1g}) on {where}: "
+            "it is not timed."
         )
     return difference, allowed
 
@@ -109,7 +112,8 @@ def random_step(
     def put(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(device=device, dtype=dtype).contiguous()
 
-    step = PagedStep(query_start_loc, num_computed, slot_mapping.to(device), [None if s is None else s.to(device) for s in context_slots])
+    step = PagedStep(query_start_loc, num_computed, slot_mapping.to(device),
+                     [None if s is None else s.to(device) for s in context_slots])
     return PagedInputs(workload, put(q), put(k_new), put(v_new), put(key_cache), put(value_cache), step, head_dim**-0.5)
 
 

@@ -10,15 +10,18 @@ from prefillviz.experiments import chunked
 from prefillviz.experiments.chunked import WORKLOAD_DEFAULTS
 from prefillviz.figures import chunked as chunked_figures
 from prefillviz.lessons.actions import ActionKind, ActionOutcome
-from prefillviz.lessons.kinds.common import make_outcome
+from prefillviz.lessons.kinds.common import labelled_page_results, make_outcome, outputs_fact
 from prefillviz.machine.progress import FractionProgress
 
-WORKLOAD_PARAMETERS = {name: (int, value) for name, value in WORKLOAD_DEFAULTS.as_dict().items()}  # this action's and disagg's
+# this action's and disagg's
+WORKLOAD_PARAMETERS = {name: (int, value) for name, value in WORKLOAD_DEFAULTS.as_dict().items()}
 
 
 def chunked_workload(loaded, parameters: dict) -> chunked.ChunkedWorkload:
     """The chunked-prefill workload a lesson step names (also the disaggregation step's)."""
-    return chunked.build_workload(loaded.tokenizer, **{name: parameters[name] for name in chunked.WORKLOAD_DEFAULTS.as_dict()})
+    return chunked.build_workload(
+        loaded.tokenizer, **{name: parameters[name] for name in chunked.WORKLOAD_DEFAULTS.as_dict()}
+    )
 
 
 def gap_spanning_arrival_ms(trace) -> float:
@@ -62,12 +65,15 @@ def _run_chunked(loaded, parameters: dict, report: FractionProgress, scale: floa
         "outputs_identical": float(all(check.identical for check in comparison.output_checks)),
     }
     facts = [
-        ("A decoding user's gap across the long prompt's arrival, chunking off → on", f"{gap_off:,.1f} ms → {gap_on:,.1f} ms"),
+        (
+            "A decoding user's gap across the long prompt's arrival, chunking off → on",
+            f"{gap_off:,.1f} ms → {gap_on:,.1f} ms",
+        ),
         ("Worst gap between tokens of a decoding user, chunking off", f"{off.itl_max_ms:,.0f} ms"),
         ("… with chunking on", f"{on.itl_max_ms:,.0f} ms"),
         ("Long prompt's TTFT, off → on", f"{off.long_ttft_ms:,.0f} ms → {on.long_ttft_ms:,.0f} ms"),
         ("Engine steps, off → on", f"{off.num_steps} → {on.num_steps}"),
-        ("Same tokens generated", "yes" if measured["outputs_identical"] else "no"),
+        outputs_fact(measured),
     ]
     return make_outcome("chunked", loaded, parameters, measured, facts, {"chunked": comparison})
 
@@ -75,7 +81,9 @@ def _run_chunked(loaded, parameters: dict, report: FractionProgress, scale: floa
 def _chunked_latency_figure(outcome: ActionOutcome) -> go.Figure:
     comparison = outcome.raw["chunked"]
     summaries = {"chunking off": comparison.summary_off, "chunking on": comparison.summary_on}
-    return chunked_figures.latency_figure(summaries, "Decoding users' inter-token latency (ITL) and the long prompt's TTFT")
+    return chunked_figures.latency_figure(
+        summaries, "Decoding users' inter-token latency (ITL) and the long prompt's TTFT"
+    )
 
 
 KIND = ActionKind(
@@ -83,11 +91,12 @@ KIND = ActionKind(
     parameters=WORKLOAD_PARAMETERS,
     scaled={"short_max_new_tokens": 4, "long_prompt_tokens": 16, "token_budget": 8},
     measured=(
-        "arrival_gap_off_ms", "arrival_gap_on_ms", "arrival_gap_ratio", "itl_max_off_ms", "itl_max_on_ms", "itl_max_ratio", "long_ttft_off_ms", "long_ttft_on_ms", "long_ttft_ratio",
+        "arrival_gap_off_ms", "arrival_gap_on_ms", "arrival_gap_ratio", "itl_max_off_ms", "itl_max_on_ms",
+        "itl_max_ratio", "long_ttft_off_ms", "long_ttft_on_ms", "long_ttft_ratio",
         "num_steps_off", "num_steps_on", "outputs_identical",
     ),
     figures={"latency": _chunked_latency_figure},
     run=_run_chunked,
     description="A long prompt arriving while short requests decode, with chunked prefill off and on.",
-    page_results=lambda run, label: {"chunked": {"comparison": run.raw["chunked"], "label": label}},
+    page_results=labelled_page_results("chunked", "comparison"),
 )

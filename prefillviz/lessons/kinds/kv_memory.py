@@ -19,7 +19,9 @@ def _run_kv_memory(loaded, parameters: dict, report: FractionProgress, scale: fl
     outcome = _run_prefill(loaded, parameters, report)
     run = inspect_run.from_prefill_result(outcome.raw["prefill"])
     growth = kv_memory.memory_growth(run.trace, run.request_id)
-    formula = kv_memory_report(kv_memory.shape_of_trace(run.trace, run.request_id), dtype=run.trace.dtype, num_tokens=run.num_tokens)
+    formula = kv_memory_report(
+        kv_memory.shape_of_trace(run.trace, run.request_id), dtype=run.trace.dtype, num_tokens=run.num_tokens
+    )
     usage = kv_memory.block_usage(run.trace, run.request_id, run.num_tokens)
     written = float(growth.bytes_written[-1])  # what the layers really wrote (the KV write log)
     per_token = written / run.num_tokens
@@ -45,11 +47,16 @@ def _run_kv_memory(loaded, parameters: dict, report: FractionProgress, scale: fl
         ("The formula", formula.formula),
         ("The whole prompt", f"{written / 1e6:,.2f} MB in {len(usage.block_ids)} blocks of {usage.block_size} tokens"),
         ("With one KV head per query head (MHA)", f"{formula.mha_bytes_per_token:,} B per token"),
-        (f"One request at the model's whole context ({context:,} tokens)", f"{per_token * context / 1e6:,.0f} MB of KV cache"),
+        (
+            f"One request at the model's whole context ({context:,} tokens)",
+            f"{per_token * context / 1e6:,.0f} MB of KV cache",
+        ),
         ("The model's weights", f"{weight_bytes / 1e6:,.0f} MB"),
     ]
     raw = {**outcome.raw, "growth": growth, "report": formula}
-    return make_outcome("kv_memory", loaded, parameters, measured, facts, raw, prompt=outcome.prompt, preset=outcome.preset)
+    return make_outcome(
+        "kv_memory", loaded, parameters, measured, facts, raw, prompt=outcome.prompt, preset=outcome.preset
+    )
 
 
 def _memory_growth_figure(outcome: ActionOutcome) -> go.Figure:
@@ -66,7 +73,8 @@ KIND = ActionKind(
     scaled={},
     measured=(
         "num_tokens", "kv_bytes_per_token", "kv_bytes_per_token_formula", "kv_total_mb", "num_blocks", "block_size",
-        "mha_bytes_per_token", "gqa_saving_factor", "max_context", "kv_at_context_mb", "weights_mb", "tokens_to_match_weights",
+        "mha_bytes_per_token", "gqa_saving_factor", "max_context", "kv_at_context_mb", "weights_mb",
+        "tokens_to_match_weights",
     ),
     figures={"memory_growth": _memory_growth_figure, "gqa_bars": _gqa_figure},
     run=_run_kv_memory,

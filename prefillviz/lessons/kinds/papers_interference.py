@@ -6,11 +6,10 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from prefillviz.disagg.experiment import SETUPS
-from prefillviz.experiments import papers_published as published
 from prefillviz.figures import papers as figures
 from prefillviz.lessons.actions import ActionKind, ActionOutcome
 from prefillviz.lessons.kinds.chunked import WORKLOAD_PARAMETERS, chunked_workload
-from prefillviz.lessons.kinds.common import make_outcome
+from prefillviz.lessons.kinds.common import labelled_page_results, papers_outcome
 from prefillviz.machine.progress import FractionProgress
 from prefillviz.measure.papers_interference import run_interference
 
@@ -32,21 +31,30 @@ def _run(loaded, parameters: dict, report: FractionProgress, scale: float | None
         "outputs_identical": float(all(p.comparison.outputs_equal for p in sweep.points)),
     }
     facts = [
-        (f"Long prompt {p.long_prompt_tokens:,}: worst gap, off / on / disaggregated", " / ".join(f"{p.worst_gap_ms(s):,.0f} ms" for s in SETUPS))
+        (
+            f"Long prompt {p.long_prompt_tokens:,}: worst gap, off / on / disaggregated",
+            " / ".join(f"{p.worst_gap_ms(s):,.0f} ms" for s in SETUPS),
+        )
         for p in sweep.points
     ]
-    facts.append(("Disaggregated beats one engine with chunking off from", f"N = {crossover:,}" if crossover else "none of these lengths"))
+    crossover_text = f"N = {crossover:,}" if crossover else "none of these lengths"
+    facts.append(("Disaggregated beats one engine with chunking off from", crossover_text))
     facts.append(("Placement", largest.comparison.disagg.spec.placement.label))
-    facts.append(("Source of the dashed line", published.SOURCES["interference"].citation))
-    return make_outcome("papers_interference", loaded, parameters, measured, facts, {"papers_interference": sweep})
+    return papers_outcome(
+        "papers_interference", loaded, parameters, measured, facts, sweep, "interference", "Source of the dashed line"
+    )
 
 
 def _figure(outcome: ActionOutcome) -> go.Figure:
-    return figures.interference_figure(outcome.raw["papers_interference"], "Interference: the decoding users' worst gap over their median")
+    return figures.interference_figure(
+        outcome.raw["papers_interference"], "Interference: the decoding users' worst gap over their median"
+    )
 
 
 def _gap_figure(outcome: ActionOutcome) -> go.Figure:
-    return figures.worst_gap_figure(outcome.raw["papers_interference"], "The decoding users' worst gap, per set-up (ms)")
+    return figures.worst_gap_figure(
+        outcome.raw["papers_interference"], "The decoding users' worst gap, per set-up (ms)"
+    )
 
 
 KIND = ActionKind(
@@ -54,11 +62,13 @@ KIND = ActionKind(
     parameters={**WORKLOAD_PARAMETERS, "long_prompt_sizes": (list, [64, 512])},
     scaled={"short_max_new_tokens": 4, "long_prompt_tokens": 16, "token_budget": 8, "long_prompt_sizes": 16},
     measured=(
-        "largest_long_prompt", "interference_off", "interference_on", "interference_disagg", "worst_gap_off_ms", "worst_gap_disagg_ms",
-        "crossover_tokens", "has_crossover", "outputs_identical",
+        "largest_long_prompt", "interference_off", "interference_on", "interference_disagg", "worst_gap_off_ms",
+        "worst_gap_disagg_ms", "crossover_tokens", "has_crossover", "outputs_identical",
     ),
     figures={"interference": _figure, "worst_gap": _gap_figure},
     run=_run,
-    description="The Disaggregated page's set-ups at several long-prompt lengths: interference and the crossover (DistServe).",
-    page_results=lambda run, label: {"papers_interference": {"sweep": run.raw["papers_interference"], "label": label}},
+    description=(
+        "The Disaggregated page's set-ups at several long-prompt lengths: interference and the crossover (DistServe)."
+    ),
+    page_results=labelled_page_results("papers_interference", "sweep"),
 )

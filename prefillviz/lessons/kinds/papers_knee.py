@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from prefillviz.experiments import papers_published as published
 from prefillviz.experiments.model_setup import device_and_dtype
 from prefillviz.experiments.papers_knee import run_knee
 from prefillviz.figures import papers as figures
 from prefillviz.lessons.actions import ActionKind, ActionOutcome
-from prefillviz.lessons.kinds.common import make_outcome
+from prefillviz.lessons.kinds.common import labelled_page_results, papers_outcome
 from prefillviz.machine.progress import FractionProgress
 from prefillviz.measure.peaks_history import machine_peaks
 
@@ -21,17 +20,30 @@ def _run(loaded, parameters: dict, report: FractionProgress, scale: float | None
     result = run_knee(loaded, parameters["sizes"], parameters["runs"], peaks, report)
     fit = result.fit
     measured = {
-        "knee_tokens": fit.knee_tokens, "ridge_tokens": result.ridge_tokens, "knee_over_ridge": fit.knee_tokens / result.ridge_tokens,
+        "knee_tokens": fit.knee_tokens, "ridge_tokens": result.ridge_tokens,
+        "knee_over_ridge": fit.knee_tokens / result.ridge_tokens,
         "flat_ms": fit.flat_ms, "ms_per_token_past_knee": fit.ms_per_token, "largest_tokens": result.sizes[-1],
         "largest_over_smallest": result.ttft_ms[-1] / result.ttft_ms[0],
     }
     facts = [
-        ("Knee of the measured TTFT (fit: flat, then rising)", f"N ≈ {fit.knee_tokens:,.0f} tokens (flat part {fit.flat_ms:,.1f} ms, then {fit.ms_per_token:,.3f} ms per token)"),
-        ("Roofline ridge in tokens (measured peaks)", f"N ≈ {result.ridge_tokens:,} ({peaks.matmul_gflops:,.0f} GFLOP/s ÷ {peaks.memory_gb_s:,.1f} GB/s = {peaks.ridge_intensity:,.1f} FLOP/byte)"),
-        (f"TTFT at N={result.sizes[0]} and N={result.sizes[-1]:,}", f"{result.ttft_ms[0]:,.1f} ms and {result.ttft_ms[-1]:,.1f} ms"),
-        ("Source of the paper's curve", published.SOURCES["knee"].citation),
+        (
+            "Knee of the measured TTFT (fit: flat, then rising)",
+            f"N ≈ {fit.knee_tokens:,.0f} tokens "
+            f"(flat part {fit.flat_ms:,.1f} ms, then {fit.ms_per_token:,.3f} ms per token)",
+        ),
+        (
+            "Roofline ridge in tokens (measured peaks)",
+            f"N ≈ {result.ridge_tokens:,} ({peaks.matmul_gflops:,.0f} GFLOP/s ÷ {peaks.memory_gb_s:,.1f} GB/s "
+            f"= {peaks.ridge_intensity:,.1f} FLOP/byte)",
+        ),
+        (
+            f"TTFT at N={result.sizes[0]} and N={result.sizes[-1]:,}",
+            f"{result.ttft_ms[0]:,.1f} ms and {result.ttft_ms[-1]:,.1f} ms",
+        ),
     ]
-    return make_outcome("papers_knee", loaded, parameters, measured, facts, {"papers_knee": result})
+    return papers_outcome(
+        "papers_knee", loaded, parameters, measured, facts, result, "knee", "Source of the paper's curve"
+    )
 
 
 def _figure(outcome: ActionOutcome) -> go.Figure:
@@ -39,16 +51,21 @@ def _figure(outcome: ActionOutcome) -> go.Figure:
 
 
 def _per_token_figure(outcome: ActionOutcome) -> go.Figure:
-    return figures.knee_per_token_figure(outcome.raw["papers_knee"], None, "Time per prompt token (Sarathi-Serve Figure 2's view)")
+    return figures.knee_per_token_figure(
+        outcome.raw["papers_knee"], None, "Time per prompt token (Sarathi-Serve Figure 2's view)"
+    )
 
 
 KIND = ActionKind(
     name="papers_knee",
     parameters={"sizes": (list, [4, 8, 16, 32, 64, 128, 256, 512]), "runs": (int, 3)},
     scaled={"sizes": 2},
-    measured=("knee_tokens", "ridge_tokens", "knee_over_ridge", "flat_ms", "ms_per_token_past_knee", "largest_tokens", "largest_over_smallest"),
+    measured=(
+        "knee_tokens", "ridge_tokens", "knee_over_ridge", "flat_ms", "ms_per_token_past_knee", "largest_tokens",
+        "largest_over_smallest",
+    ),
     figures={"knee": _figure, "per_token": _per_token_figure},
     run=_run,
     description="Time to first token against N at small N: where it stops being flat, beside the roofline's ridge.",
-    page_results=lambda run, label: {"papers_knee": {"result": run.raw["papers_knee"], "label": label}},
+    page_results=labelled_page_results("papers_knee", "result"),
 )

@@ -15,7 +15,8 @@ from prefillviz.machine.progress import FractionProgress
 def _run_parallel(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:
     prompt, _ = prompt_of(parameters)
     comparison = parallel.run_both_ways(
-        loaded, prompt, max_tokens=parameters["num_tokens"], parallel_timing_runs=parameters["parallel_timing_runs"], progress=report
+        loaded, prompt, max_tokens=parameters["num_tokens"], parallel_timing_runs=parameters["parallel_timing_runs"],
+        progress=report,
     )
     check = comparison.equality
     diff = max(check.max_key_diff, check.max_value_diff)
@@ -38,11 +39,18 @@ def _run_parallel(loaded, parameters: dict, report: FractionProgress, scale: flo
     facts = [
         ("Prompt tokens", f"{comparison.num_tokens:,}"),
         ("Parallel: time to first token", f"{measured['parallel_ttft_ms']:,.1f} ms in 1 step"),
-        ("Token-by-token: time to first token", f"{measured['token_by_token_ttft_ms']:,.1f} ms in {comparison.token_by_token.num_steps} steps"),
-        ("FLOPs: token-by-token over parallel (FLOP model)", f"{flops.extra_work:.2f}× (each one-token step computes a row of logits)"),
+        (
+            "Token-by-token: time to first token",
+            f"{measured['token_by_token_ttft_ms']:,.1f} ms in {comparison.token_by_token.num_steps} steps",
+        ),
+        (
+            "FLOPs: token-by-token over parallel (FLOP model)",
+            f"{flops.extra_work:.2f}× (each one-token step computes a row of logits)",
+        ),
         (
             "Largest K/V difference, relative to the layer's largest |K| or |V|",
-            f"{check.relative_diff:.1e} (absolute {diff:.1e}; tolerance {check.relative_tolerance:.1e} in {check.dtype})",
+            f"{check.relative_diff:.1e} (absolute {diff:.1e}; "
+            f"tolerance {check.relative_tolerance:.1e} in {check.dtype})",
         ),
         ("Same next token", "yes" if measured["same_top_token"] else "no"),
     ]
@@ -59,7 +67,10 @@ def _kv_difference_figure(outcome: ActionOutcome) -> go.Figure:
 
 KIND = ActionKind(
     name="parallel_vs_sequential",
-    parameters={**PROMPT_PARAMETERS, "preset": (str, "Long document"), "num_tokens": (int, 400), "parallel_timing_runs": (int, 3)},
+    parameters={
+        **PROMPT_PARAMETERS, "preset": (str, "Long document"), "num_tokens": (int, 400),
+        "parallel_timing_runs": (int, 3),
+    },
     scaled={"num_tokens": 8},
     measured=(
         "num_tokens", "parallel_ttft_ms", "token_by_token_ttft_ms", "ratio", "token_by_token_steps", "max_kv_diff",
@@ -68,6 +79,8 @@ KIND = ActionKind(
     ),
     figures={"step_latency": _step_latency_figure, "kv_difference": _kv_difference_figure},
     run=_run_parallel,
-    description="The prompt's first N tokens in one step and in N one-token steps: timed, then their KV caches compared.",
+    description=(
+        "The prompt's first N tokens in one step and in N one-token steps: timed, then their KV caches compared."
+    ),
     page_results=lambda run, label: {"parallel": run.raw["parallel"]},
 )

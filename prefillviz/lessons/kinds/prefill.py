@@ -35,7 +35,9 @@ def _run_prefill(loaded, parameters: dict, report: FractionProgress, scale: floa
         ("Forward pass", f"{measured['forward_ms']:,.1f} ms"),
         ("First token", repr(record.first_token_text)),
     ]
-    return make_outcome("prefill", loaded, parameters, measured, facts, {"prefill": result}, prompt=prompt, preset=preset)
+    return make_outcome(
+        "prefill", loaded, parameters, measured, facts, {"prefill": result}, prompt=prompt, preset=preset
+    )
 
 
 def _ttft_breakdown_figure(outcome: ActionOutcome) -> go.Figure:
@@ -47,9 +49,13 @@ KIND = ActionKind(
     name="prefill",
     parameters={**PROMPT_PARAMETERS, "token_budget": (int, None)},
     scaled={},
-    measured=("num_tokens", "num_steps", "ttft_ms", "forward_ms", "forward_share_percent", "prefill_tokens_per_s", "token_budget"),
+    measured=(
+        "num_tokens", "num_steps", "ttft_ms", "forward_ms", "forward_share_percent", "prefill_tokens_per_s",
+        "token_budget",
+    ),
     figures={"ttft_breakdown": _ttft_breakdown_figure},
     run=_run_prefill,
     description="One parallel prefill of the prompt (timing pass, then inspection pass); the Prefill page shows it.",
-    page_results=lambda run, label: {"prefill": run.raw["prefill"]} if run.measured["num_steps"] == 1 else {},  # the page draws one pass
+    # the page draws one pass
+    page_results=lambda run, label: {"prefill": run.raw["prefill"]} if run.measured["num_steps"] == 1 else {},
 )

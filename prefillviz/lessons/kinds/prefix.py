@@ -10,7 +10,7 @@ from prefillviz.experiments import prefix
 from prefillviz.experiments.outputs import compare_outputs
 from prefillviz.figures import prefix as prefix_figures
 from prefillviz.lessons.actions import ActionKind, ActionOutcome
-from prefillviz.lessons.kinds.common import make_outcome
+from prefillviz.lessons.kinds.common import labelled_page_results, make_outcome, outputs_fact
 from prefillviz.lessons.spec import LessonError
 from prefillviz.machine.progress import FractionProgress
 
@@ -27,8 +27,12 @@ def _run_prefix(loaded, parameters: dict, report: FractionProgress, scale: float
         prefix_text = loaded.tokenizer.decode(prefix_ids[:keep])
     questions = list(prefix.QUESTIONS[: parameters["num_questions"]])
     if len(questions) < 2:
-        raise LessonError("prefix: needs at least 2 questions (the first computes the prefix, the later ones can hit it).")
-    stream = prefix.build_stream(loaded.tokenizer, prefix_text, questions, template, parameters["max_new_tokens"], other_user_after=None)
+        raise LessonError(
+            "prefix: needs at least 2 questions (the first computes the prefix, the later ones can hit it)."
+        )
+    stream = prefix.build_stream(
+        loaded.tokenizer, prefix_text, questions, template, parameters["max_new_tokens"], other_user_after=None
+    )
     total = prefix.estimated_num_steps(stream, False)
 
     def progress(done: int, record) -> None:
@@ -43,7 +47,9 @@ def _run_prefix(loaded, parameters: dict, report: FractionProgress, scale: float
     checks = compare_outputs(experiment.cache_off.trace, experiment.cache_on.trace)
     measured = {
         "num_shared_prefix_tokens": stream.num_shared_prefix_tokens,
-        "later_cached_percent": statistics.mean(100 * on[rid].num_cached_tokens / on[rid].num_prompt_tokens for rid in later),
+        "later_cached_percent": statistics.mean(
+            100 * on[rid].num_cached_tokens / on[rid].num_prompt_tokens for rid in later
+        ),
         "hit_rate_percent": 100 * hits / queries,
         "later_ttft_on_ms": ttft_on * 1e3,
         "later_ttft_off_ms": ttft_off * 1e3,
@@ -52,17 +58,23 @@ def _run_prefix(loaded, parameters: dict, report: FractionProgress, scale: float
     }
     full_blocks, block_size = stream.num_shared_full_blocks, stream.block_size
     facts = [
-        ("Shared prefix", f"{stream.num_shared_prefix_tokens:,} tokens: {full_blocks} full blocks of {block_size} + {stream.num_shared_prefix_tokens - full_blocks * block_size}"),
+        (
+            "Shared prefix",
+            f"{stream.num_shared_prefix_tokens:,} tokens: {full_blocks} full blocks of {block_size} + "
+            f"{stream.num_shared_prefix_tokens - full_blocks * block_size}",
+        ),
         ("Requests after the first: prompt tokens from the cache", f"{measured['later_cached_percent']:.0f}%"),
         ("Their time to first token, cache off → on", f"{ttft_off * 1e3:,.0f} ms → {ttft_on * 1e3:,.0f} ms"),
         ("prefix_cache_hits / prefix_cache_queries", f"{hits:,} / {queries:,} tokens"),
-        ("Same tokens generated", "yes" if measured["outputs_identical"] else "no"),
+        outputs_fact(measured),
     ]
     return make_outcome("prefix", loaded, parameters, measured, facts, {"prefix": experiment})
 
 
 def _prefix_ttft_figure(outcome: ActionOutcome) -> go.Figure:
-    return prefix_figures.ttft_figure(outcome.raw["prefix"], "Time to first token of each request, prefix cache on vs off")
+    return prefix_figures.ttft_figure(
+        outcome.raw["prefix"], "Time to first token of each request, prefix cache on vs off"
+    )
 
 
 KIND = ActionKind(
@@ -79,5 +91,5 @@ KIND = ActionKind(
     figures={"ttft": _prefix_ttft_figure},
     run=_run_prefix,
     description="Questions sharing a prefix, one after another on one engine, with the prefix cache on and off.",
-    page_results=lambda run, label: {"prefix": {"experiment": run.raw["prefix"], "label": label}},
+    page_results=labelled_page_results("prefix", "experiment"),
 )

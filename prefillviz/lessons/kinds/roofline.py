@@ -67,17 +67,23 @@ def _run_roofline(loaded, parameters: dict, report: FractionProgress, scale: flo
         (f"Prefill N={prefill_point.num_tokens}", _side_of_ridge(prefill_point.intensity, peaks.ridge_intensity)),
         (f"Decode, context {decode_point.context_len}", _side_of_ridge(decode_point.intensity, peaks.ridge_intensity)),
         *(
-            [(f"Prefill N={past_ridge.num_tokens}, sized past this device's ridge", f"{_point_text(past_ridge, peaks)}; {_side_of_ridge(past_ridge.intensity, peaks.ridge_intensity)}")]
+            [(f"Prefill N={past_ridge.num_tokens}, sized past this device's ridge",
+              f"{_point_text(past_ridge, peaks)}; {_side_of_ridge(past_ridge.intensity, peaks.ridge_intensity)}")]
             if past_ridge is not prefill_point else []
         ),
-        ("This machine's roofs (measured)", f"{peaks.matmul_gflops:,.0f} GFLOP/s matmul · {peaks.memory_gb_s:,.1f} GB/s memory"),
+        (
+            "This machine's roofs (measured)",
+            f"{peaks.matmul_gflops:,.0f} GFLOP/s matmul · {peaks.memory_gb_s:,.1f} GB/s memory",
+        ),
     ]
     return make_outcome("roofline", loaded, parameters, measured, facts, {"roofline": result})
 
 
 def _point_text(point, peaks) -> str:
     percent = 100 * point.achieved_gflops / peaks.matmul_gflops
-    return f"{point.intensity:,.2f} FLOP/byte · {point.achieved_gflops:,.1f} GFLOP/s ({percent:.2g}% of the matmul peak)"
+    return (
+        f"{point.intensity:,.2f} FLOP/byte · {point.achieved_gflops:,.1f} GFLOP/s ({percent:.2g}% of the matmul peak)"
+    )
 
 
 def _side_of_ridge(intensity: float, ridge: float) -> str:
@@ -93,10 +99,14 @@ def _roofline_figure(outcome: ActionOutcome) -> go.Figure:
 
 KIND = ActionKind(
     name="roofline",
-    parameters={"prefill_sizes": (list, [16, 64, 256]), "decode_contexts": (list, [64]), "runs": (int, 2), "past_ridge": (bool, False)},
+    parameters={
+        "prefill_sizes": (list, [16, 64, 256]), "decode_contexts": (list, [64]), "runs": (int, 2),
+        "past_ridge": (bool, False),
+    },
     scaled={"prefill_sizes": 4, "decode_contexts": 4},
     measured=(
-        "prefill_tokens", "prefill_intensity", "decode_intensity", "intensity_ratio", "ridge_intensity", "prefill_over_ridge",
+        "prefill_tokens", "prefill_intensity", "decode_intensity", "intensity_ratio", "ridge_intensity",
+        "prefill_over_ridge",
         "prefill_gflops", "decode_gflops", "gflops_ratio", "prefill_percent_of_peak", "decode_percent_of_peak",
         "decode_intensity_limit", "past_ridge_tokens", "past_ridge_over_ridge", "past_ridge_percent_of_peak",
     ),

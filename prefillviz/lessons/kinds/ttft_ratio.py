@@ -26,7 +26,9 @@ def _run_ttft_ratio(loaded, parameters: dict, report: FractionProgress, scale: f
         token_ids = bench_token_ids(loaded.tokenizer, n)
         for run in range(runs + 1):  # run 0 warms up this shape
             report(done / total, f"{n}-token prompt: run {run + 1} of {runs + 1} (the first warms up)")
-            ttft = OnePrompt(loaded.model, loaded.tokenizer, token_ids, max(len(token_ids), 16), model_id=loaded.model_id).ttft_s()
+            ttft = OnePrompt(
+                loaded.model, loaded.tokenizer, token_ids, max(len(token_ids), 16), model_id=loaded.model_id
+            ).ttft_s()
             if run > 0:
                 times[n].append(ttft)
             done += 1
@@ -58,7 +60,9 @@ def _ttft_bars_figure(outcome: ActionOutcome) -> go.Figure:
     times = outcome.raw["times"]
     labels = [f"{n} tokens" for n in times]
     values = [statistics.median(t) * 1e3 for t in times.values()]
-    bars = go.Bar(x=labels, y=values, marker_color=style.PREFILL, text=[f"{v:,.1f} ms" for v in values], textposition="outside")
+    bars = go.Bar(
+        x=labels, y=values, marker_color=style.PREFILL, text=[f"{v:,.1f} ms" for v in values], textposition="outside"
+    )
     fig = go.Figure(bars)
     fig.update_yaxes(range=[0, max(values) * 1.2])
     runs = len(next(iter(times.values())))

@@ -240,8 +240,10 @@ def tune_command(args: argparse.Namespace) -> dict:
 
 
 def trace_command(args: argparse.Namespace) -> dict:
-    from prefillviz.instrument.trace_io import save_trace
+    from prefillviz.instrument.trace_io import save_trace, writable_folder
 
+    with option_named(f"--out {args.out}"):
+        writable_folder(args.out)  # before the model loads: a folder that can't be written is the user's to change
     _, trace, request_id = _run_prompt(args, capture_level=args.level, profile_dir=args.out)
     directory = save_trace(trace, args.out)
     return {

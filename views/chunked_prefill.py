@@ -11,7 +11,7 @@ from prefillviz.peers.workload import PeerRequest
 from prefillviz.ui.output_checks import same_tokens_block
 from prefillviz.ui.results import downloads, get_result, save_result
 from prefillviz.ui.running import progress_callback, run_guarded, run_label
-from prefillviz.ui.shell import page_frame
+from prefillviz.ui.shell import page_frame, run_button, stop_page
 from prefillviz.ui.vllm_panel import vllm_panel
 from prefillviz.ui.workload_controls import workload_controls
 
@@ -41,7 +41,7 @@ def workload(token_budget):
     )
 
 
-if loaded is not None and st.button("Run with chunking off, then on", type="primary", key="chunked_run"):
+if run_button("Run with chunking off, then on", type="primary", key="chunked_run"):
     with run_guarded("The chunked-prefill run"):
         work = workload(choice.budget)
         total = work.estimated_num_steps(False) + work.estimated_num_steps(True)
@@ -53,7 +53,7 @@ if loaded is not None and st.button("Run with chunking off, then on", type="prim
 
 result = get_result("chunked")
 if result is None:
-    st.stop()
+    stop_page()
 
 comparison, label = result["comparison"], result["label"]
 work, off, on = comparison.workload, comparison.off, comparison.on
@@ -162,7 +162,7 @@ st.markdown(
 )
 budgets = st.multiselect("Token budgets", [16, 32, 64, 128, 256, 512, 1024, 2048], [32, 64, 128, 256],
                          max_selections=hosted_policy().limit("sweep_points", 64), key="chunked_sweep_budgets")
-if loaded is not None and st.button("Run the budget sweep", key="chunked_sweep_run"):
+if run_button("Run the budget sweep", key="chunked_sweep_run"):
     with run_guarded("The budget sweep"):
         if not budgets:
             st.error("Pick at least one token budget for the sweep.")

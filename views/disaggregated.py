@@ -9,7 +9,7 @@ from prefillviz.figures import disagg as figures
 from prefillviz.ui.output_checks import same_tokens_block
 from prefillviz.ui.results import downloads, figure_section, get_result, save_result
 from prefillviz.ui.running import progress_callback, run_guarded, run_label
-from prefillviz.ui.shell import page_frame
+from prefillviz.ui.shell import page_frame, run_button, stop_page
 from prefillviz.ui.workload_controls import workload_controls
 
 loaded = page_frame()
@@ -30,7 +30,7 @@ choice = workload_controls(
     "Disaggregated: once every short request has this many tokens."
 )
 
-if loaded is not None and st.button("Run one engine (chunking off, on), then disaggregated", type="primary",
+if run_button("Run one engine (chunking off, on), then disaggregated", type="primary",
                                     key="disagg_run"):
     with run_guarded("The disaggregated run"):
         work = build_workload(loaded.tokenizer, choice.num_short, choice.short_tokens, choice.short_new,
@@ -43,7 +43,7 @@ if loaded is not None and st.button("Run one engine (chunking off, on), then dis
 
 result = get_result("disagg")
 if result is None:
-    st.stop()
+    stop_page()
 
 comparison, label = result["comparison"], result["label"]
 run, work, summaries = comparison.disagg, comparison.workload, comparison.summaries

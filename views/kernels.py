@@ -16,7 +16,7 @@ from prefillviz.measure import kernel_bench
 from prefillviz.measure import kernels as experiments
 from prefillviz.ui.results import downloads, get_result, save_result
 from prefillviz.ui.running import run_guarded
-from prefillviz.ui.shell import page_frame
+from prefillviz.ui.shell import page_frame, run_button, stop_page
 
 loaded = page_frame()
 
@@ -57,7 +57,7 @@ include_flex = controls[1].checkbox(
     disabled=policy.enabled,
 )
 
-if loaded is not None and st.button("Measure", type="primary", key="kernels_run"):
+if run_button("Measure", type="primary", key="kernels_run"):
     bar = st.progress(0.0, text="starting")
     with run_guarded("The kernel timings"):
         save_result(
@@ -114,7 +114,7 @@ st.markdown(
     "over the paged cache). The **measured** backend (`prefillviz/backends/`) runs the same ops on C++ kernels and "
     "oneDNN, each chosen by timing it here. Both prefill your prompt in one step, timing passes in turns."
 )
-if loaded is not None and st.button("Compare the two backends", key="kernels_backends_run"):
+if run_button("Compare the two backends", key="kernels_backends_run"):
     backends_bar = st.progress(0.0, text="starting")
     with run_guarded("The comparison of the backends"):
         save_result("kernels_backends", tuning.compare_backends(
@@ -144,7 +144,7 @@ if comparison is not None:
 
 result = get_result("kernels")
 if result is None:
-    st.stop()
+    stop_page()
 
 st.caption(
     f"Last run: {result.num_tokens:,} prompt tokens · {result.model_id} on **{result.device}**, {result.dtype}. "

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from prefillviz.ui.shell import PAGE_URL_PATH
+from prefillviz.ui.shell import PAGE_URL_PATH, finish_page, navigated_page
 
 
 def main() -> None:
@@ -23,4 +23,6 @@ def main() -> None:
     ]
     page = st.navigation(pages)
     st.session_state[PAGE_URL_PATH] = page.url_path  # for the page's share link
-    page.run()
+    with navigated_page():
+        page.run()  # the whole page first, even while the model is being prepared (a page that ends early: stop_page)
+    finish_page()  # then, if it is, the progress bar counts down until it is ready, and the page runs again

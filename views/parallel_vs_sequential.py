@@ -18,7 +18,7 @@ from prefillviz.measure.roofline import DEFAULT_DECODE_CONTEXTS, DEFAULT_PREFILL
 from prefillviz.peers.workload import PeerRequest
 from prefillviz.ui.results import downloads, get_result, save_result
 from prefillviz.ui.running import progress_bar, run_guarded
-from prefillviz.ui.shell import page_frame
+from prefillviz.ui.shell import page_frame, run_button
 from prefillviz.ui.vllm_panel import vllm_panel
 
 loaded = page_frame()
@@ -67,7 +67,7 @@ max_tokens = st.number_input(
     help="Token-by-token runs one step per token (tens of ms each on a CPU), twice: a timing and an inspection pass.",
 )
 
-if loaded is not None and st.button("Run both ways", type="primary", key="parallel_run"):
+if run_button("Run both ways", type="primary", key="parallel_run"):
     with run_guarded("The comparison"):
         with progress_bar("Parallel vs token-by-token") as update:
             save_result("parallel", run_both_ways(loaded, prompt, int(max_tokens), progress=update))
@@ -206,7 +206,7 @@ def bend_text(sweep) -> str:
     )
 
 
-if loaded is not None and st.button("Run the sweep", key="parallel_sweep_run"):
+if run_button("Run the sweep", key="parallel_sweep_run"):
     with run_guarded("The sweep"):
         with progress_bar("Sweep") as update:
             save_result("parallel_sweep", run_sweep(loaded, parallel_sizes, sequential_sizes, int(parallel_runs),
@@ -265,7 +265,7 @@ decode_contexts = columns[1].multiselect(
 )
 roofline_runs = columns[2].number_input("Runs per point (median)", 1, 9, 2, key="parallel_roofline_runs")
 
-if loaded is not None and st.button("Measure the roofline", key="parallel_roofline_run"):
+if run_button("Measure the roofline", key="parallel_roofline_run"):
     with (run_guarded("The roofline"),
           st.spinner("Reading or measuring the machine's peaks, then timing prefill and decode steps…")):
         save_result("parallel_roofline", run_roofline(loaded, prefill_sizes, decode_contexts, int(roofline_runs)))

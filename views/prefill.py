@@ -12,7 +12,7 @@ from prefillviz.machine.devices import dtype_name
 from prefillviz.ui.presenter import chart
 from prefillviz.ui.results import downloads, get_result, save_result
 from prefillviz.ui.running import measured_once, run_guarded, sharing_note, timing_runs_for
-from prefillviz.ui.shell import page_frame
+from prefillviz.ui.shell import page_frame, run_button, stop_page
 
 loaded = page_frame()
 
@@ -36,7 +36,7 @@ st.selectbox("Preset", list(PRESETS), key="prefill_preset", on_change=use_preset
 st.session_state.setdefault("prefill_prompt", PRESETS[st.session_state["prefill_preset"]])
 prompt = st.text_area("Prompt", height=150, key="prefill_prompt", persist_state="session")  # kept across pages
 
-if loaded is not None and st.button("Run prefill", type="primary", key="prefill_run"):
+if run_button("Run prefill", type="primary", key="prefill_run"):
     with run_guarded("The prefill", queue=False), st.spinner("Running a few timing passes, then an inspection pass…"):
         # identical inputs (model, device, dtype, prompt, settings) are measured once for every session asking
         key = ("prefill page", loaded.model_id, str(loaded.device), dtype_name(loaded.dtype), prompt, "greedy",
@@ -63,7 +63,7 @@ with st.expander("Load a saved run (no model needed)"):
 
 result = get_result("prefill")
 if result is None:
-    st.stop()
+    stop_page()
 
 timing, inspection, request_id = result.timing, result.inspection, result.request_id
 record = timing.requests[request_id]

@@ -17,7 +17,7 @@ from prefillviz.peers.workload import PeerRequest
 from prefillviz.ui.output_checks import same_tokens_block
 from prefillviz.ui.results import downloads, figure_section, get_result, save_result
 from prefillviz.ui.running import progress_callback, run_guarded, run_label
-from prefillviz.ui.shell import page_frame
+from prefillviz.ui.shell import page_frame, run_button, stop_page
 from prefillviz.ui.vllm_panel import vllm_panel
 
 loaded = page_frame()
@@ -48,7 +48,7 @@ small_blocks = row[1].number_input(
     key="prefix_small_blocks"
 )
 
-if loaded is not None and st.button("Run the stream", type="primary", key="prefix_run"):
+if run_button("Run the stream", type="primary", key="prefix_run"):
     with run_guarded("The prefix-cache run"):
         stream = build_stream(
             loaded.tokenizer, shared_prefix,
@@ -64,7 +64,7 @@ if loaded is not None and st.button("Run the stream", type="primary", key="prefi
 
 result = get_result("prefix")
 if result is None:
-    st.stop()
+    stop_page()
 
 experiment, label = result["experiment"], result["label"]
 stream, on, off, small = experiment.stream, experiment.cache_on, experiment.cache_off, experiment.small_cache

@@ -20,7 +20,7 @@ from prefillviz.peers import papers_vllm
 from prefillviz.peers.vllm_client import VLLMWorker, unavailable_for
 from prefillviz.ui.results import downloads, get_result, save_result
 from prefillviz.ui.running import progress_bar, run_guarded, run_label
-from prefillviz.ui.shell import page_frame
+from prefillviz.ui.shell import page_frame, run_button
 from prefillviz.ui.vllm_panel import _worker
 
 loaded = page_frame()
@@ -42,10 +42,6 @@ def source_caption(name: str) -> None:
     note = f" ({source.note})" if source.note else ""
     st.caption(f"Published numbers: [{source.repo} `{source.path}`]({source.url}) "
                f"at commit `{source.commit[:10]}`; {source.model} on {source.hardware}{note}.")
-
-
-def run_button(key: str, label: str) -> bool:
-    return loaded is not None and st.button(label, type="primary", key=key)
 
 
 def vllm_button(key: str) -> bool:
@@ -76,7 +72,7 @@ st.markdown(
 )
 source_caption("piggyback")
 chunk_tokens = st.select_slider("Chunk C (tokens)", [64, 128, 256, 512, 1024], 256, key="papers_piggyback_chunk")
-if run_button("papers_piggyback_run", "Time the three steps"):
+if run_button("Time the three steps", type="primary", key="papers_piggyback_run"):
     with run_guarded("The piggyback run"), progress_bar("Three kinds of step") as report:
         save_result("papers_piggyback", {"result": run_piggyback(loaded, chunk_tokens, 3, report),
                                          "label": run_label(loaded, "none")})
@@ -114,7 +110,7 @@ prompt_sizes = row[0].multiselect("Prompt lengths N", [256, 512, 1024, 2048, 307
                                   key="papers_chunk_prompts", max_selections=most_points)
 chunk_sizes = row[1].multiselect("Chunk sizes", [64, 128, 256, 512, 1024, 2048], [128, 256, 512, 1024],
                                  key="papers_chunk_sizes", max_selections=most_points)
-if run_button("papers_chunk_run", "Prefill whole and in chunks"):
+if run_button("Prefill whole and in chunks", type="primary", key="papers_chunk_run"):
     with run_guarded("The chunk-cost run"), progress_bar("Whole and chunked prefills") as report:
         save_result("papers_chunk_cost", {"result": run_chunk_cost(loaded, prompt_sizes, chunk_sizes, 2, report),
                                           "label": run_label(loaded, "none")})
@@ -146,7 +142,7 @@ source_caption("knee")
 knee_sizes = st.multiselect("Prompt lengths N", [2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024],
                             list(DEFAULT_SIZES)[::-1][:most_points][::-1], key="papers_knee_sizes",
                             max_selections=most_points)
-if run_button("papers_knee_run", "Measure TTFT against N"):
+if run_button("Measure TTFT against N", type="primary", key="papers_knee_run"):
     with run_guarded("The knee sweep"), progress_bar("TTFT against N") as report:
         report(0.0, "reading (or measuring) this machine's peaks")
         peaks = machine_peaks(*device_and_dtype(loaded.model))
@@ -188,7 +184,7 @@ block_sizes = row[0].multiselect("Block sizes", [8, 16, 32, 64], [16, 32], key="
 prefix_tokens = row[1].number_input("Long-output run: shared prefix (tokens)", 16, 2048, 256,
                                     key="papers_prefix_tokens")
 output_tokens = row[2].number_input("… tokens generated", 1, 256, 32, key="papers_output_tokens")
-if run_button("papers_prefix_run", "Run the prefixes"):
+if run_button("Run the prefixes", type="primary", key="papers_prefix_run"):
     with run_guarded("The prefix-block run"), progress_bar("Shared prefixes") as report:
         hits = run_block_hits(loaded, block_sizes, None, report)
         report(1.0, f"the same request with the cache on and off, {output_tokens} new tokens")
@@ -242,7 +238,7 @@ st.markdown(
 source_caption("interference")
 long_sizes = st.multiselect("Long prompt lengths", [32, 64, 128, 256, 512, 1024, 2048], [64, 256, 1024],
                             key="papers_interference_sizes", max_selections=most_points)
-if run_button("papers_interference_run", "Run the three set-ups at each length"):
+if run_button("Run the three set-ups at each length", type="primary", key="papers_interference_run"):
     with run_guarded("The interference sweep"), progress_bar("One engine, then the two workers, per length") as report:
         workload = build_workload(loaded.tokenizer, **{**WORKLOAD_DEFAULTS.as_dict(), "short_max_new_tokens": 12,
                                                        "long_max_new_tokens": 2})

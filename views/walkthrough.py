@@ -13,7 +13,7 @@ from prefillviz.ui import classroom
 from prefillviz.ui.results import get_result, save_result
 from prefillviz.ui.running import measured_once, run_guarded, run_label
 from prefillviz.ui.settings import set_setting
-from prefillviz.ui.shell import page_frame
+from prefillviz.ui.shell import page_frame, run_button, stop_page
 
 loaded = page_frame()
 
@@ -28,7 +28,7 @@ try:
     LESSONS = lessons.load_lessons()
 except lessons.LessonError as error:
     st.error(f"The lesson files could not be loaded: {error}")
-    st.stop()
+    stop_page()
 
 here = classroom.room_controls()  # a class room: start, join, or its code and link
 # a student: the teacher's lesson and step
@@ -155,13 +155,12 @@ st.subheader("② Run it on the model")
 in_settings = all(state.get(lessons.SETTINGS[name][0]) == value for name, value in step.settings.items())
 key = lessons.action_key(step.action, loaded, step.settings) if loaded is not None else None
 outcome = runs.get(key) if in_settings else None  # a run in other settings doesn't answer this step
-clicked = st.button(
+clicked = run_button(
     "Run again" if outcome is not None else "Run this step on the model",
     key="lesson_run",
     type="secondary" if outcome is not None else "primary",
     on_click=apply_settings,
     args=(step.settings,),
-    disabled=loaded is None,
     width="stretch",
 )
 if clicked and loaded is not None:

@@ -13,7 +13,7 @@ from prefillviz.probe.load_sweep import LoadSettings, load_sweep
 from prefillviz.probe.report import DEFAULT_SIZES, EXPERIMENTS, WHAT_OUTSIDE_CAN_MEASURE, ProbeSettings, probe_server
 from prefillviz.ui.results import downloads, figure_section, get_result, save_result
 from prefillviz.ui.running import progress_bar, run_guarded
-from prefillviz.ui.shell import page_frame
+from prefillviz.ui.shell import page_frame, stop_page
 
 page_frame()  # the sidebar; the probe itself doesn't use the local model
 
@@ -38,7 +38,7 @@ if policy.enabled and not policy.allowed_probe_urls:
         "Probing a server is off in this hosted demo: a public page that fetched any URL it is given would let "
         "strangers reach the host's private network. Run prefillviz on your own machine to probe yours."
     )
-    st.stop()
+    stop_page()
 
 st.subheader("Server")
 row = st.columns([3, 2, 2])

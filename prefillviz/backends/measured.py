@@ -22,7 +22,6 @@ from prefillviz.backends.attention import compiled_attention_status, step_attent
 from prefillviz.backends.dispatch import STOCK, StepChoice
 from prefillviz.backends.kv_spares import kept_kv_cache
 from prefillviz.backends.llama_weights import llama_weights
-from prefillviz.backends.stock_forward import stock_forward
 from prefillviz.engine.backend import TorchStepOps, norm_eps, silu_mul
 from prefillviz.engine.kv_cache import cache_shape
 
@@ -110,7 +109,14 @@ class MeasuredBackend:
         return MeasuredStepOps(model, choice, compiled)
 
     new_kv_cache = staticmethod(kept_kv_cache)
-    stock_forward = staticmethod(stock_forward)  # a model the engine's own forward does not know
+
+    @staticmethod
+    def stock_forward(model: torch.nn.Module, inputs: dict, ops, observer=None) -> torch.Tensor:
+        """A model the engine's own forward does not know: transformers' forward, the step's attention inside.
+        Imported on first use: it registers the attention with transformers, whose modeling code loads slowly."""
+        from prefillviz.backends.stock_forward import stock_forward
+
+        return stock_forward(model, inputs, ops, observer)
 
 
 MEASURED = MeasuredBackend()

@@ -11,11 +11,19 @@ chunked and prefix experiments run ``short_warm_up`` before their timed runs.
 
 from __future__ import annotations
 
+from prefillviz.backends.dispatch_tables import table_for
 from prefillviz.experiments.one_request import run_one
 from prefillviz.experiments.prefill import run_prefill
 from prefillviz.loading.models import LoadedModel
 from prefillviz.loading.prompts import PRESETS
+from prefillviz.machine.progress import FractionProgress
 from prefillviz.machine.timers import run_timed
+
+
+def prepare_dispatch(loaded: LoadedModel, progress: FractionProgress | None = None) -> None:
+    """The measured backend's choice of kernels for the model: timed now (the first start on this machine),
+    or read from where it was kept (``backends/dispatch_tables.py``)."""
+    table_for(loaded.model, progress=progress)
 
 
 def warm_up(loaded: LoadedModel) -> float:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -73,10 +74,30 @@ def _decode(value, arrays):
     return value
 
 
-def save_trace(trace: trace_module.Trace, directory: str | Path) -> Path:
-    """Write ``trace`` into ``directory`` (created if needed); returns the folder."""
+def writable_folder(directory: str | Path) -> Path:
+    """``directory``, created if needed, once a file could be written in it.
+
+    Raises:
+        PrefillVizError: it can't be made or written (read-only, a file in the way, ``/proc``, no permission).
+    """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".prefillviz-write-check-"):
+            pass
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise PrefillVizError(f"Can't write to {directory} ({reason}): pick a folder you can write to.") from None
+    return directory
+
+
+def save_trace(trace: trace_module.Trace, directory: str | Path) -> Path:
+    """Write ``trace`` into ``directory`` (created if needed); returns the folder.
+
+    Raises:
+        PrefillVizError: the folder can't be written.
+    """
+    directory = writable_folder(directory)
     arrays: dict[str, np.ndarray] = {}
     data = {"format_version": FORMAT_VERSION, "trace": _encode(trace, arrays)}
     if trace.profile is not None:

@@ -68,6 +68,17 @@ def bundled_gguf() -> Path:
     )
 
 
+def cache_ready() -> bool:
+    """Whether the bundled model's safetensors copy is there, complete and made from the installed GGUF
+    (then a load reads it; else the first load dequantizes the GGUF)."""
+    try:
+        manifest = json.loads((bundled_cache_dir() / _MANIFEST).read_text())
+        gguf = bundled_gguf()
+    except (OSError, ValueError, ModelLoadError):
+        return False
+    return manifest == {"format": _CACHE_FORMAT, "gguf_file": gguf.name, "gguf_size": gguf.stat().st_size}
+
+
 def load_bundled(report: MessageProgress) -> tuple[Any, Any, str]:
     gguf = bundled_gguf()
     cache = bundled_cache_dir()
@@ -92,7 +103,20 @@ def load_bundled(report: MessageProgress) -> tuple[Any, Any, str]:
         _write_cache(cache, gguf, model, tokenizer)
     except OSError as exc:  # a read-only or full disk only costs speed next time
         report(f"could not save the cache ({exc}); the next load will dequantize again")
+        return _plain_model(model), tokenizer, "bundled gguf"
+    # the copy just written, as every later load reads it: one plain model, whichever load it is
+    model, tokenizer = load_from_cache(cache, gguf)
     return model, tokenizer, "bundled gguf"
+
+
+def _plain_model(model: Any) -> Any:
+    """The GGUF-loaded model without transformers' quantization marks: its weights are plain float32 already
+    (dequantized on load), but the marks refuse a dtype change (``.float()``) as for a quantized model."""
+    model.config = _plain_config(model.config)
+    model.hf_quantizer = None
+    if "is_quantized" in vars(model):
+        model.is_quantized = False
+    return model
 
 
 _GGUF_LOAD_LOCK = threading.Lock()

@@ -12,7 +12,7 @@ from prefillviz.experiments.inspect_run import InspectionRun, from_prefill_resul
 from prefillviz.loading.prompts import PRESETS
 from prefillviz.ui.results import get_result, save_result
 from prefillviz.ui.running import progress_callback, run_guarded
-from prefillviz.ui.shell import loaded_model
+from prefillviz.ui.shell import loaded_model, stop_page
 
 PREFILL_RUN, THIS_PAGE_RUN = "the Prefill page's last run", "a run on this page"
 
@@ -42,6 +42,6 @@ def inspection_source(page: str, prefix: str, chunk_help: str, empty_hint: str) 
     runs = {label: run for label, run in runs.items() if run is not None}
     if not runs:
         st.info(empty_hint)
-        st.stop()
+        stop_page()
     label = st.radio("Show", list(runs), key=f"{prefix}_source", horizontal=True) if len(runs) > 1 else next(iter(runs))
     return runs[label]

@@ -1,5 +1,5 @@
-"""The sidebar: the model picker (the model loaded once per id, device and dtype, cached with
-``st.cache_resource`` and shared, so it holds no per-run state) and the loaded model's card."""
+"""The sidebar: the model picker (the model made ready once per id, device and dtype in a thread of its
+own and shared, so it holds no per-run state: ``preparation.py``) and the loaded model's card."""
 
 from __future__ import annotations
 
@@ -9,26 +9,16 @@ import torch
 from prefillviz.backends.dispatch_tables import choice_label
 from prefillviz.backends.labels import forward_label
 from prefillviz.backends.packed_weights import linear_weights_label
-from prefillviz.engine.errors import PrefillVizError
-from prefillviz.experiments.warm_up import warm_up
 from prefillviz.loading.hosted import hosted_policy
 from prefillviz.loading.model_registry import BUNDLED_MODEL_ID, RECOMMENDED_MODELS
-from prefillviz.loading.models import LoadedModel, load_model
+from prefillviz.loading.models import LoadedModel
 from prefillviz.machine.devices import cuda_fallback_note, dtype_name
 from prefillviz.measure.dtype_speed import dtype_speed
+from prefillviz.ui.preparation import forget, preparation
 from prefillviz.ui.presenter import PRESENTER_CSS, presenter_mode
-from prefillviz.ui.run_queue import RUN_QUEUE
 from prefillviz.ui.settings import BACKEND_KEY, BACKENDS, device_choices, dtype_choices, kept, session_backend
 
-
-@st.cache_resource(show_spinner=False, max_entries=2)
-def _cached_model(model_id: str, device: str, dtype: str) -> LoadedModel:
-    loaded = load_model(model_id, device=device, dtype=dtype)
-    # through the engine: packing, primitives and hooks stay out of the first measured run. It takes
-    # its turn in the run queue like any run, so it never runs beside another session's timed run.
-    with RUN_QUEUE.turn():
-        loaded.warm_up_s = warm_up(loaded)
-    return loaded
+PENDING = "model_preparing"  # session key: the preparation this run's page waits for (None: nothing to wait for)
 
 
 def model_choice() -> tuple[str, str, str]:
@@ -80,17 +70,22 @@ def model_choice() -> tuple[str, str, str]:
 
 
 def current_model() -> LoadedModel | None:
-    """The model picked in the sidebar, loaded once per (id, device, dtype); None (with a
-    message in the sidebar) when it can't be loaded."""
+    """The model picked in the sidebar once it is ready (loaded, its kernels timed, warmed up; shared by
+    every session). None while it is being made ready, with the preparation in ``st.session_state[PENDING]``
+    for the page to show, or when it can't be, with the error in the sidebar."""
     model_id, device, dtype = model_choice()
+    prepared = preparation(model_id, device, dtype)
+    st.session_state[PENDING] = None
     with st.sidebar:
-        try:
-            with st.spinner(f"Loading {model_id} and warming it up (the bundled "
-                            "model's very first load dequantizes its GGUF: ~10 s)…"):
-                loaded = _cached_model(model_id, device, dtype)
-        except PrefillVizError as error:
-            st.error(str(error))
+        if prepared.error is not None:
+            st.error(prepared.error)
+            forget(prepared)  # the next visit tries again
             return None
+        if not prepared.ready:
+            st.caption(f"Preparing {model_id}: the page shows how far it is.")
+            st.session_state[PENDING] = prepared
+            return None
+        loaded = prepared.loaded
         model_card(loaded)
         if loaded.device.type == "cpu" and cuda_fallback_note():
             st.warning(cuda_fallback_note(), icon=":material/memory:")

@@ -95,6 +95,8 @@ def test_prefill_then_every_page_in_a_real_browser(app_url):
         # navigation (page titles), not Streamlit's pages-folder one (file names, and an "app" entry)
         page.goto(f"{app_url}/kv_cache")
         expect(page.locator("h1").first).to_contain_text("KV cache", timeout=120_000)
+        # never blank: the page drew itself while the fresh server was still preparing the model, and says how far
+        expect(page.locator('[data-testid="stProgress"]').first).to_contain_text("Preparing bundled:SmolLM2-135M")
         navigation = page.locator('[data-testid="stSidebarNav"]')
         expect(navigation.get_by_text("Parallel vs token-by-token", exact=True)).to_be_visible(timeout=30_000)
         assert navigation.get_by_text("app", exact=True).count() == 0

@@ -144,3 +144,13 @@ def test_bench_json_has_the_documented_keys(bundled):
     assert all(
         data[key] is None for key in ("engine_over_vllm_prefill_512", "engine_over_vllm_decode", "vllm_outputs_equal")
     )
+
+
+def test_an_unwritable_trace_folder_is_a_plain_error_before_the_model_loads(capsys, tmp_path):
+    blocking_file = tmp_path / "a-file"
+    blocking_file.write_text("not a folder")
+    for folder, reason in (("/proc/nope", "No such file or directory"), (str(blocking_file / "x"), "Not a directory")):
+        # the folder is checked first: the model is never loaded
+        assert main(["trace", "--prompt", "hi", "--out", folder, "--model", "/no/such/model"]) == 2
+        error = capsys.readouterr().err.strip()
+        assert error == f"error: --out {folder}: Can't write to {folder} ({reason}): pick a folder you can write to."

@@ -15,7 +15,10 @@ from tests.conftest import assert_matches_hf
 from tests.hf_oracle import hf_greedy_generate
 from tests.tolerances import assert_same_greedy_generation
 
-pytestmark = pytest.mark.usefixtures("backend")  # every mechanism on the textbook backend and on the measured one
+# every mechanism on the textbook backend and on the measured one; the bundled model's longest runs (its
+# chunks of 1, its greedy generations) on the measured backend, the one the app runs it on (the textbook's
+# run of the bundled model's chunks, decodes and prefix hit: tests/model/test_llama_forward.py)
+BOTH_BACKENDS = pytest.mark.usefixtures("backend")
 
 
 def random_prompt(length, vocab_size, seed):
@@ -30,6 +33,7 @@ def first_token_logits(model, token_ids, **config):
     return request.first_token_logits, trace
 
 
+@BOTH_BACKENDS
 @pytest.mark.parametrize("chunk_size", [None, 1, 7, 64])
 def test_tiny_model_chunked_prefill_matches_hf(tiny_llama, chunk_size):
     prompt = random_prompt(100, 128, seed=1)
@@ -51,6 +55,7 @@ def test_bundled_model_chunked_prefill_matches_hf(bundled, chunk_size):
     assert_matches_hf(bundled.model, prompt, logits)
 
 
+@BOTH_BACKENDS
 @pytest.mark.parametrize("model_name", ["tiny_llama", "bundled"])
 def test_prefix_cache_hit_matches_hf(request, model_name):
     fixture = request.getfixturevalue(model_name)
@@ -69,6 +74,7 @@ def test_prefix_cache_hit_matches_hf(request, model_name):
     assert_matches_hf(model, second, second_request.first_token_logits)
 
 
+@BOTH_BACKENDS
 @pytest.mark.parametrize("model_name", ["tiny_llama", "bundled"])
 def test_mixed_step_prefill_chunk_with_two_decodes_matches_hf(request, model_name):
     fixture = request.getfixturevalue(model_name)
@@ -127,6 +133,7 @@ def test_bundled_greedy_generations_equal_hf_generate_and_generate_batch(bundled
         assert_same_greedy_generation(bundled.model, prompt, generated, by_prompt[tuple(prompt)][:16])
 
 
+@BOTH_BACKENDS
 def test_tiny_greedy_generations_equal_hf_generate(tiny_llama):
     prompts = [random_prompt(n, 128, seed=10 + n) for n in (5, 17, 33)]
     ours = engine_greedy(tiny_llama, prompts, 16, token_budget=20, block_size=4)

@@ -153,12 +153,13 @@ def test_the_warm_up_waits_for_its_turn_in_the_run_queue(monkeypatch):
     import time
     from types import SimpleNamespace
 
-    from prefillviz.ui import sidebar
+    from prefillviz.ui import preparation
     from prefillviz.ui.run_queue import RUN_QUEUE
 
     events = []
-    monkeypatch.setattr(sidebar, "load_model", lambda *args, **kwargs: SimpleNamespace(warm_up_s=None))
-    monkeypatch.setattr(sidebar, "warm_up", lambda loaded: events.append("warm-up") or 0.1)
+    monkeypatch.setattr(preparation, "load_model", lambda *args, **kwargs: SimpleNamespace(warm_up_s=None))
+    monkeypatch.setattr(preparation, "prepare_dispatch", lambda loaded: None)
+    monkeypatch.setattr(preparation, "warm_up", lambda loaded: events.append("warm-up") or 0.1)
     release = threading.Event()
 
     def other_sessions_run():
@@ -171,11 +172,11 @@ def test_the_warm_up_waits_for_its_turn_in_the_run_queue(monkeypatch):
     runner.start()
     while "run starts" not in events:
         time.sleep(0.01)
-    loader = threading.Thread(target=lambda: sidebar._cached_model.__wrapped__("some-model", "cpu", "float32"))
-    loader.start()
+    prepared = preparation.Preparation("some-model", "cpu", "float32")  # in a thread of its own
     time.sleep(0.3)
-    assert events == ["run starts"]  # the warm-up is waiting for its turn
+    assert events == ["run starts"] and not prepared.ready  # the warm-up is waiting for its turn
+    assert prepared.stage == "warm up" and "step 3 of 3: warming up" in prepared.text()
     release.set()
     runner.join(10)
-    loader.join(10)
+    assert prepared.done.wait(10) and prepared.ready and prepared.error is None
     assert events == ["run starts", "run ends", "warm-up"]

@@ -93,6 +93,19 @@ def test_bundled_model_loads_offline_from_the_gguf(bundled_loads):
     )
 
 
+def test_the_first_load_is_the_same_plain_model_as_every_later_one(bundled_loads):
+    """Into an empty cache the GGUF is dequantized, saved, and the saved copy loaded: no quantization marks,
+    which would refuse a dtype change, and the same tensors as a later load's (the next test)."""
+    first, cached, _ = bundled_loads
+    for loaded in (first, cached):
+        model = loaded.model
+        assert not getattr(model, "is_quantized", False) and getattr(model, "hf_quantizer", None) is None
+        assert not hasattr(model.config, "quantization_config")
+    import copy
+
+    assert copy.deepcopy(first.model).float().dtype == torch.float32  # a model marked quantized refuses .float()
+
+
 def test_bundled_model_knows_the_capital_of_france(bundled_loads):
     _, cached, _ = bundled_loads
     inputs = cached.tokenizer(PROMPT, return_tensors="pt")

@@ -1,0 +1,81 @@
+"""The model made ready behind the page (ui/preparation.py): its stages in order, what the progress bar says,
+the seconds left from this machine's own last times, a failure kept as one message and tried again."""
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from prefillviz.loading.model_registry import BUNDLED_MODEL_ID
+from prefillviz.ui import preparation
+
+
+@pytest.fixture
+def slow_stages(monkeypatch, tmp_path):
+    """A preparation whose stages each wait for the test's go (no model): load, time the kernels, warm up."""
+    monkeypatch.setenv("PREFILLVIZ_CACHE", str(tmp_path))
+    go = {stage: threading.Event() for stage in ("load", "kernels", "warm up")}
+
+    def load(*args, progress=None, **kwargs):
+        progress("saving a safetensors copy to the cache for fast loads")  # past the dequantizing
+        go["load"].wait(10)
+        return SimpleNamespace(warm_up_s=None)
+
+    monkeypatch.setattr(preparation, "load_model", load)
+    monkeypatch.setattr(preparation, "prepare_dispatch", lambda loaded: go["kernels"].wait(10))
+    monkeypatch.setattr(preparation, "warm_up", lambda loaded: go["warm up"].wait(10) and 0.5)
+    monkeypatch.setattr(preparation.bundled, "bundled_package_installed", lambda: True)
+    monkeypatch.setattr(preparation.bundled, "cache_ready", lambda: False)  # an empty cache: the first start
+    return go
+
+
+def wait_for(condition, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_a_first_start_goes_through_each_stage_and_says_where_it_is(slow_stages):
+    prepared = preparation.Preparation(BUNDLED_MODEL_ID, "cpu", "float32")
+    assert prepared.stages == ["dequantize", "load", "kernels", "warm up"]
+    wait_for(lambda: prepared.stage == "load")
+    assert "step 2 of 4: loading the model" in prepared.text() and not prepared.ready
+    expected = prepared.expected  # no times of this machine yet: each stage's estimate
+    assert prepared.seconds_left() <= expected["load"] + expected["kernels"] + expected["warm up"]
+    assert prepared.seconds_left() > expected["kernels"] + expected["warm up"] - 1e-9
+    assert 0 < prepared.fraction() < 1
+    slow_stages["load"].set()
+    wait_for(lambda: prepared.stage == "kernels")
+    assert "step 3 of 4: timing this machine's kernels (first start only)" in prepared.text()
+    slow_stages["kernels"].set()
+    wait_for(lambda: prepared.stage == "warm up")
+    assert "step 4 of 4: warming up" in prepared.text()
+    slow_stages["warm up"].set()
+    assert prepared.done.wait(10) and prepared.ready and prepared.error is None
+    assert prepared.loaded.warm_up_s == 0.5 and prepared.seconds_left() == 0 and prepared.fraction() == 1
+    assert set(prepared.durations) == {"dequantize", "load", "kernels", "warm up"}
+    # the next start on this machine counts down from what this one took
+    assert preparation.measured_seconds() == pytest.approx(prepared.durations, abs=1e-3)
+
+
+def test_a_failed_preparation_is_one_message_and_the_next_visit_tries_again(monkeypatch, tmp_path):
+    from prefillviz.engine.errors import ModelLoadError
+
+    monkeypatch.setenv("PREFILLVIZ_CACHE", str(tmp_path))
+    attempts = []
+
+    def load(model_id, **kwargs):
+        attempts.append(model_id)
+        raise ModelLoadError(f"Could not load {model_id!r}: no such folder.")
+
+    monkeypatch.setattr(preparation, "load_model", load)
+    prepared = preparation.preparation("/no/such/model", "cpu", "float32")
+    assert prepared.done.wait(10) and not prepared.ready
+    assert prepared.error == "Could not load '/no/such/model': no such folder."
+    assert preparation.preparation("/no/such/model", "cpu", "float32") is prepared  # shared until shown
+    preparation.forget(prepared)
+    again = preparation.preparation("/no/such/model", "cpu", "float32")
+    assert again is not prepared and again.done.wait(10) and attempts == ["/no/such/model"] * 2
+    preparation.forget(again)

@@ -26,6 +26,12 @@ def random_prompt(length, vocab_size, seed):
     return torch.randint(3, vocab_size, (length,), generator=generator).tolist()
 
 
+def model_named(request, model_name):
+    """The bare model of the ``tiny_llama`` or ``bundled`` fixture (a ``LoadedModel``'s ``.model``)."""
+    fixture = request.getfixturevalue(model_name)
+    return fixture.model if hasattr(fixture, "tokenizer") else fixture
+
+
 def first_token_logits(model, token_ids, **config):
     engine = LLMEngine(model, tokenizer=None, config=EngineConfig(**config))
     request = engine.add_request(token_ids)
@@ -58,8 +64,7 @@ def test_bundled_model_chunked_prefill_matches_hf(bundled, chunk_size):
 @BOTH_BACKENDS
 @pytest.mark.parametrize("model_name", ["tiny_llama", "bundled"])
 def test_prefix_cache_hit_matches_hf(request, model_name):
-    fixture = request.getfixturevalue(model_name)
-    model = fixture.model if hasattr(fixture, "tokenizer") else fixture  # LoadedModel or a bare model
+    model = model_named(request, model_name)
     vocab = model.config.vocab_size
     shared = random_prompt(48, vocab, seed=2)
     first, second = shared + random_prompt(5, vocab, seed=3), shared + random_prompt(9, vocab, seed=4)
@@ -77,8 +82,7 @@ def test_prefix_cache_hit_matches_hf(request, model_name):
 @BOTH_BACKENDS
 @pytest.mark.parametrize("model_name", ["tiny_llama", "bundled"])
 def test_mixed_step_prefill_chunk_with_two_decodes_matches_hf(request, model_name):
-    fixture = request.getfixturevalue(model_name)
-    model = fixture.model if hasattr(fixture, "tokenizer") else fixture  # LoadedModel or a bare model
+    model = model_named(request, model_name)
     vocab = model.config.vocab_size
     short_a, short_b, long_prompt = (random_prompt(n, vocab, seed=s) for n, s in [(9, 5), (13, 6), (60, 7)])
     engine = LLMEngine(model, tokenizer=None, config=EngineConfig(token_budget=24, enable_prefix_caching=False))

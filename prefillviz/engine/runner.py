@@ -99,7 +99,7 @@ class ModelRunner:
         meta = inputs["prefillviz_metadata"]
         ops = self.backend.for_step(self.model, meta)
         if self.own_forward is not None:
-            self.last_ran = ops.ran
+            self.last_ran = dict(ops.ran)  # a record of its own: a backend may share one dict between steps
             return self.own_forward(inputs, ops, observer).float().cpu()
         self.last_ran = {**ops.ran, "linears": "the model's own modules (stock forward)"}
         return self.backend.stock_forward(self.model, inputs, ops, observer).float().cpu()

@@ -69,16 +69,18 @@ def finish_page() -> None:
     prepared = st.session_state.get(PENDING)
     if prepared is None:
         return
-    deadline, ticks = time.monotonic() + PREPARE_TIMEOUT_S, 0
-    while not prepared.done.wait(0.5):
+    deadline, ticks, drawn = time.monotonic() + PREPARE_TIMEOUT_S, 0, None
+    while not prepared.done.wait(1.0):
         if time.monotonic() > deadline:
             st.warning(f"The model is still being prepared after {PREPARE_TIMEOUT_S:.0f} s; "
                        "reload the page to look again.")
             return
-        ticks += 1
+        if prepared.stage == "kernels" and drawn == "kernels":  # still while this machine's kernels are timed
+            continue
+        ticks, drawn = ticks + 1, prepared.stage
         if getattr(_page_run, "bar", None) is not None:
             _page_run.bar.progress(prepared.fraction(), text=prepared.text())
-        for placeholder, label, kwargs in getattr(_page_run, "buttons", []):
+        for placeholder, label, kwargs in getattr(_page_run, "buttons", []) if ticks % 2 == 0 else []:
             _waiting_button(placeholder, label, kwargs, prepared, ticks)
     st.rerun()
 

@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from prefillviz.backends import dispatch, dispatch_tuning
-from prefillviz.backends.dispatch import ATTENTION, BUCKETS, LINEARS, DispatchTable
+from prefillviz.backends.dispatch import ATTENTION, LINEARS, DispatchTable
+from prefillviz.backends.dispatch_buckets import BUCKETS
 from prefillviz.backends.dispatch_tuning import candidate_statuses, fingerprint
 from prefillviz.machine.devices import cache_root, machine_slug
 

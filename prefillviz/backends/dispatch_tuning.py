@@ -12,7 +12,7 @@ For one model, device, dtype and thread count:
    oracle, on a step with a fresh prompt, a chunk after cached context and a decode; the
    linears against an fp32 ``F.linear`` of layer 0's own weights, within a bound derived
    from the dtype's precision (``linear_checks.linear_tolerance``: the linears family's groups, calls and oracle).
-3. **Timing**, for each bucket of ``dispatch.BUCKETS``: one layer's attention on random q/k/v of
+3. **Timing**, for each bucket of ``dispatch_buckets.BUCKETS``: one layer's attention on random q/k/v of
    the model's heads, and layer 0's four linears (q|k|v, o, gate|up, down) on its own weights,
    each candidate as the engine calls it (stock: q, k and v each its own ``F.linear``, the outputs
    concatenated, as ``llama_weights`` runs them; gate|up with the SiLU after it, which the brgemm
@@ -44,7 +44,6 @@ from prefillviz.backends import dispatch, packed_weights
 from prefillviz.backends.attention import ENGINE_KERNELS, attend, compiled_attention_status
 from prefillviz.backends.dispatch import (
     ATTENTION,
-    BUCKETS,
     COMPILED_CANDIDATES,
     LINEARS,
     ONEDNN,
@@ -52,6 +51,7 @@ from prefillviz.backends.dispatch import (
     TORCH_PACKED,
     DispatchTable,
 )
+from prefillviz.backends.dispatch_buckets import BUCKETS
 from prefillviz.backends.host_memory import keep_freed_memory
 from prefillviz.backends.linear_checks import check_linears, input_widths, layer_linears, linear_inputs, linear_layer
 from prefillviz.backends.ops.brgemm_linear import brgemm_linear_why, slab_linear_why

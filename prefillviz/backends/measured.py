@@ -1,6 +1,6 @@
 """The measured backend: the engine's ``Backend`` protocol with the fastest kernels this machine ran.
 
-For each step, the step's bucket (decode, mixed, a prefill's size: ``dispatch.bucket_of``) names the
+For each step, the step's bucket (decode, mixed, a prefill's size: ``dispatch_buckets.bucket_of``) names the
 attention and the linears this machine ran fastest there, among those that passed their oracle
 here (``dispatch_tables.table_for``: measured once per machine, model shape, dtype and thread
 count, and cached). The other ops are the engine's C++ ops where they are built and pass their
@@ -23,7 +23,6 @@ from prefillviz.backends.dispatch import STOCK, StepChoice
 from prefillviz.backends.kv_spares import kept_kv_cache
 from prefillviz.backends.llama_weights import llama_weights
 from prefillviz.engine.backend import TorchStepOps, norm_eps, silu_mul
-from prefillviz.engine.kv_cache import cache_shape
 
 
 class MeasuredStepOps(TorchStepOps):
@@ -104,8 +103,8 @@ class MeasuredBackend:
 
     def for_step(self, model: torch.nn.Module, meta) -> MeasuredStepOps:
         choice = dispatch.step_choice(dispatch_tables.table_for(model), meta.step, self.pack_linear_weights)
-        parameter = next(model.parameters())
-        compiled = compiled_attention_status(parameter.device, parameter.dtype, cache_shape(model.config)[2])[0]
+        keys = meta.kv_cache.key_cache[0]  # (blocks, block size, KVH, D): the model's device, dtype and head size
+        compiled = compiled_attention_status(keys.device, keys.dtype, keys.shape[-1])[0]
         return MeasuredStepOps(model, choice, compiled)
 
     new_kv_cache = staticmethod(kept_kv_cache)

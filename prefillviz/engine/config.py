@@ -61,5 +61,15 @@ class EngineConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive whole number, got {value!r}.")
 
+    def kv_blocks(self, kv_bytes_per_token: int, max_context: int | None) -> int:
+        """How many KV blocks: ``num_blocks``, or as many as the memory budget holds, never more
+        than ``max_num_running`` requests of the model's full context could fill."""
+        if self.num_blocks is not None:
+            return self.num_blocks
+        num_blocks = self.kv_cache_memory_bytes // (kv_bytes_per_token * self.block_size)
+        if max_context:
+            num_blocks = min(num_blocks, -(-max_context // self.block_size) * self.max_num_running)
+        return num_blocks
+
     def as_dict(self) -> dict:
         return asdict(self)

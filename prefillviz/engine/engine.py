@@ -56,18 +56,16 @@ class LLMEngine:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.num_layers, self.num_kv_heads, self.head_dim = cache_shape(model.config)
-        self.max_context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
-        self.vocab_size = model.config.get_text_config().vocab_size
+        text_config = model.config.get_text_config()
+        self.max_context = getattr(text_config, "max_position_embeddings", None)
+        self.vocab_size = text_config.vocab_size
         kv_heads, itemsize = self.num_kv_heads, self.dtype.itemsize  # the model's dtype is the cache's
         self.kv_bytes_per_token = kv_bytes_per_token(self.num_layers, kv_heads, self.head_dim, itemsize)
-        block_bytes = self.kv_bytes_per_token * self.config.block_size
-        num_blocks = self.config.num_blocks or self.config.kv_cache_memory_bytes // block_bytes
-        if self.config.num_blocks is None and self.max_context:  # never more than the running requests can fill
-            num_blocks = min(num_blocks, -(-self.max_context // self.config.block_size) * self.config.max_num_running)
+        num_blocks = self.config.kv_blocks(self.kv_bytes_per_token, self.max_context)
         if num_blocks < 1:
             raise RequestError(
                 f"The KV memory budget ({self.config.kv_cache_memory_bytes:,} bytes) is smaller than one block "
-                f"({block_bytes:,} bytes); raise kv_cache_memory_bytes."
+                f"({self.kv_bytes_per_token * self.config.block_size:,} bytes); raise kv_cache_memory_bytes."
             )
         self.kv_cache = PagedKVCache(self.num_layers, num_blocks, self.config.block_size, kv_heads, self.head_dim,
                                      self.dtype, self.device, self.backend.new_kv_cache)
@@ -86,12 +84,8 @@ class LLMEngine:
     def num_blocks(self) -> int:
         return self.block_pool.num_blocks
 
-    def add_request(
-        self,
-        prompt: str | list[int],
-        sampling_params: SamplingParams | None = None,
-        request_id: str | None = None,
-    ) -> Request:
+    def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
+                    request_id: str | None = None) -> Request:
         """Tokenize (if text), check it can be served, and queue it.
 
         Raises:

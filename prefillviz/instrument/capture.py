@@ -26,6 +26,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from typing import ContextManager
 
 import torch
 
@@ -52,27 +53,23 @@ class Capture:
         self.sees_tensors = level == "inspect"
         self.clock = SpanClock(engine.device)
         self.profiler = None
-        self._scopes: dict[str, torch.autograd.profiler.record_function] = {}
+        self._scopes: dict[str, ContextManager] = {}  # the spans a stock forward's hooks opened
         self._norms: StepNorms | None = None  # this step's per-token norms (inspect)
         self._kv_step_meta = None
         self._qk: dict[str, dict] = {}
 
     # ---------------------------------------------------------------- hooks
     def _span_hooks(self, name: str, module: torch.nn.Module, handles: list) -> None:
-        profiling = self.level == "profile"
+        """The module's call as the span ``name`` (``span``): opened before it runs, closed after."""
 
         def pre_hook(_module, _args):
-            if profiling:
-                scope = torch.autograd.profiler.record_function(name)
-                scope.__enter__()
-                self._scopes[name] = scope
-            self.clock.start(name)
+            self._scopes[name] = self.span(name)
+            self._scopes[name].__enter__()
 
         def post_hook(_module, _args, _output):
-            self.clock.stop(name)
-            scope = self._scopes.pop(name, None)
-            if scope is not None:
-                scope.__exit__(None, None, None)
+            opened = self._scopes.pop(name, None)
+            if opened is not None:
+                opened.__exit__(None, None, None)
 
         handles.append(module.register_forward_pre_hook(pre_hook))
         handles.append(module.register_forward_hook(post_hook))
@@ -174,7 +171,7 @@ class Capture:
             finally:
                 for handle in handles:
                     handle.remove()
-                for scope in self._scopes.values():  # a failure mid-forward left scopes open
+                for scope in self._scopes.values():  # a failure mid-forward left spans open
                     scope.__exit__(None, None, None)
                 self._scopes.clear()
 

@@ -65,6 +65,9 @@ class KernelBenchmark:
         self.results.append(result)
         self.points.append((family, n))
 
+    def skip(self, kernel: str, family: str, workload: str, n: int | None, reason: str) -> None:
+        self.skipped.append({"kernel": kernel, "family": family, "workload": workload, "N": n, "reason": reason})
+
     def rows(self) -> list[dict]:
         """One table row per result: family, N (the benchmark's size), then ``kernel_rows``'s
         columns (there ``N`` is renamed ``queries``: a mixed step has fewer queries than N)."""
@@ -206,8 +209,7 @@ def run_kernel_benchmark(
         if runnable:
             paged_kernels.append(kernel)
         elif "paged" in families:
-            bench.skipped.append({"kernel": kernel.name, "family": "paged", "workload": "all", "N": None,
-                                  "reason": reason})
+            bench.skip(kernel.name, "paged", "all", None, reason)
     for index, n in enumerate(sizes):
         report(index / max(len(sizes), 1), f"kernel benchmark: N = {n:,}")
         fits, why_not = naive_fits(num_heads, n, device)
@@ -215,21 +217,17 @@ def run_kernel_benchmark(
             q, k, v = _dense_inputs(num_heads, num_kv_heads, head_dim, n, device, dtype, generator)
             for kernel in dense.KERNELS:
                 if kernel is dense.NAIVE and not fits:
-                    bench.skipped.append({"kernel": kernel.name, "family": "dense", "workload": "one prompt", "N": n,
-                                          "reason": why_not})
+                    bench.skip(kernel.name, "dense", "one prompt", n, why_not)
                     continue
                 bench.add("dense", n, dense.check_and_time(kernel, q, k, v, scale, runs=runs))
             del q, k, v
         if "paged" in families:
             for workload, requests in (("prefill", [(0, n)]), ("mixed", mixed_requests(n))):
-                inputs = paged.random_step(
-                    requests, num_heads, num_kv_heads, head_dim, device=device, dtype=dtype, seed=seed + n,
-                    workload=workload
-                )
+                inputs = paged.random_step(requests, num_heads, num_kv_heads, head_dim, device=device, dtype=dtype,
+                                           seed=seed + n, workload=workload)
                 for kernel in [paged.NAIVE, *paged_kernels]:
                     if kernel is paged.NAIVE and not fits:
-                        bench.skipped.append({"kernel": kernel.name, "family": "paged", "workload": workload, "N": n,
-                                              "reason": why_not})
+                        bench.skip(kernel.name, "paged", workload, n, why_not)
                         continue
                     if kernel not in (paged.FLEX, paged.TRITON):
                         bench.add("paged", n, paged.check_paged_and_time(kernel, inputs, runs=runs))
@@ -241,8 +239,7 @@ def run_kernel_benchmark(
                     except KernelCheckError:
                         raise
                     except Exception as error:  # noqa: BLE001 -- listed with its reason, the other kernels go on
-                        bench.skipped.append({"kernel": kernel.name, "family": "paged", "workload": workload, "N": n,
-                                              "reason": first_line(error)})
+                        bench.skip(kernel.name, "paged", workload, n, first_line(error))
                 del inputs
     report(1.0, "done")
     return bench
@@ -255,7 +252,8 @@ def engine_choice(bench: KernelBenchmark) -> dict:
         {"measured": whether a table exists for these heads here, "provenance" or "why",
         "by_bucket": {bucket: attention candidate}, "rows": [indexes into ``bench.rows()`` that the engine runs]}.
     """
-    from prefillviz.backends.dispatch import ATTENTION, bucket_for
+    from prefillviz.backends.dispatch import ATTENTION
+    from prefillviz.backends.dispatch_buckets import bucket_for
     from prefillviz.backends.dispatch_tables import table_for_heads
 
     table = table_for_heads(bench.num_heads, bench.num_kv_heads, bench.head_dim, bench.device, bench.dtype)

@@ -30,10 +30,7 @@ import torch
 
 from prefillviz.analysis.machine_peaks import MachinePeaks
 from prefillviz.analysis.model_shape import ModelShape
-from prefillviz.backends import dispatch_tuning
-from prefillviz.backends.dispatch_tables import table_for
 from prefillviz.backends.measured import STOCK_LINEARS
-from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.errors import RequestError
 from prefillviz.engine.forward import own_forward_status
 from prefillviz.engine.request import SamplingParams
@@ -99,11 +96,6 @@ class KernelTimingsResult:
 
 
 # ------------------------------------------------------------------------------ passes
-def _engine(loaded: LoadedModel) -> LLMEngine:
-    # stock aten::mm matmuls (no pre-packed weights) in every pass: the profiler counts their FLOPs
-    return one_request_engine(loaded.model, loaded.tokenizer, 8192, model_id=loaded.model_id, backend=STOCK_LINEARS)
-
-
 def prefill_pass(loaded: LoadedModel, prompt: str | list[int], capture_level: str,
                  profile_dir: str | None = None) -> Trace:
     """One parallel prefill (one step, first token only) at ``capture_level``.
@@ -111,7 +103,8 @@ def prefill_pass(loaded: LoadedModel, prompt: str | list[int], capture_level: st
     Raises:
         RequestError: empty prompt, or too long for the model or the KV budget.
     """
-    engine = _engine(loaded)
+    # stock aten::mm matmuls (no pre-packed weights) in every pass: the profiler counts their FLOPs
+    engine = one_request_engine(loaded.model, loaded.tokenizer, 8192, model_id=loaded.model_id, backend=STOCK_LINEARS)
     engine.add_request(prompt, SamplingParams(max_new_tokens=1))
     return run_captured(engine, capture_level=capture_level, profile_dir=profile_dir)
 
@@ -304,11 +297,3 @@ def pass_label(result: KernelTimingsResult, which: str, short: bool = False) -> 
     where = f"{result.device}, {result.dtype}" if short else f"{result.model_id} on {result.device}, {result.dtype}"
     return f"{name} · {where}"
 
-
-DISPATCH_RUNS = dispatch_tuning.RUNS  # the timed runs of each candidate (the page's caption)
-
-
-def dispatch_table(model, refresh: bool = False):
-    """The measured backend's dispatch table for the model: measured at the warm-up and read here; ``refresh``
-    times every candidate again (the page's Measure again)."""
-    return table_for(model, refresh=refresh)

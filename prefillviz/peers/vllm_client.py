@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from prefillviz.engine.errors import ConfigError, PrefillVizError
-from prefillviz.engine.scheduler import ScheduledChunk
-from prefillviz.engine.trace import RequestRecord, StepRecord, Trace
+from prefillviz.engine.trace import Trace
 from prefillviz.loading.model_registry import BUNDLED_MODEL_ID
+from prefillviz.peers.vllm_trace import reply_trace
 from prefillviz.peers.workload import PeerRequest, check_workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -216,77 +216,7 @@ class VLLMWorker:
         reply = self._read(timeout_s, "a workload")
         if not reply.get("ok"):
             raise VLLMUnavailable(f"vLLM failed on the workload: {reply.get('error')}")
-        return self._trace(reply, requests, token_budget, chunking, prefix_caching)
-
-    def _trace(
-        self, reply: dict, requests: list[PeerRequest], token_budget: int, chunking: bool, prefix_caching: bool
-    ) -> Trace:
-        prompts = {r.request_id: r.token_ids for r in requests}
-        steps, known_blocks = [], {}  # request id -> the block ids it held after the last step it ran in
-        for index, step in enumerate(reply["steps"]):
-            chunks = [
-                ScheduledChunk(
-                    request_id, start, num_tokens, start < len(prompts[request_id]),
-                    start + num_tokens >= len(prompts[request_id]),
-                )
-                for request_id, start, num_tokens in step["chunks"]
-            ]
-            hit, allocated = self._block_changes(step, chunks, known_blocks)
-            blocks = step.get("blocks") or {}
-            steps.append(
-                StepRecord(
-                    step_index=index, chunks=chunks, blocks_hit=hit, blocks_allocated=allocated,
-                    blocks_evicted=list(blocks.get("evicted", [])),
-                    preempted_request_ids=[], sampled_token_ids={}, num_free_blocks=blocks.get("num_free_blocks") or 0,
-                    start_time_s=step["start_s"], wall_time_s=step["wall_s"],
-                    schedule_time_s=0.0, prepare_time_s=0.0, forward_time_s=step["wall_s"], sample_time_s=0.0,
-                    update_time_s=0.0,
-                )
-            )
-        records = {}
-        for request_id, done in reply["requests"].items():
-            times = done["token_times_s"]
-            records[request_id] = RequestRecord(
-                request_id=request_id,
-                prompt_token_ids=list(prompts[request_id]),
-                output_token_ids=done["output_token_ids"],
-                status="finished_length",
-                num_cached_tokens=done["num_cached_tokens"],
-                num_preemptions=0,
-                arrival_time_s=done.get("arrival_s", 0.0),
-                tokenize_time_s=0.0,
-                time_to_first_token_s=times[0] - done.get("arrival_s", 0.0) if times else None,
-                inter_token_times_s=[b - a for a, b in zip(times, times[1:])],
-            )
-        config = {
-            "engine": f"vLLM {self.versions['vllm']}", "block_size": self.block_size, "token_budget": token_budget,
-            "enable_prefix_caching": prefix_caching, "enable_chunked_prefill": chunking,
-        }
-        return Trace(
-            model_id=self.model_folder, device=str(self.versions["device"]), dtype=self.dtype, engine_config=config,
-            num_blocks=self.num_blocks, kv_cache_bytes=0, kv_bytes_per_token=0, steps=steps, requests=records,
-        )
-
-    def _block_changes(
-        self, step: dict, chunks: list[ScheduledChunk], known: dict[str, list[int]]
-    ) -> tuple[dict, dict]:
-        """vLLM's block tables after a step as our ``blocks_hit`` / ``blocks_allocated``: a request's first
-        chunk that starts past 0 found that many tokens' blocks in the cache; blocks new to its table were allocated."""
-        tables = (step.get("blocks") or {}).get("tables", {})
-        hit, allocated = {}, {}
-        for chunk in chunks:
-            table = tables.get(chunk.request_id)
-            if table is None:
-                continue
-            before = known.get(chunk.request_id)
-            if before is None:  # its first step: the blocks before its first computed token were hits
-                num_hit = chunk.start_position // self.block_size
-                before = table[:num_hit]
-                if num_hit:
-                    hit[chunk.request_id] = before
-            allocated[chunk.request_id] = table[len(before):]
-            known[chunk.request_id] = table
-        return hit, allocated
+        return reply_trace(self, reply, requests, token_budget, chunking, prefix_caching)
 
     def close(self) -> None:
         """Stop the worker (asked first, then killed); nothing is left running. Its log is kept

@@ -24,7 +24,7 @@ from prefillviz.instrument.passes import pass_label
 from prefillviz.loading.models import LoadedModel
 from prefillviz.machine.devices import dtype_name
 from prefillviz.ui.run_queue import RUN_QUEUE
-from prefillviz.ui.settings import session_backend, session_backend_name
+from prefillviz.ui.settings import backend_choice, session_backend
 from prefillviz.ui.shared_runs import SHARED_RUNS, Shared
 
 logger = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def measured_once(key: tuple, measure: Callable[[int], Any]) -> Shared:
 
     viewer = st.session_state.setdefault("shared_runs_viewer", uuid.uuid4().hex)  # this session, in its own state
     shared = SHARED_RUNS.run(
-        (*key, session_backend_name()), measure_in_turn, viewer=viewer,
+        (*key, backend_choice()), measure_in_turn, viewer=viewer,
         on_join_wait=lambda viewers: joining.info("An identical run is being measured; "
                                                   f"you will see its result ({viewers} viewers so far)…"),
     )

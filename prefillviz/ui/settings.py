@@ -28,14 +28,14 @@ BACKENDS = {  # the sidebar's engine ops: what each runs
 }
 
 
+def backend_choice() -> str:
+    """The sidebar's engine ops for this session: "measured" (the default) or "textbook"."""
+    return st.session_state.get(KEPT_PREFIX + BACKEND_KEY, st.session_state.get(BACKEND_KEY)) or "measured"
+
+
 def session_backend() -> Backend | None:
     """The backend this session's engines run: the textbook's, or None for the model's own (the measured one)."""
-    choice = st.session_state.get(KEPT_PREFIX + BACKEND_KEY, st.session_state.get(BACKEND_KEY))
-    return TorchBackend() if choice == "textbook" else None
-
-
-def session_backend_name() -> str:
-    return "textbook" if session_backend() is not None else "measured"
+    return TorchBackend() if backend_choice() == "textbook" else None
 
 
 def device_choices() -> list[str]:

@@ -22,7 +22,6 @@ from prefillviz.backends.dispatch import (
     ATTENTION,
     ATTENTION_CANDIDATES,
     BRGEMM_LINEAR,
-    BUCKET_NAMES,
     LINEAR_CANDIDATES,
     LINEARS,
     ONEDNN,
@@ -30,9 +29,9 @@ from prefillviz.backends.dispatch import (
     STOCK,
     TORCH_PACKED,
     V7,
-    bucket_of,
     injected,
 )
+from prefillviz.backends.dispatch_buckets import BUCKET_NAMES, bucket_of
 from prefillviz.backends.dispatch_tables import injected_table
 from prefillviz.backends.measured import MEASURED
 from prefillviz.engine.config import EngineConfig

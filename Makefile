@@ -47,8 +47,9 @@ ops: $(STAMP)
 		  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends libdnnl-dev >/dev/null 2>&1; }; }
 	-$(PY) -m prefillviz.backends.ops.onednn_linear --build
 
+# streamlit run app.py, with the first page's model made ready from the start (prefillviz/ui/start.py)
 run: install
-	$(PY) -m streamlit run app.py
+	$(PY) -m prefillviz.ui.start
 
 # a broken layer fails in seconds; ruff and lint-imports are in requirements-dev.txt
 lint: $(STAMP)

@@ -12,7 +12,6 @@ import contextlib
 import functools
 import importlib.util
 import json
-import os
 import shutil
 import tempfile
 import threading
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 
 from prefillviz.engine.errors import ModelLoadError
+from prefillviz.loading.gguf_file import read_gguf
 from prefillviz.machine.devices import cache_root
 from prefillviz.machine.progress import MessageProgress
 
@@ -90,82 +90,51 @@ def load_bundled(report: MessageProgress) -> tuple[Any, Any, str]:
         except CacheCorrupt as exc:
             report(f"the cached copy is unusable ({exc}); rebuilding it from the GGUF")
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    report("dequantizing the bundled GGUF (first run, ~10 s)")
-    with _gguf_parsed_once():
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, attn_implementation="sdpa", local_files_only=True
-        )
+    report("dequantizing the bundled GGUF (first run only)")
+    with _name_map_built_once():
+        config, state, tokenizer = read_gguf(gguf)
     report(f"saving a safetensors copy to {cache} for fast loads")
     try:
-        _write_cache(cache, gguf, model, tokenizer)
+        _write_cache(cache, gguf, config, state, tokenizer)
     except OSError as exc:  # a read-only or full disk only costs speed next time
         report(f"could not save the cache ({exc}); the next load will dequantize again")
-        return _plain_model(model), tokenizer, "bundled gguf"
+        return _assemble(config, state), tokenizer, "bundled gguf"
     # the copy just written, as every later load reads it: one plain model, whichever load it is
     model, tokenizer = load_from_cache(cache, gguf)
     return model, tokenizer, "bundled gguf"
 
 
-def _plain_model(model: Any) -> Any:
-    """The GGUF-loaded model without transformers' quantization marks: its weights are plain float32 already
-    (dequantized on load), but the marks refuse a dtype change (``.float()``) as for a quantized model."""
-    model.config = _plain_config(model.config)
-    model.hf_quantizer = None
-    if "is_quantized" in vars(model):
-        model.is_quantized = False
-    return model
-
-
-_GGUF_LOAD_LOCK = threading.Lock()
+_NAME_MAP_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def _gguf_parsed_once():
-    """transformers parses the GGUF file three times (tokenizer, config, weights: about 3 s each on
-    a laptop core) and builds gguf's tensor-name map again for each of the model's ~400 modules
-    (about 4 s in all). For this load both are kept: one reader per file, one map per
-    (architecture, layer count). Both are read-only. transformers imports the two names from the
-    ``gguf`` package when it needs them, which is where they are replaced, under a lock."""
+def _name_map_built_once():
+    """transformers' GGUF name map (``get_gguf_hf_weights_map``) asks gguf for its tensor-name map once for each of
+    the model's ~400 modules, and gguf builds it anew every time (about 5 s in all on a laptop core). For this
+    load it is built once per (architecture, layer count): it is read-only. transformers imports the name from
+    the ``gguf`` package when it needs it, which is where it is replaced, under a lock."""
     import gguf
 
-    with _GGUF_LOAD_LOCK:
-        reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-        readers: dict = {}
-
-        def one_reader(path, mode="r"):
-            key = (os.fspath(path), mode)
-            if key not in readers:
-                readers[key] = reader_class(path, mode)
-            return readers[key]
-
-        gguf.GGUFReader, gguf.get_tensor_name_map = one_reader, functools.lru_cache(maxsize=None)(name_map)
+    with _NAME_MAP_LOCK:
+        name_map = gguf.get_tensor_name_map
+        gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
         try:
             yield
         finally:
-            gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
+            gguf.get_tensor_name_map = name_map
 
 
-def _write_cache(cache: Path, gguf: Path, model: Any, tokenizer: Any) -> None:
-    """Writes the cache into a temporary sibling folder, then renames it into place."""
+def _write_cache(cache: Path, gguf: Path, config: Any, state: dict[str, torch.Tensor], tokenizer: Any) -> None:
+    """Writes the cache (a plain model folder) into a temporary sibling folder, then renames it into place."""
     from safetensors.torch import save_file
+    from transformers import GenerationConfig
 
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name}.tmp-", dir=cache.parent))
     try:
-        state, seen = {}, set()
-        for name, tensor in model.state_dict().items():  # tied weights (lm_head) are saved once
-            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-            if key not in seen:
-                seen.add(key)
-                state[name] = tensor.detach().to("cpu").contiguous()
         save_file(state, str(tmp / _WEIGHTS), metadata={"format": "pt"})
-        config = _plain_config(model.config)
-        config.architectures = [type(model).__name__]
         config.save_pretrained(tmp)
-        model.generation_config.save_pretrained(tmp)
+        GenerationConfig.from_model_config(config).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         manifest = {"format": _CACHE_FORMAT, "gguf_file": gguf.name, "gguf_size": gguf.stat().st_size}
         (tmp / _MANIFEST).write_text(json.dumps(manifest))  # written last: marks the copy complete
@@ -190,21 +159,14 @@ def _plain_config(config: Any) -> Any:
 
 def load_from_cache(cache: Path, gguf: Path) -> tuple[Any, Any]:
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     try:
         manifest = json.loads((cache / _MANIFEST).read_text())
         if manifest != {"format": _CACHE_FORMAT, "gguf_file": gguf.name, "gguf_size": gguf.stat().st_size}:
             raise CacheCorrupt("it was made from another GGUF or by another prefillviz version")
         config = _plain_config(AutoConfig.from_pretrained(cache, local_files_only=True))
-        with _skip_weight_init():
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
-        # assign=True keeps the memory-mapped tensors instead of copying 0.5 GB into fresh ones
-        missing, unexpected = model.load_state_dict(load_file(cache / _WEIGHTS), strict=False, assign=True)
-        model.tie_weights()
-        tied = set(model.get_expanded_tied_weights_keys(all_submodels=True))
-        if unexpected or set(missing) - tied:
-            raise CacheCorrupt(f"weights don't match the model (missing {sorted(set(missing) - tied)[:3]})")
+        model = _assemble(config, load_file(cache / _WEIGHTS))  # the memory-mapped tensors themselves
         model.generation_config = GenerationConfig.from_pretrained(cache, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(cache, local_files_only=True)
     except CacheCorrupt:
@@ -212,6 +174,21 @@ def load_from_cache(cache: Path, gguf: Path) -> tuple[Any, Any]:
     except Exception as exc:
         raise CacheCorrupt(f"{type(exc).__name__}: {exc}") from exc
     return model, tokenizer
+
+
+def _assemble(config: Any, state: dict[str, torch.Tensor]) -> Any:
+    """The model of ``config`` holding the tensors of ``state`` themselves (assign=True: not copies of 0.5 GB), its
+    embeddings tied."""
+    from transformers import AutoModelForCausalLM
+
+    with _skip_weight_init():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    tied = set(model.get_expanded_tied_weights_keys(all_submodels=True))
+    if unexpected or set(missing) - tied:
+        raise CacheCorrupt(f"weights don't match the model (missing {sorted(set(missing) - tied)[:3]})")
+    return model
 
 
 def _skip_weight_init():

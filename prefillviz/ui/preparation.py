@@ -33,7 +33,7 @@ from prefillviz.ui.run_queue import RUN_QUEUE
 logger = logging.getLogger(__name__)
 KEPT = 2  # models kept ready at once (each holds its weights)
 STAGES = {  # stage -> (what the progress bar says, its seconds on a 2-core CPU where this machine has not timed it)
-    "dequantize": ("dequantizing the bundled model (first start only)", 8.0),
+    "dequantize": ("dequantizing the bundled model (first start only)", 4.0),
     "load": ("loading the model", 2.0),
     "kernels": ("timing this machine's kernels (first start only)", 3.0),
     "warm up": ("warming up: the first runs of each kind, so that no timed run is a cold one", 2.0),

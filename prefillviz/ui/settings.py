@@ -17,6 +17,7 @@ import streamlit as st
 
 from prefillviz.engine.backend import Backend, TorchBackend
 from prefillviz.loading.hosted import hosted_policy
+from prefillviz.loading.model_registry import RECOMMENDED_MODELS
 
 KEPT_PREFIX = "kept_"
 DEVICES = ["auto", "cpu", "cuda", "mps"]
@@ -36,6 +37,12 @@ def backend_choice() -> str:
 def session_backend() -> Backend | None:
     """The backend this session's engines run: the textbook's, or None for the model's own (the measured one)."""
     return TorchBackend() if backend_choice() == "textbook" else None
+
+
+def model_choices() -> list[str]:
+    """The models the sidebar offers, the first one selected: in hosted mode only the allow-listed ones."""
+    policy = hosted_policy()
+    return list(policy.allowed_model_ids) if policy.enabled else [spec.model_id for spec in RECOMMENDED_MODELS]
 
 
 def device_choices() -> list[str]:

@@ -16,7 +16,15 @@ from prefillviz.machine.devices import cuda_fallback_note, dtype_name
 from prefillviz.measure.dtype_speed import dtype_speed
 from prefillviz.ui.preparation import forget, preparation
 from prefillviz.ui.presenter import PRESENTER_CSS, presenter_mode
-from prefillviz.ui.settings import BACKEND_KEY, BACKENDS, device_choices, dtype_choices, kept, session_backend
+from prefillviz.ui.settings import (
+    BACKEND_KEY,
+    BACKENDS,
+    device_choices,
+    dtype_choices,
+    kept,
+    model_choices,
+    session_backend,
+)
 
 PENDING = "model_preparing"  # session key: the preparation this run's page waits for (None: nothing to wait for)
 
@@ -30,10 +38,9 @@ def model_choice() -> tuple[str, str, str]:
     device and dtype are fixed (switching them would reload the shared model for everyone).
     """
     policy = hosted_policy()
-    labels = {spec.model_id: f"{spec.model_id} · {spec.num_parameters_label} · {spec.needs}"
-              for spec in RECOMMENDED_MODELS}
-    if policy.enabled:
-        labels = {model_id: labels.get(model_id, model_id) for model_id in policy.allowed_model_ids}
+    described = {spec.model_id: f"{spec.model_id} · {spec.num_parameters_label} · {spec.needs}"
+                 for spec in RECOMMENDED_MODELS}
+    labels = {model_id: described.get(model_id, model_id) for model_id in model_choices()}
     with st.sidebar:
         kept(st.toggle, "Presenter mode", key="presenter_mode",
              help="Large text for a projector, fewer controls on screen")

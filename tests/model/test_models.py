@@ -16,6 +16,7 @@ import torch
 
 from prefillviz.engine.errors import ModelLoadError
 from prefillviz.loading import bundled, hub
+from prefillviz.loading.gguf_file import read_gguf
 from prefillviz.loading.model_registry import BUNDLED_MODEL_ID, RECOMMENDED_MODELS
 from prefillviz.loading.models import load_model
 from prefillviz.machine import devices
@@ -86,11 +87,34 @@ def test_bundled_model_loads_offline_from_the_gguf(bundled_loads):
     assert info.max_context == 8192
     assert info.num_parameters == 134_515_008  # the tied lm_head is counted once
     assert info.kv_bytes_per_token == 46080
-    import gguf  # the load parsed the GGUF once (bundled._gguf_parsed_once) and put gguf's own names back
+    import gguf  # the load built gguf's name map once (bundled._name_map_built_once) and put gguf's own back
 
-    assert gguf.GGUFReader is gguf.gguf_reader.GGUFReader and (
-        gguf.get_tensor_name_map is gguf.tensor_mapping.get_tensor_name_map
-    )
+    assert gguf.get_tensor_name_map is gguf.tensor_mapping.get_tensor_name_map
+
+
+def test_the_gguf_is_read_as_transformers_reads_it(bundled_loads):
+    """``gguf_file.read_gguf`` (one parse, torch dequantization) against transformers' own GGUF load, the oracle:
+    the same config, every weight equal bit for bit, the same tokens, special tokens and chat template."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    first, _, _ = bundled_loads
+    path = bundled.bundled_gguf()
+    reference = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                                     local_files_only=True)
+    reference_tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    config, state, tokenizer = read_gguf(path)
+    ignored = {"dtype", "_name_or_path", "quantization_config", "architectures"}
+    expected = {k: v for k, v in reference.config.to_dict().items() if k not in ignored}
+    assert {k: v for k, v in config.to_dict().items() if k not in ignored} == expected
+    weights = reference.state_dict()
+    assert set(weights) - set(state) == {"lm_head.weight"} and set(state) <= set(weights)  # tied: saved once
+    assert all(torch.equal(weights[name], tensor) for name, tensor in state.items())
+    assert all(torch.equal(weights[name], tensor) for name, tensor in first.model.state_dict().items())
+    text = "<|im_start|>user\nHello, prefill! Ünïcödé  two spaces\n\tand a tab<|im_end|>"
+    assert tokenizer(text).input_ids == reference_tokenizer(text).input_ids
+    assert tokenizer.special_tokens_map == reference_tokenizer.special_tokens_map
+    assert tokenizer.chat_template == reference_tokenizer.chat_template
+    assert first.model.generation_config.to_dict() == reference.generation_config.to_dict()
 
 
 def test_the_first_load_is_the_same_plain_model_as_every_later_one(bundled_loads):

@@ -79,3 +79,20 @@ def test_a_failed_preparation_is_one_message_and_the_next_visit_tries_again(monk
     again = preparation.preparation("/no/such/model", "cpu", "float32")
     assert again is not prepared and again.done.wait(10) and attempts == ["/no/such/model"] * 2
     preparation.forget(again)
+
+
+@pytest.mark.parametrize("hosted", ["0", "1"])
+def test_make_run_starts_preparing_the_model_the_first_page_opens_with(monkeypatch, hosted):
+    """``make run`` (ui/start.py) starts the preparation of the sidebar's first model, device and dtype before the
+    server takes its first visitor, so the pages find that same preparation (hosted: the allow-listed model)."""
+    from prefillviz.loading.hosted import hosted_policy
+    from prefillviz.ui import settings, start
+
+    monkeypatch.setenv("PREFILLVIZ_HOSTED", hosted)
+    started = []
+    monkeypatch.setattr(preparation, "preparation", lambda *key: started.append(key))
+    start.prepare_first_page()
+    policy = hosted_policy()
+    expected_model = policy.allowed_model_ids[0] if policy.enabled else BUNDLED_MODEL_ID
+    assert started == [(expected_model, settings.device_choices()[0], settings.dtype_choices()[0])]
+    assert settings.model_choices()[0] == expected_model

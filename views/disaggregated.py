@@ -2,6 +2,7 @@
 
 import streamlit as st
 
+from prefillviz.analysis import flop_facts
 from prefillviz.disagg.experiment import SETUPS, compare_setups
 from prefillviz.experiments.chunked import build_workload
 from prefillviz.figures import chunked as chunked_figures
@@ -133,13 +134,25 @@ else:
         "chip, the K/V leaves the device and comes back through host memory, and the model is loaded twice. Chunked "
         "prefill on one engine uses the whole device for whatever is running."
     )
+long_tokens = len(comparison.workload.long_prompt)
+if same_model:  # bytes per FLOP: flat while the prefill's FLOPs grow like N, falling once attention's N² counts
+    transfer_words = (
+        f"the bytes grow like the prompt (the formula above); the prefill's FLOPs like the prompt plus attention's N² "
+        f"term, {100 * flop_facts.attention_share(loaded, long_tokens):.1f}% of them at {long_tokens:,} tokens. So the "
+        "bytes per FLOP stay nearly flat until attention's share is large, near "
+        f"{flop_facts.attention_crossover_tokens(loaded):,} tokens for {loaded.model_id}: only well past that does a "
+        "longer prompt make the transfer cheaper next to its prefill."
+    )
+else:
+    transfer_words = ("the bytes grow like the prompt, the prefill's FLOPs like the prompt plus attention's N² term: "
+                      "the transfer gets cheaper next to the prefill only once that term is a large share.")
 st.markdown(
     "- **It pays on separate hardware**: the prefill GPUs run compute-bound prompts at full batch, the decode GPUs run "
     "memory-bound token steps, and neither waits for the other: the decoding users' gaps stay flat when a long prompt "
     "arrives (the green dots above), with no token budget to tune.\n"
-    "- **…and when the transfer is cheap next to the prefill**: the bytes grow like the prompt (the formula above), "
-    "the prefill's FLOPs like the prompt and more. NVLink between data-centre GPUs moves hundreds of GB/s, an RDMA "
-    "network card tens of GB/s: a few hundred MB moves in milliseconds, well under the prefill that made it.\n"
+    f"- **…and when the transfer is cheap next to the prefill**: {transfer_words} **NVLink** (NVIDIA's link between "
+    "the GPUs of one server) moves hundreds of GB/s each way, an **RDMA** network card (it writes into another "
+    "machine's memory without its CPU) tens of GB/s: a few hundred MB move in milliseconds there.\n"
     f"{here}\n"
     "- The numbers on this page are this run's; docs/DISAGGREGATED.md does the arithmetic for a 70B-class model."
 )

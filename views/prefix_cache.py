@@ -13,6 +13,7 @@ from prefillviz.experiments.prefix import (
 )
 from prefillviz.figures import prefix as figures
 from prefillviz.loading.hosted import hosted_policy
+from prefillviz.peers.vllm_client import BLOCK_SIZE as VLLM_BLOCK_SIZE
 from prefillviz.peers.workload import PeerRequest
 from prefillviz.ui.output_checks import same_tokens_block
 from prefillviz.ui.results import downloads, figure_section, get_result, save_result
@@ -38,7 +39,9 @@ questions = st.text_area("Then each request's own turn (one per line)", "\n".joi
                          key="prefix_questions")
 row = st.columns(3)
 block_size = row[0].number_input("Block size (tokens)", value=16, step=1, key="prefix_block_size",
-                                 help="vLLM's default is 16.")
+                                 help=f"vLLM's default on a CUDA GPU is 16; its CPU backend sets its own "
+                                 f"(`vllm/platforms/cpu.py`), and the vLLM run on this page uses {VLLM_BLOCK_SIZE}, "
+                                 "the multiple of 32 its CPU attention needs.")
 max_new_tokens = row[1].slider("New tokens per request", 1, 16, 6, key="prefix_new_tokens")
 other_user = row[2].checkbox(f"Another user's request ({OTHER_REQUEST_ID!r}) after q2", True, key="prefix_other_user")
 row = st.columns(2)

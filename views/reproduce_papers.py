@@ -12,6 +12,7 @@ from prefillviz.experiments.papers_knee import DEFAULT_SIZES, run_knee
 from prefillviz.experiments.papers_piggyback import run_piggyback
 from prefillviz.experiments.papers_prefix_blocks import prefix_lengths, run_block_hits, run_long_output_saving
 from prefillviz.figures import papers as figures
+from prefillviz.lessons.kinds.papers_knee import flat_part_text, weights_read_ms
 from prefillviz.loading import bundled
 from prefillviz.loading.hosted import hosted_policy
 from prefillviz.measure.papers_interference import run_interference
@@ -30,10 +31,12 @@ st.title("Reproduce the papers")
 st.markdown(
     "Serving engines were shaped by a few published measurements about prefill. Each section runs one again on the "
     "model you picked, on this machine, and draws the paper's own numbers beside ours, read from the file its authors "
-    "published (**dashed**: the paper; **solid**: ours; **dotted**: vLLM). The papers measured 34B and 13B models on "
-    "A100 GPUs; the bundled model is 135M on a CPU, so the figures compare ratios and normalised curves, not "
-    "milliseconds. On 2 cores the prompt lengths are scaled down from the papers' (the defaults below); "
-    "raise them on a bigger machine."
+    "published (**dashed**: the paper; **solid**: ours; **dotted**: vLLM). Sarathi-Serve measured Yi-34B on two A100 "
+    "GPUs (tensor parallel 2) and DistServe's simulator models OPT-13B on one A100; here it is "
+    f"{loaded.model_id if loaded is not None else 'the model in the sidebar'} on "
+    f"{loaded.device if loaded is not None else 'this machine'}, so the figures compare ratios and normalised curves, "
+    "not milliseconds. The default prompt lengths below are shorter than the papers', so that every section runs in "
+    "a short while on any machine; raise them where the runs are quick."
 )
 
 
@@ -102,7 +105,9 @@ st.markdown(
     "Sarathi-Serve, Figure 9a: a prompt of N tokens prefilled in one step, and in chunks. Small chunks cost more: "
     "**every chunk reads all the weights again** (N/c times instead of once), and **every chunk after the first "
     "re-reads the K/V the chunks before it cached**, in smaller matrix multiplications that use the hardware less "
-    "well. The paper ran N = 2k-16k; the defaults here are 512-2,048 for 2 cores."
+    "well. The paper ran N = 2k-16k (its rows per prompt length are in the CSV the caption names: the chunk sizes "
+    "rank differently at different lengths, and at 2k a chunk of 2,048 is the whole prompt); the defaults here are "
+    "512-2,048."
 )
 source_caption("chunk_cost")
 row = st.columns(2)
@@ -131,12 +136,17 @@ if (saved := get_result("papers_chunk_cost")) is not None:
 # ---------------------------------------------------------------- 3. knee
 st.header("3. Where prefill turns compute-bound")
 st.markdown(
-    "Time to first token against N, finely at small N. A prefill step reads every weight once whatever N is: while "
-    "that read takes longer than the math, TTFT is **flat**; past the **knee** it grows with N. The roofline predicts "
-    "it: the N whose FLOPs per byte reach this machine's **ridge point** (its measured matmul peak over its measured "
-    "bandwidth). Sarathi-Serve's Figure 2 shows the A100's: time per prompt token falls until about 512 tokens, then "
-    "stays flat; [vllm#7635](https://github.com/vllm-project/vllm/issues/7635) asks why vLLM's TTFT is flat below "
-    "about 400 tokens (Llama-3-8B on V100s): this is why."
+    "Time to first token against N, finely at small N. A step pays costs that hardly depend on N (reading every "
+    "weight once, launching its kernels, the host's Python): while those outweigh the math, TTFT is **flat**; past "
+    "the **knee** it grows with N. The roofline predicts the knee where reading the weights is the floor: the N whose "
+    "FLOPs per byte reach this machine's **ridge point** (its measured matmul peak over its measured bandwidth). "
+    "Sarathi-Serve's Figure 2 (Yi-34B, two A100 GPUs, tensor parallel 2) is not a smooth fall to a floor: time per "
+    "prompt token rises from 128 to 256 tokens, is lowest from 512 to 4k and rises again past 4k; the A100's bf16 "
+    "ridge (312 TFLOP/s over about 1.9 TB/s, NVIDIA's datasheet) is about 160 tokens. "
+    "[vllm#7635](https://github.com/vllm-project/vllm/issues/7635) reports a flat TTFT of about 100 ms below 400 "
+    "tokens (Llama-3-8B on V100 GPUs), the same at tensor parallel 1, 2 and 4: a floor set by reading the weights "
+    "would halve with each doubling, so there it is fixed per-request overhead. The caption under the chart says "
+    "which it is here: the weights' read time at this machine's measured bandwidth, beside the flat part."
 )
 source_caption("knee")
 knee_sizes = st.multiselect("Prompt lengths N", [2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024],
@@ -161,7 +171,8 @@ if (saved := get_result("papers_knee")) is not None:
                       help=f"{result.peaks.ridge_intensity:,.1f} FLOP/byte")
     columns[2].metric("vLLM's knee", f"N ≈ {theirs.fit.knee_tokens:,.0f}" if theirs else "not run")
     st.caption("Medians of 3 interleaved runs after a warm-up; "
-               f"the fit is t = a + b·max(0, N − knee) · {saved['label']}.")
+               f"the fit is t = a + b·max(0, N − knee) · {saved['label']}. The flat part: "
+               f"{flat_part_text(weights_read_ms(loaded.model, result.peaks), result.fit.flat_ms)}.")
     rows = result.rows() + ([{**r, "engine": theirs.model_id} for r in theirs.rows()] if theirs else [])
     show("papers_knee", figures.knee_figure(result, theirs, "Time to first token against N (ms)"), rows)
     st.plotly_chart(
@@ -175,8 +186,9 @@ st.markdown(
     "Two requests share a prefix of L tokens, then differ. The second reuses only the prefix's **full** blocks: a "
     "block's hash covers all of its tokens, so a prefix one token short of a block gets **no** hit. vLLM does the same "
     "([vllm#3942](https://github.com/vllm-project/vllm/issues/3942): token-level reuse is not feasible; "
-    "[vllm#40696](https://github.com/vllm-project/vllm/issues/40696): with 528-token blocks, prompts under 528 tokens "
-    "never hit). And a hit skips prefill only: with long outputs it saves a small share of the request's time."
+    "[vllm#40696](https://github.com/vllm-project/vllm/issues/40696): on Mamba-hybrid models such as Qwen3.5, whose "
+    "attention blocks vLLM sizes to 528 tokens to match the Mamba state's pages, prompts under 528 tokens never "
+    "hit). And a hit skips prefill only: with long outputs it saves a small share of the request's time."
 )
 row = st.columns(4)
 block_sizes = row[0].multiselect("Block sizes", [8, 16, 32, 64], [16, 32], key="papers_block_sizes",

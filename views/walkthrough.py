@@ -25,7 +25,7 @@ st.markdown(
 )
 
 try:
-    LESSONS = lessons.load_lessons()
+    LESSONS, GLOSSARY = lessons.load_lessons(), lessons.load_glossary()
 except lessons.LessonError as error:
     st.error(f"The lesson files could not be loaded: {error}")
     stop_page()
@@ -105,6 +105,8 @@ done = " · ".join(f"{'✓ ' if step_id(lesson, s.index) in revealed else ''}{s.
 st.caption(f"About {lesson.minutes} minutes, model runs included · {done}")
 with st.expander("About this lesson", expanded=index == 0):
     st.markdown(lesson.intro)
+with st.expander("Glossary: every term these lessons use"):  # above every step, whichever step is shown
+    st.markdown(lessons.glossary_markdown(GLOSSARY))
 navigation("top")
 
 st.header(f"{index + 1}. {step.title}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.errors import PrefillVizError
 from prefillviz.engine.request import SamplingParams
 from prefillviz.engine.trace import Trace
@@ -52,12 +53,18 @@ class PrefillResult(PromptRun):
         return f"{median_of_passes(len(runs))}{spread} ({self.timing.device}{ops}){load}"
 
 
+def one_step_budget(loaded: LoadedModel) -> int:
+    """The token budget that prefills any prompt the model takes in one step: its context (from its config),
+    or the engine's default ``EngineConfig.token_budget`` for a model whose config names none."""
+    return loaded.info.max_context or EngineConfig.token_budget
+
+
 def run_prefill(
     loaded: LoadedModel,
     prompt: str,
     params: SamplingParams | None = None,
     inspect: bool = True,
-    token_budget: int = 8192,
+    token_budget: int | None = None,
     timing_runs: int = TIMING_RUNS,
 ) -> PrefillResult:
     """Prefill ``prompt`` in one step: an untimed pass, ``timing_runs`` timing passes, then optionally an
@@ -68,13 +75,14 @@ def run_prefill(
         prompt: the prompt text.
         params: sampling settings of the first token.
         inspect: also run the inspection pass (KV write log, q/k for attention maps).
-        token_budget: tokens per step (default: one step for up to 8,192 tokens).
+        token_budget: tokens per step; None: ``one_step_budget`` (the whole prompt in one step).
         timing_runs: timing passes; fewer when they would take over ``TIMING_BUDGET_S`` (at least one).
 
     Raises:
         RequestError: empty prompt, or too long for the model or the KV memory budget.
     """
     params = params or SamplingParams()
+    token_budget = token_budget or one_step_budget(loaded)
 
     def one_pass(level: str):
         engine = one_request_engine(loaded.model, loaded.tokenizer, token_budget, model_id=loaded.model_id)

@@ -37,12 +37,15 @@ The modules, in import order:
     views.py         step_figure, step_after_reveal; page_results, page_state: hand a run to its full view
     reveal.py        format_reveal, format_value, choice_for: the prediction vs the measurement
     reveal_text.py   the after-reveal text of a run: measured {placeholders}, "#### If" variants
+    claims.py        statements true only on some runs, and the guard each needs (checked in the tests)
+    glossary.py      the glossary beside every step: load_glossary, glossary_markdown
 """
 
 from __future__ import annotations
 
 # what the walkthrough page and the tests use; the rest is reached through its module
 from prefillviz.lessons.actions import ActionOutcome
+from prefillviz.lessons.glossary import glossary_markdown, load_glossary
 from prefillviz.lessons.loading import load_lessons
 from prefillviz.lessons.registry import ACTION_KINDS, resolve_parameters, run_action
 from prefillviz.lessons.reveal import choice_for, format_reveal, format_value
@@ -64,6 +67,8 @@ __all__ = [
     "choice_for",
     "format_reveal",
     "format_value",
+    "glossary_markdown",
+    "load_glossary",
     "load_lessons",
     "page_results",
     "page_state",

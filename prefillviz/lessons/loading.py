@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from prefillviz.lessons.actions import ActionKind, check_parameters
+from prefillviz.lessons.glossary import GLOSSARY_FILE
 from prefillviz.lessons.registry import ACTION_KINDS
 from prefillviz.lessons.reveal_text import parse_after_reveal
 from prefillviz.lessons.spec import (
@@ -185,7 +186,7 @@ def load_lessons(folder: Path | str = LESSONS_DIR) -> list[Lesson]:
         LessonError: no lessons, a spec without its markdown, or any lesson that fails to load.
     """
     folder = Path(folder)
-    markdown = sorted(folder.glob("*.md"))
+    markdown = sorted(p for p in folder.glob("*.md") if p.name != GLOSSARY_FILE)  # the glossary is no lesson
     orphans = sorted({p.stem for p in folder.glob("*.json")} - {p.stem for p in markdown})
     _require(
         not orphans, str(folder), f"step spec(s) without a lesson text: {', '.join(o + '.json' for o in orphans)}."

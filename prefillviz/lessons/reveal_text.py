@@ -1,20 +1,25 @@
 """The text shown after the reveal, written from the run: placeholders filled with measured numbers,
 and variants chosen by what was measured, so the explanation never contradicts the measurement.
 
-A step's "### After the reveal" section is shared text, then optional variants:
+A step's "### After the reveal" section is shared text, then optional groups of variants:
 
     The forward pass is {forward_share_percent}% of TTFT on {device} in {dtype}.   <- shared text
 
-    #### If ttft_ratio < 2                  <- the first variant whose condition holds is shown
+    #### If ttft_ratio < 2                  <- the first variant of a group whose condition holds is shown
     TTFT hardly grew: ...
-    #### If ttft_over_flop_ratio < 0.8
+    #### If ttft_over_flop_ratio < 0.8 and on_gpu < 1
     ...
-    #### Otherwise                          <- required last: the rest of the outcomes
+    #### Otherwise                          <- ends a group: the rest of the outcomes
+    ...
+    #### If placement_kind < 1              <- after an "Otherwise", a new group: one of its variants is
+    ...                                         shown too, below the first group's
+    #### Otherwise
     ...
 
 ``{name}`` is a measured number of the step's action kind (``ActionKind.measured``), written by
 ``format_value``; ``{device}``, ``{dtype}`` and ``{model_id}`` say what ran. A condition is
-``name op number`` with op one of < <= > >=.
+``name op number`` (op one of < <= > >=), or several joined by "and"; besides the measured names it
+may name what ran as a number (``RUN_NUMBERS``: ``on_gpu``, ``dtype_bytes``).
 """
 
 from __future__ import annotations
@@ -29,53 +34,100 @@ from prefillviz.lessons.spec import _require
 
 OPERATORS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 RUN_WORDS = ("device", "dtype", "model_id")  # placeholders that say what ran
+RUN_NUMBERS = ("on_gpu", "dtype_bytes")  # what ran, as numbers a condition may name
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 VARIANT = re.compile(r"^#### +(.+)$", flags=re.MULTILINE)
-CONDITION = re.compile(r"^If +([a-z_][a-z0-9_]*) *(<=|>=|<|>) *(-?[\d.]+(?:e-?\d+)?)$")
+TEST = re.compile(r"^([a-z_][a-z0-9_]*) *(<=|>=|<|>) *(-?[\d.]+(?:e-?\d+)?)$")
+
+
+@dataclass(frozen=True)
+class Condition:
+    """``name op bound``: one test of a measured number (or a run number)."""
+
+    name: str
+    op: str
+    bound: float
+
+    def holds(self, numbers: dict[str, float]) -> bool:
+        return OPERATORS[self.op](numbers[self.name], self.bound)
+
+
+def parse_condition(text: str, names: tuple[str, ...], where: str) -> tuple[Condition, ...]:
+    """``"a < 1 and b >= 2"`` -> its conditions, each checked to name one of ``names`` or a run number.
+
+    Raises:
+        LessonError: a malformed test, or a name neither measured nor a run number.
+    """
+    conditions = []
+    for part in re.split(r" +and +", text.strip()):
+        match = TEST.match(part.strip())
+        _require(
+            match is not None, where,
+            f"variant heading {'If ' + text!r} must read 'If name < number' (or <=, >, >=; several joined by "
+            "'and') or 'Otherwise'.",
+        )
+        name, op, bound = match.groups()
+        _require(
+            name in names or name in RUN_NUMBERS, where,
+            f"variant condition names {name!r}, which is neither measured nor one of {', '.join(RUN_NUMBERS)}.",
+        )
+        conditions.append(Condition(name, op, float(bound)))
+    return tuple(conditions)
 
 
 @dataclass(frozen=True)
 class Variant:
-    """One "#### If name op number" block (``name`` None: the "#### Otherwise" block)."""
+    """One "#### If ..." block (``conditions`` empty: the "#### Otherwise" block that ends its group).
 
-    name: str | None
-    op: str
-    bound: float
+    ``name``, ``op`` and ``bound`` are the first condition's (None, "", 0 for "Otherwise")."""
+
+    conditions: tuple[Condition, ...]
     text: str
+    group: int = 0
 
-    def holds(self, measured: dict[str, float]) -> bool:
-        return self.name is None or OPERATORS[self.op](measured[self.name], self.bound)
+    @property
+    def name(self) -> str | None:
+        return self.conditions[0].name if self.conditions else None
+
+    @property
+    def op(self) -> str:
+        return self.conditions[0].op if self.conditions else ""
+
+    @property
+    def bound(self) -> float:
+        return self.conditions[0].bound if self.conditions else 0.0
+
+    def holds(self, numbers: dict[str, float]) -> bool:
+        return all(condition.holds(numbers) for condition in self.conditions)
 
 
 def parse_after_reveal(text: str, kind: ActionKind, where: str) -> tuple[str, tuple[Variant, ...]]:
     """Split an after-reveal section into its shared text and its variants, checked against ``kind``.
 
     Raises:
-        LessonError: an unknown name (placeholder or condition), a malformed condition, or
-            variants that do not end with "#### Otherwise".
+        LessonError: an unknown name (placeholder or condition), a malformed condition, or a group of
+            variants that does not end with "#### Otherwise".
     """
     parts = VARIANT.split(text)
-    shared, variants = parts[0].strip(), []
+    shared, variants, group = parts[0].strip(), [], 0
     for heading, body in zip(parts[1::2], parts[2::2]):
         heading = heading.strip()
         if heading == "Otherwise":
-            variants.append(Variant(None, "", 0.0, body.strip()))
+            _require(
+                bool(variants) and variants[-1].group == group and variants[-1].conditions, where,
+                "'#### Otherwise' must be the last variant of a group that starts with '#### If'.",
+            )
+            variants.append(Variant((), body.strip(), group))
+            group += 1
             continue
-        match = CONDITION.match(heading)
-        _require(
-            match is not None, where,
-            f"variant heading {heading!r} must read 'If name < number' (or <=, >, >=) or 'Otherwise'.",
-        )
-        name, op, bound = match.groups()
-        _require(
-            name in kind.measured, where, f"variant condition names {name!r}, which {kind.name!r} does not measure."
-        )
-        variants.append(Variant(name, op, float(bound), body.strip()))
-    if variants:
-        _require(
-            variants[-1].name is None, where, "the last variant must be '#### Otherwise', so every outcome has a text."
-        )
-        _require(all(v.name is not None for v in variants[:-1]), where, "'#### Otherwise' must be the last variant.")
+        _require(heading.startswith("If "), where, f"variant heading {heading!r} must read 'If name < number' "
+                 "(or <=, >, >=) or 'Otherwise'.")
+        variants.append(Variant(parse_condition(heading[3:], kind.measured, where), body.strip(), group))
+    _require(
+        not variants or not variants[-1].conditions, where,
+        "the last variant must be '#### Otherwise', so every outcome has a text.",
+    )
     for piece in [shared] + [v.text for v in variants]:
         for name in PLACEHOLDER.findall(piece):
             _require(
@@ -83,6 +135,11 @@ def parse_after_reveal(text: str, kind: ActionKind, where: str) -> tuple[str, tu
                 f"placeholder {{{name}}} is not measured by {kind.name!r}.",
             )
     return shared, tuple(variants)
+
+
+def run_numbers(outcome: ActionOutcome) -> dict[str, float]:
+    """What ran, as numbers: ``on_gpu`` (1 on any accelerator, 0 on the CPU) and ``dtype_bytes``."""
+    return {"on_gpu": float(not outcome.device.startswith("cpu")), "dtype_bytes": float(DTYPE_BYTES[outcome.dtype])}
 
 
 def fill(text: str, outcome: ActionOutcome) -> str:
@@ -96,14 +153,22 @@ def fill(text: str, outcome: ActionOutcome) -> str:
     return PLACEHOLDER.sub(value, text)
 
 
-def chosen_variant(variants: tuple[Variant, ...], measured: dict[str, float]) -> Variant | None:
-    """The first variant whose condition the measurement meets (None: the step has no variants)."""
-    return next((v for v in variants if v.holds(measured)), None)
+def chosen_variants(variants: tuple[Variant, ...], numbers: dict[str, float]) -> list[Variant]:
+    """The first variant of each group whose condition the numbers meet, in group order."""
+    chosen: dict[int, Variant] = {}
+    for variant in variants:
+        if variant.group not in chosen and variant.holds(numbers):
+            chosen[variant.group] = variant
+    return [chosen[group] for group in sorted(chosen)]
+
+
+def chosen_variant(variants: tuple[Variant, ...], numbers: dict[str, float]) -> Variant | None:
+    """The first group's chosen variant (None: the step has no variants)."""
+    return next(iter(chosen_variants(variants, numbers)), None)
 
 
 def after_reveal_text(text: str, kind: ActionKind, outcome: ActionOutcome) -> str:
-    """The after-reveal markdown for this run: shared text and the variant its measurement picks."""
+    """The after-reveal markdown for this run: shared text and the variant of each group its measurement picks."""
     shared, variants = parse_after_reveal(text, kind, "after the reveal")
-    variant = chosen_variant(variants, outcome.measured)
-    pieces = [shared] + ([variant.text] if variant is not None else [])
-    return "\n\n".join(fill(piece, outcome) for piece in pieces if piece)
+    picked = chosen_variants(variants, outcome.measured | run_numbers(outcome))
+    return "\n\n".join(fill(piece, outcome) for piece in [shared, *(v.text for v in picked)] if piece)

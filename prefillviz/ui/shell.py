@@ -27,6 +27,7 @@ from prefillviz.ui.links import apply_link_parameters, share_box
 from prefillviz.ui.sidebar import PENDING, current_model
 
 PAGE_URL_PATH = "page_url_path"  # session key: the URL path of the page app.py is running
+PRESSED_WHILE_PREPARING = "run_pressed_while_preparing"  # session key: the run button pressed as a model was picked
 PREPARE_TIMEOUT_S = 600.0  # the longest a page keeps its progress bar moving before it says so and stops
 _page_run = threading.local()  # .navigated: under views/navigation.py; .bar, .buttons: what counts down
 
@@ -102,9 +103,14 @@ def _waiting_button(placeholder, label: str, kwargs: dict, prepared, tick: int) 
 
 def run_button(label: str, **kwargs) -> bool:
     """A page's run button: True when pressed with a model ready. While the model is being prepared the same
-    button waits and says so ("model loading: about 6 s left"); with no model it is disabled and says why."""
+    button waits and says so ("model loading: about 6 s left"); with no model it is disabled and says why.
+    A press whose own ``on_click`` picked a model that is not ready yet (a lesson step's dtype) is kept: the
+    button returns True once that model is ready, without a second press."""
     prepared = st.session_state.get(PENDING)
+    key = kwargs.get("key")
     if prepared is not None:
+        if key is not None and st.session_state.get(key):  # pressed in this run: kept for when it is ready
+            st.session_state[PRESSED_WHILE_PREPARING] = key
         placeholder = st.empty()
         _waiting_button(placeholder, label, kwargs, prepared, 0)
         _page_run.buttons = [*getattr(_page_run, "buttons", []), (placeholder, label, kwargs)]
@@ -113,7 +119,11 @@ def run_button(label: str, **kwargs) -> bool:
         why = "No model is loaded: pick one that loads in the sidebar."
         st.button(label, **{**kwargs, "disabled": True, "help": why})
         return False
-    return st.button(label, **kwargs)
+    pressed = st.button(label, **kwargs)
+    if key is not None and st.session_state.get(PRESSED_WHILE_PREPARING) == key:
+        st.session_state[PRESSED_WHILE_PREPARING] = None
+        return True
+    return pressed
 
 
 def loaded_model() -> LoadedModel | None:

@@ -28,6 +28,8 @@ def test_lesson_one_predict_run_reveal_navigate_and_the_prefill_page(bundled):
     assert len(app.radio(key="lesson_choice").options) >= 5
     assert app.header[0].value == "1. One forward pass, or several?"
     assert app.button(key="lesson_back_top").disabled and app.button(key="lesson_reveal").disabled
+    glossary = next(e for e in app.expander if e.label.startswith("Glossary"))  # beside every step
+    assert "**TTFT**: Time to first token" in texts(glossary.markdown)
 
     app.button(key="lesson_run").click().run()  # the real model
     assert not app.exception and not app.error

@@ -62,6 +62,7 @@ def _run_chunked(loaded, parameters: dict, report: FractionProgress, scale: floa
         "long_ttft_ratio": on.long_ttft_ms / off.long_ttft_ms,
         "num_steps_off": off.num_steps,
         "num_steps_on": on.num_steps,
+        "extra_steps_on": on.num_steps - off.num_steps,
         "outputs_identical": float(all(check.identical for check in comparison.output_checks)),
     }
     facts = [
@@ -93,7 +94,7 @@ KIND = ActionKind(
     measured=(
         "arrival_gap_off_ms", "arrival_gap_on_ms", "arrival_gap_ratio", "itl_max_off_ms", "itl_max_on_ms",
         "itl_max_ratio", "long_ttft_off_ms", "long_ttft_on_ms", "long_ttft_ratio",
-        "num_steps_off", "num_steps_on", "outputs_identical",
+        "num_steps_off", "num_steps_on", "extra_steps_on", "outputs_identical",
     ),
     figures={"latency": _chunked_latency_figure},
     run=_run_chunked,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from prefillviz.analysis import flop_facts
 from prefillviz.disagg.experiment import SETUPS, compare_setups
 from prefillviz.experiments import chunked
 from prefillviz.figures import chunked as chunked_figures
@@ -17,7 +18,8 @@ from prefillviz.machine.progress import FractionProgress
 DISAGG_MEASURED = (
     "itl_max_off_ms", "itl_max_on_ms", "itl_max_disagg_ms", "long_ttft_off_ms", "long_ttft_on_ms",
     "long_ttft_disagg_ms", "disagg_itl_growth", "kv_mb_sent_long", "transfer_ms_long", "outputs_identical",
-    "disagg_ttft_ratio", "placement_kind", "long_prompt_tokens", "kv_bytes_per_token",
+    "disagg_ttft_ratio", "placement_kind", "long_prompt_tokens", "kv_bytes_per_token", "attention_share_percent",
+    "attention_crossover_tokens",
 )
 # placement_kind 0, 1, 2
 PLACEMENTS = ("CPU cores split between the workers", "one GPU shared, K/V through host memory", "a GPU each")
@@ -52,6 +54,9 @@ def _run_disagg(loaded, parameters: dict, report: FractionProgress, scale: float
         "placement_kind": placement_kind(comparison.disagg.spec.placement.devices),
         "long_prompt_tokens": len(workload.long_prompt),
         "kv_bytes_per_token": comparison.kv_bytes_per_token,
+        # bytes sent grow like N; the prefill's FLOPs like N plus attention's N²: its share says which wins
+        "attention_share_percent": 100 * flop_facts.attention_share(loaded, len(workload.long_prompt)),
+        "attention_crossover_tokens": flop_facts.attention_crossover_tokens(loaded),
     }
     facts = [
         (

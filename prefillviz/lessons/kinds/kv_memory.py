@@ -39,6 +39,7 @@ def _run_kv_memory(loaded, parameters: dict, report: FractionProgress, scale: fl
         "max_context": context,
         "kv_at_context_mb": per_token * context / 1e6,
         "weights_mb": weight_bytes / 1e6,
+        "kv_at_context_over_weights": per_token * context / weight_bytes,
         "tokens_to_match_weights": tokens_to_match_weights(weight_bytes, per_token),
     }
     facts = [
@@ -74,7 +75,7 @@ KIND = ActionKind(
     measured=(
         "num_tokens", "kv_bytes_per_token", "kv_bytes_per_token_formula", "kv_total_mb", "num_blocks", "block_size",
         "mha_bytes_per_token", "gqa_saving_factor", "max_context", "kv_at_context_mb", "weights_mb",
-        "tokens_to_match_weights",
+        "tokens_to_match_weights", "kv_at_context_over_weights",
     ),
     figures={"memory_growth": _memory_growth_figure, "gqa_bars": _gqa_figure},
     run=_run_kv_memory,

@@ -10,6 +10,7 @@ from prefillviz.figures import papers as figures
 from prefillviz.lessons.actions import ActionKind, ActionOutcome
 from prefillviz.lessons.kinds.chunked import WORKLOAD_PARAMETERS, chunked_workload
 from prefillviz.lessons.kinds.common import labelled_page_results, papers_outcome
+from prefillviz.lessons.kinds.disagg import placement_kind
 from prefillviz.machine.progress import FractionProgress
 from prefillviz.measure.papers_interference import run_interference
 
@@ -29,6 +30,7 @@ def _run(loaded, parameters: dict, report: FractionProgress, scale: float | None
         "crossover_tokens": crossover if crossover is not None else NONE,
         "has_crossover": float(crossover is not None),
         "outputs_identical": float(all(p.comparison.outputs_equal for p in sweep.points)),
+        "placement_kind": placement_kind(largest.comparison.disagg.spec.placement.devices),
     }
     facts = [
         (
@@ -63,7 +65,7 @@ KIND = ActionKind(
     scaled={"short_max_new_tokens": 4, "long_prompt_tokens": 16, "token_budget": 8, "long_prompt_sizes": 16},
     measured=(
         "largest_long_prompt", "interference_off", "interference_on", "interference_disagg", "worst_gap_off_ms",
-        "worst_gap_disagg_ms", "crossover_tokens", "has_crossover", "outputs_identical",
+        "worst_gap_disagg_ms", "crossover_tokens", "has_crossover", "outputs_identical", "placement_kind",
     ),
     figures={"interference": _figure, "worst_gap": _gap_figure},
     run=_run,

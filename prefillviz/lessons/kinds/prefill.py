@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from prefillviz.experiments.prefill import run_prefill
+from prefillviz.engine.config import EngineConfig
+from prefillviz.experiments.prefill import one_step_budget, run_prefill
 from prefillviz.figures import prefill as prefill_figures
 from prefillviz.lessons.actions import ActionKind, ActionOutcome
 from prefillviz.lessons.kinds.common import PROMPT_PARAMETERS, make_outcome, prompt_of
@@ -26,7 +27,8 @@ def _run_prefill(loaded, parameters: dict, report: FractionProgress, scale: floa
         "forward_ms": parts["forward_s"] * 1e3,
         "forward_share_percent": 100 * parts["forward_s"] / parts["total_s"],
         "prefill_tokens_per_s": result.num_tokens / forward_s,
-        "token_budget": budget or result.num_tokens,  # None: the engine's default, at least the prompt
+        "token_budget": budget or one_step_budget(loaded),  # None: the model's context, one step for any prompt
+        "engine_default_budget": EngineConfig.token_budget,  # what an engine built without a budget gets
     }
     facts = [
         ("Prompt tokens", f"{result.num_tokens:,}"),
@@ -51,7 +53,7 @@ KIND = ActionKind(
     scaled={},
     measured=(
         "num_tokens", "num_steps", "ttft_ms", "forward_ms", "forward_share_percent", "prefill_tokens_per_s",
-        "token_budget",
+        "token_budget", "engine_default_budget",
     ),
     figures={"ttft_breakdown": _ttft_breakdown_figure},
     run=_run_prefill,

@@ -26,6 +26,13 @@ def size_past_ridge(loaded, start: int, ridge_intensity: float) -> int:
     return n
 
 
+def weights_only_intensity(loaded, num_new_tokens: int, context_len: int) -> float:
+    """FLOPs of a step per byte of weights it reads: the standard roofline's count, which leaves the
+    activations and the KV cache out (as if kernels kept them on chip)."""
+    cost = model_costs(loaded, num_new_tokens, context_len)
+    return cost.total_flops / sum(op.weight_bytes for _, op in cost.all_ops)
+
+
 def _run_roofline(loaded, parameters: dict, report: FractionProgress, scale: float | None = None) -> ActionOutcome:
     report(0.0, "reading (or measuring) this machine's peaks, then timing prefill and decode steps")
     result = run_roofline(loaded, parameters["prefill_sizes"], parameters["decode_contexts"], parameters["runs"])
@@ -55,6 +62,8 @@ def _run_roofline(loaded, parameters: dict, report: FractionProgress, scale: flo
         "gflops_ratio": prefill_point.achieved_gflops / decode_point.achieved_gflops,
         "prefill_percent_of_peak": 100 * prefill_point.achieved_gflops / peaks.matmul_gflops,
         "decode_percent_of_peak": 100 * decode_point.achieved_gflops / peaks.matmul_gflops,
+        "prefill_weights_intensity": weights_only_intensity(loaded, prefill_point.num_tokens, prefill_point.num_tokens),
+        "decode_weights_intensity": weights_only_intensity(loaded, 1, decode_point.context_len),
         "decode_intensity_limit": 2 / model_costs(loaded, 1, 1).dtype_bytes,  # 2 FLOPs per weight / bytes per weight
         "past_ridge_tokens": past_ridge.num_tokens,
         "past_ridge_over_ridge": past_ridge.intensity / peaks.ridge_intensity,
@@ -63,6 +72,10 @@ def _run_roofline(loaded, parameters: dict, report: FractionProgress, scale: flo
     facts = [
         (f"Prefill step, N={prefill_point.num_tokens}", _point_text(prefill_point, peaks)),
         (f"Decode step, context {decode_point.context_len}", _point_text(decode_point, peaks)),
+        (
+            "Counting the weights' bytes only (the standard roofline), prefill / decode",
+            f"{measured['prefill_weights_intensity']:,.1f} / {measured['decode_weights_intensity']:,.2f} FLOP/byte",
+        ),
         ("Ridge point (where the roofs meet)", f"{peaks.ridge_intensity:,.1f} FLOP/byte"),
         (f"Prefill N={prefill_point.num_tokens}", _side_of_ridge(prefill_point.intensity, peaks.ridge_intensity)),
         (f"Decode, context {decode_point.context_len}", _side_of_ridge(decode_point.intensity, peaks.ridge_intensity)),
@@ -108,7 +121,8 @@ KIND = ActionKind(
         "prefill_tokens", "prefill_intensity", "decode_intensity", "intensity_ratio", "ridge_intensity",
         "prefill_over_ridge",
         "prefill_gflops", "decode_gflops", "gflops_ratio", "prefill_percent_of_peak", "decode_percent_of_peak",
-        "decode_intensity_limit", "past_ridge_tokens", "past_ridge_over_ridge", "past_ridge_percent_of_peak",
+        "decode_intensity_limit", "prefill_weights_intensity", "decode_weights_intensity",
+        "past_ridge_tokens", "past_ridge_over_ridge", "past_ridge_percent_of_peak",
     ),
     figures={"roofline": _roofline_figure},
     run=_run_roofline,

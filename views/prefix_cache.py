@@ -39,9 +39,9 @@ questions = st.text_area("Then each request's own turn (one per line)", "\n".joi
                          key="prefix_questions")
 row = st.columns(3)
 block_size = row[0].number_input("Block size (tokens)", value=16, step=1, key="prefix_block_size",
-                                 help=f"vLLM's default on a CUDA GPU is 16; its CPU backend sets its own "
-                                 f"(`vllm/platforms/cpu.py`), and the vLLM run on this page uses {VLLM_BLOCK_SIZE}, "
-                                 "the multiple of 32 its CPU attention needs.")
+                                 help=f"vLLM's default on a CUDA GPU is 16; its CPU backend's is 128 (vLLM 0.32.0, "
+                                 f"`vllm/platforms/cpu.py`), and the vLLM run on this page uses {VLLM_BLOCK_SIZE}, "
+                                 "a multiple of 32 as its CPU attention prefers.")
 max_new_tokens = row[1].slider("New tokens per request", 1, 16, 6, key="prefix_new_tokens")
 other_user = row[2].checkbox(f"Another user's request ({OTHER_REQUEST_ID!r}) after q2", True, key="prefix_other_user")
 row = st.columns(2)

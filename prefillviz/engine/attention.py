@@ -2,19 +2,21 @@
 
 The KV cache, each token's slot, where each request's rows start in the packed batch and what
 it had cached before; ``attend`` runs one layer's attention over it with a kernel of
-``paged_attention.py``'s signature, at every row or only at the rows whose logits are kept.
+``paged_attention.py``'s signature, at every row or only at the rows whose logits are kept (with
+block-sparse prefill on, ``sparse_attention.py`` runs a fresh prompt's rows, the kernel the rest).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 
 import torch
 
 from prefillviz.engine.kv_cache import PagedKVCache
 from prefillviz.engine.paged_attention import PagedStep
+from prefillviz.engine.sparse_attention import paged_sparse_prefill
 
 
 @dataclass
@@ -30,6 +32,7 @@ class AttentionMetadata:
     positions: torch.Tensor  # (T,) on CPU: each token's position in its request
     ops: object = None  # the step's ``StepOps`` and inspecting observer: a stock forward's attention reads them
     observer: object = None
+    sparse_prefill_keep_fraction: float | None = None  # ``EngineConfig``'s: block-sparse prefill, None: dense
 
     @cached_property
     def step(self) -> PagedStep:
@@ -56,6 +59,8 @@ class AttentionMetadata:
     def attend(self, layer: int, q, k, v, scale: float, kernel: Callable, keep: torch.Tensor | None = None):
         """One layer's attention with ``kernel`` (``paged_attention``'s signature): q (T, H, D), k and v
         (T, KVH, D), already in the cache -> (T, H D); with ``keep`` -> (kept rows, H D)."""
+        if self.sparse_prefill_keep_fraction is not None:  # a fresh prompt's prefill over its kept tiles only
+            kernel = partial(paged_sparse_prefill, keep_fraction=self.sparse_prefill_keep_fraction, dense=kernel)
         step = self.step
         kept = self.last_rows_step(keep.tolist()) if keep is not None else None
         if kept is not None:  # attention at the kept rows only

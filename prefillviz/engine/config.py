@@ -35,6 +35,10 @@ class EngineConfig:
             engines set it, ``hosted.HostedPolicy.engine_limits``); None: only the model's
             context and the KV cache limit it.
         max_new_tokens: if set, the most new tokens a request may ask for.
+        sparse_prefill_keep_fraction: if set, block-sparse prefill (``sparse_attention.py``, XAttention's
+            antidiagonal scoring): a fresh prompt's attention computes only this fraction (0 < f <= 1) of
+            each query block's causal key blocks, the sink and the diagonal always among them; 1.0 runs the
+            block-sparse path over every block. None: dense attention. Decodes and chunks stay dense.
     """
 
     block_size: int = 16
@@ -46,6 +50,7 @@ class EngineConfig:
     num_blocks: int | None = None
     max_prompt_tokens: int | None = None
     max_new_tokens: int | None = None
+    sparse_prefill_keep_fraction: float | None = None
 
     def __post_init__(self) -> None:
         positive = {
@@ -60,6 +65,9 @@ class EngineConfig:
         for name, value in positive.items():
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive whole number, got {value!r}.")
+        keep = self.sparse_prefill_keep_fraction
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, float | int) or not 0 < keep <= 1):
+            raise ConfigError(f"sparse_prefill_keep_fraction must be in (0, 1] (or None: dense), got {keep!r}.")
 
     def kv_blocks(self, kv_bytes_per_token: int, max_context: int | None) -> int:
         """How many KV blocks: ``num_blocks``, or as many as the memory budget holds, never more

@@ -71,7 +71,8 @@ class LLMEngine:
                                      self.dtype, self.device, self.backend.new_kv_cache)
         self.block_pool = BlockPool(num_blocks, enable_caching=self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_pool)
-        self.runner = ModelRunner(model, self.kv_cache, self.config.block_size, self.backend)
+        self.runner = ModelRunner(model, self.kv_cache, self.config.block_size, self.backend,
+                                  self.config.sparse_prefill_keep_fraction)
         self.steps: list[StepRecord] = []
         # every request in arrival order; its record is made when it finishes (None while unfinished)
         self.request_records: dict[str, RequestRecord | None] = {}

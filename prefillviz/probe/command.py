@@ -71,7 +71,8 @@ def _numbers(text: str | None, flag: str, kind: type = int) -> tuple | None:
         raise ConfigError(f"{flag} must be comma-separated {what}, got {text!r}.") from None
 
 
-def _progress(fraction: float, text: str) -> None:
+def print_progress(fraction: float, text: str) -> None:
+    """A sweep's progress on one stderr line, rewritten in place."""
     print(f"\r{fraction:4.0%} {text[:70]:<70}", end="", file=sys.stderr, flush=True)
 
 
@@ -87,7 +88,7 @@ def load_command(args: argparse.Namespace, budget: ProbeBudget) -> dict:
         ttft_target_s=args.ttft_target_ms / 1e3, itl_target_s=args.itl_target_ms / 1e3, knee_factor=args.knee_factor,
         max_seconds=args.max_seconds,
     )
-    report = load_sweep(args.url, args.model, settings, progress=_progress, budget=budget,
+    report = load_sweep(args.url, args.model, settings, progress=print_progress, budget=budget,
                         api_key=args.api_key or os.environ.get("OPENAI_API_KEY"), read_timeout_s=args.timeout)
     print(file=sys.stderr)
     if report.stopped_reason:
@@ -112,7 +113,7 @@ def probe_command(args: argparse.Namespace) -> dict:
     if args.load:
         return load_command(args, budget)
     report = probe_server(
-        args.url, args.model, settings, progress=_progress, budget=budget,
+        args.url, args.model, settings, progress=print_progress, budget=budget,
         api_key=args.api_key or os.environ.get("OPENAI_API_KEY"), read_timeout_s=args.timeout,
     )
     print(file=sys.stderr)

@@ -55,6 +55,11 @@ CLAIMS = (
     Claim(r"GPU of its own", "placement_kind >= 2", "where the workers ran"),
     Claim(r"set by reading the weights", "weights_read_share >= 0.5", WEIGHTS_READ),
     Claim(r"launch and host overhead", "weights_read_share < 0.5", WEIGHTS_READ),
+    Claim(r"\blayer by layer\b", "positions_before_next_layer > 1", "the one-step run's recorded KV write events"),
+    Claim(r"one position at a time", "positions_before_next_layer <= 1", "the one-step run's recorded KV write events"),
+    Claim(r"slower than dense", "sparse_ttft_speedup <= 1", "the measured end-to-end speedup of block-sparse prefill"),
+    Claim(r"faster than dense", "sparse_ttft_speedup > 1", "the measured end-to-end speedup of block-sparse prefill"),
+    Claim(r"within it, as Amdahl", "speedup_over_amdahl_cap <= 1", "the measured speedup against Amdahl's cap"),
     Claim(r"the longer the prompt, the cheaper", NEVER, "bytes per FLOP stay flat until attention's N² term counts"),
     Claim(r"on an A100 .*falling until about 512", NEVER, "Figure 2's rows rise at 256 and past 4k"),
 )

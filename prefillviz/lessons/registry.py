@@ -11,6 +11,7 @@ from prefillviz.lessons.kinds import (
     chunked,
     disagg,
     kv_memory,
+    kv_write_order,
     papers_chunk_cost,
     papers_interference,
     papers_knee,
@@ -20,6 +21,7 @@ from prefillviz.lessons.kinds import (
     prefill,
     prefix,
     roofline,
+    sparse_speedup,
     ttft_ratio,
 )
 from prefillviz.lessons.spec import _require
@@ -29,6 +31,7 @@ ACTION_KINDS: dict[str, ActionKind] = {
     module.KIND.name: module.KIND
     for module in (
         prefill, ttft_ratio, parallel_vs_sequential, roofline, kv_memory, chunked, disagg, prefix,  # one line a kind
+        sparse_speedup, kv_write_order,  # long prompts; the Watch it happen replay
         # lesson 6: the papers' results
         papers_piggyback, papers_chunk_cost, papers_knee, papers_prefix_blocks, papers_interference,
     )

@@ -76,15 +76,15 @@ def test_a_step_sets_the_sidebar_dtype_before_it_runs(bundled):
     app.run()
     app.switch_page(PAGE).run()
     app.radio(key="lesson_choice").set_value(2).run()  # lesson 3: the KV cache and GQA
-    for _ in range(3):
+    for _ in range(4):
         app.button(key="lesson_next_bottom").click().run()
-    assert app.header[0].value == "4. Grouped-query attention"
+    assert app.header[0].value == "5. Grouped-query attention"
     assert "dtype = auto" in texts(app.caption)
 
     app.button(key="lesson_run").click().run()
     assert not app.exception and not app.error
     assert app.selectbox(key="sidebar_dtype").value == "auto"  # the step's setting, applied before the run
-    app.radio(key="lesson_predict_03_kv_cache_and_gqa/3").set_value(1).run()  # "3× larger"
+    app.radio(key="lesson_predict_03_kv_cache_and_gqa/4").set_value(1).run()  # "3× larger"
     app.button(key="lesson_reveal").click().run()
     assert app.success[0].value.startswith("Right") and "3× larger (measured: 3)" in texts(app.markdown)
     assert app.button(key="lesson_next_bottom").label == "Next lesson ▶"
@@ -113,3 +113,22 @@ def test_the_full_views_show_the_lessons_runs(bundled):
         app.switch_page(page).run()
         assert not app.exception and expected in texts(app.caption), page
         assert app.get("plotly_chart")
+
+
+def test_the_watch_and_long_prompt_views_show_the_lessons_runs(bundled):
+    """The replay step's run plays on Watch it happen, the block-sparse step's fills the Long prompts table."""
+    from prefillviz import lessons
+
+    results = {}
+    for kind in ("kv_write_order", "sparse_speedup"):
+        action = next(s.action for lesson in lessons.load_lessons() for s in lesson.steps if s.action["kind"] == kind)
+        results.update(lessons.page_results(lessons.run_action(bundled, action, scale=0.05), "test"))
+    app = AppTest.from_file(APP, default_timeout=240)
+    app.session_state["sidebar_dtype"] = "float32"
+    app.run()
+    app.session_state["results"] = results
+    app.switch_page("views/watch.py").run()
+    frames = results["watch"]["payload"]["num_frames"]
+    assert not app.exception and f"{frames:,} recorded events · {bundled.model_id}" in texts(app.caption)
+    app.switch_page("views/long_prompts.py").run()
+    assert not app.exception and "At N = 512, attention is" in texts(app.markdown)

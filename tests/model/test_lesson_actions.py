@@ -148,3 +148,32 @@ def test_disagg_sends_the_long_prompts_kv_and_says_where_the_workers_ran(bundled
         measured["long_ttft_disagg_ms"] / measured["long_ttft_off_ms"]
     )
     assert "cpu" in dict(outcome.facts)["Placement"]
+
+
+def test_kv_write_order_reads_the_replays_events_layer_by_layer_against_token_by_token(bundled):
+    outcome = run(bundled, "kv_write_order")  # 64 tokens x 0.05: the floor of 8
+    measured, layers = outcome.measured, bundled.info.num_layers
+    assert measured["num_tokens"] == 8 and measured["num_layers"] == layers
+    assert measured["kv_write_events"] == layers and measured["positions_before_next_layer"] == 8  # layer by layer
+    assert measured["token_by_token_kv_write_events"] == layers * 8
+    assert measured["token_by_token_positions_before_next_layer"] == 1  # one position through every layer first
+    assert 0 < measured["first_layer_done_ms"] < measured["run_ms"]
+    assert measured["token_by_token_first_layer_done_percent"] > 80  # layer 0's last cell: in the last step
+    watch = lessons.page_results(outcome, "")["watch"]  # what the Watch it happen page plays: this same run
+    prefill_lanes = watch["payload"]["scenes"][0]["lanes"]
+    assert [len(lane["frames"]["kind"]) for lane in prefill_lanes] == [
+        1 + layers + 1, 8 * (1 + layers) + 1]  # steps, KV write events, the sampled token
+
+
+def test_sparse_speedup_times_dense_and_block_sparse_and_states_amdahls_cap(bundled):
+    outcome = run(bundled, "sparse_speedup")  # 4,096 tokens x 0.05: the floor of 512, four 128-token blocks
+    measured = outcome.measured
+    assert measured["num_tokens"] == 512 and measured["key_blocks_skipped_percent"] == pytest.approx(80)
+    assert 0 < measured["attention_flops_skipped_percent"] < 80  # the first block and the diagonal are always kept
+    assert measured["sparse_ttft_speedup"] == pytest.approx(measured["dense_ttft_s"] / measured["sparse_ttft_s"])
+    share = measured["attention_share_of_ttft_percent"] / 100
+    assert 0 < share < 1 and measured["amdahl_cap"] == pytest.approx(
+        1 / (1 - share * measured["attention_flops_skipped_percent"] / 100))
+    assert 1 < measured["amdahl_cap"] < measured["amdahl_cap_no_attention"]
+    (comparison,) = lessons.page_results(outcome, "")["long_trade"]  # the Long prompts page's trade-off table
+    assert comparison.num_tokens == 512 and comparison.runs == 1

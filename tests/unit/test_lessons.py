@@ -56,6 +56,8 @@ TERMS = [
     ("FLOP", r"\bFLOPs?\b"), ("arithmetic intensity", r"arithmetic intensity"), ("ridge", r"\bridge\b"),
     ("KV cache", r"KV cache"), ("block", r"\bblocks?\b"), ("chunk", r"\bchunks?\b"), ("TTFT", r"\bTTFT\b"),
     ("ITL", r"\bITL\b"), ("RDMA", r"\bRDMA\b"), ("NVLink", r"\bNVLink\b"),
+    ("KV write event", r"KV write events?"), ("block-sparse attention", r"block-sparse"),
+    ("Amdahl's law", r"Amdahl"),
 ]
 
 
@@ -72,7 +74,7 @@ def test_a_term_is_defined_in_bold_where_the_lessons_first_use_it(term, pattern)
 def test_the_glossary_defines_every_term_and_every_step_can_reach_it():
     glossary = lessons.load_glossary()
     for term in ("token", "logits", "dtype", "FLOP", "arithmetic intensity", "ridge", "KV cache", "block", "chunk",
-                 "TTFT", "ITL", "RDMA / NVLink"):
+                 "TTFT", "ITL", "RDMA / NVLink", "KV write event", "block-sparse attention", "Amdahl's law"):
         assert len(glossary.get(term, "").split()) >= 8, term
     page = (lessons.ROOT / "views" / "walkthrough.py").read_text(encoding="utf-8")
     assert "glossary_markdown(GLOSSARY)" in page  # drawn above every step, whichever step is shown
@@ -96,6 +98,8 @@ def test_every_step_runs_a_known_action_and_asks_what_it_measures():
             assert (lessons.ROOT / step.view).is_file()
     # the four topics: prefill and TTFT, parallel vs token-by-token with the roofline, KV cache, chunked + prefix
     assert {"prefill", "ttft_ratio", "parallel_vs_sequential", "roofline", "kv_memory", "chunked", "prefix"} <= kinds
+    # and the two steps that reveal a recorded replay's write order and block-sparse prefill's speedup
+    assert {"kv_write_order", "sparse_speedup"} <= kinds
 
 
 def test_lesson_two_asks_the_400_token_question():
@@ -158,7 +162,7 @@ def lesson_copy(tmp_path):
          "step 2 ('Where the time to first token goes'): unknown action kind 'nope'"),
         (lambda s: s["steps"][0]["question"].update(answer="speed"),
          "the question's answer 'speed' is not measured by action kind 'prefill'"),
-        (lambda s: s["steps"].pop(), "2 step spec(s) but 01_prefill_and_ttft.md has 3 '## ' step section(s)"),
+        (lambda s: s["steps"].pop(), "3 step spec(s) but 01_prefill_and_ttft.md has 4 '## ' step section(s)"),
         (lambda s: s.update(minutes=25),
          "'minutes' (the estimated time to complete) must be a whole number from 1 to 10"),
         (lambda s: s["steps"][2]["action"].update(long_token=512),

@@ -1,13 +1,17 @@
-"""Command line: ``python -m prefillviz run|trace|bench|kernels|tune|probe-server``.
+"""Command line: ``python -m prefillviz run|trace|bench|kernels|tune|probe-server|replay|sparse|wall|serve``.
 
 ``run`` prefills one prompt on the engine and prints what came out (``--json`` for one JSON
 object). ``trace`` runs it at a capture level and writes the trace (JSON + NPZ) to a folder.
 ``bench`` prints the benchmark figures as one JSON object (see ``bench.py``). ``kernels``
 prints the attention-kernel benchmark, time and peak memory vs N for every kernel in
 ``prefillviz/kernels/`` (see ``experiments/kernel_bench.py``). ``probe-server`` measures an
-OpenAI-compatible server from outside (see ``probe/``). ``tune`` times the engine's
+OpenAI-compatible server from outside (see ``probe/``); ``serve`` is one, around the engine
+(``serve/``). ``tune`` times the engine's
 candidate implementations on this machine and prints the measured dispatch
-(``backends/dispatch.py``); ``--again`` measures even when a fresh table is cached.
+(``backends/dispatch.py``); ``--again`` measures even when a fresh table is cached. ``replay``
+records prefill, chunked prefill and a prefix hit and writes one offline HTML file that plays them
+(``figures/replay/``). ``sparse`` compares block-sparse prefill with dense on a long prompt, ``wall``
+times attention, the linears and the rest of a prefill as N grows (``measure/long_prompts.py``).
 
 Every size option is checked before the work starts (against the model's context right after it
 loads): a bad one is one ``error:`` line naming the option, the value and the limit, exit status 2.
@@ -20,7 +24,7 @@ import json
 import os
 import sys
 
-from prefillviz.cli_checks import at_least, check_bench_sizes, check_context_of, option_named
+from prefillviz.cli_checks import at_least, check_bench_sizes, check_context_of, check_long_prompt_options, option_named
 from prefillviz.cli_parser import build_parser
 from prefillviz.engine.errors import ConfigError, PrefillVizError
 from prefillviz.instrument.capture import run_captured
@@ -173,6 +177,51 @@ def trace_command(args: argparse.Namespace) -> dict:
     }
 
 
+def replay_command(args: argparse.Namespace) -> dict:
+    import time
+
+    from prefillviz.experiments.replay_runs import check_num_tokens, record_replay
+    from prefillviz.figures.replay.build import replay_payload
+    from prefillviz.figures.replay.page import check_writable, replay_html, write_replay
+    from prefillviz.loading.models import load_model
+
+    started = time.perf_counter()
+    with option_named(f"--tokens {args.tokens}"):
+        check_num_tokens(args.tokens)  # before the model loads; its context is checked right after
+    with option_named(f"--out {args.out}"):
+        check_writable(args.out)
+    loaded = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
+    with option_named(f"--tokens {args.tokens}"):
+        runs = record_replay(loaded, args.tokens, lambda done, what: print(f"{done:4.0%} {what}", file=sys.stderr))
+    payload = replay_payload(runs)
+    document = replay_html(payload)
+    with option_named(f"--out {args.out}"):
+        path = write_replay(document, args.out)
+    size = path.stat().st_size
+    return {"out": str(path), "num_tokens": args.tokens, "frames": payload["num_frames"],
+            "scene_frames": {scene["id"]: scene["num_frames"] for scene in payload["scenes"]},
+            "size_bytes": size, "size_mb": round(size / 1e6, 2), "record_s": round(runs.record_s, 1),
+            "total_s": round(time.perf_counter() - started, 1), "model": loaded.model_id, "device": runs.device,
+            "dtype": runs.dtype}
+
+
+def long_prompt_command(args: argparse.Namespace) -> dict:
+    """``sparse`` or ``wall`` (``measure/long_prompts.py``), its sizes checked before and after the model loads."""
+    from prefillviz.loading.models import load_model
+    from prefillviz.measure.long_prompts import sparse_figures, wall_figures
+
+    sizes, keeps = check_long_prompt_options(args)
+    loaded = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
+    longest, new_tokens = max(sizes), 32 if args.command == "sparse" else 1
+    option = "--tokens" if args.command == "sparse" else "--sizes"
+    check_context_of(option, longest, f"N + {new_tokens} new", longest + new_tokens,
+                     (loaded.info.max_context or 0) - new_tokens, loaded)
+    progress = lambda done, what: print(f"{done:4.0%} {what}", file=sys.stderr)  # noqa: E731
+    if args.command == "sparse":
+        return sparse_figures(loaded, args.tokens, keeps, args.runs, progress)
+    return wall_figures(loaded, sizes, args.runs, args.budget_s, progress)
+
+
 def bench_command(args: argparse.Namespace) -> dict:
     at_least("--num-tokens", args.num_tokens, 1, "the prompt length the bench prefills")
     at_least("--runs", args.runs, 1, "timed runs per figure")
@@ -220,10 +269,18 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(trace_command(args)))
         elif args.command == "disagg":
             print(json.dumps(disagg_command(args), indent=2), flush=True)
+        elif args.command == "replay":
+            print(json.dumps(replay_command(args), indent=2), flush=True)
+        elif args.command in ("sparse", "wall"):
+            print(json.dumps(long_prompt_command(args), indent=2), flush=True)
         elif args.command == "kernels":
             print(json.dumps(kernels_command(args), indent=2))
         elif args.command == "tune":
             print(json.dumps(tune_command(args), indent=2))
+        elif args.command == "serve":
+            from prefillviz.serve.server import serve_command
+
+            serve_command(args)
         elif args.command == "probe-server":
             from prefillviz.probe.command import print_summary, probe_command
 

@@ -51,3 +51,24 @@ def check_bench_sizes(loaded, num_tokens: int, with_vllm: bool) -> None:
                          (context - 64) // 4, loaded, also)
     check_context_of("--num-tokens", num_tokens, "the bench's prefix hit runs 2 x N + 33", 2 * num_tokens + 33,
                      (context - 33) // 2, loaded)
+
+
+def check_long_prompt_options(args) -> tuple[list[int], tuple[float, ...]]:
+    """``sparse`` and ``wall``'s sizes and keep fractions, before the model loads: (the sizes, the keep fractions)."""
+    def numbers(option: str, text: str, kind: type) -> list:
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise ConfigError(f"{option} {text}: must be comma-separated numbers.") from None
+
+    at_least("--runs", args.runs, 1, "timed runs")
+    if args.command == "wall":
+        sizes = numbers("--sizes", args.sizes, int)
+        if len(set(sizes)) < 3 or min(sizes) < 1:
+            raise ConfigError(f"--sizes {args.sizes}: need at least 3 different positive prompt lengths for the fits.")
+        return sizes, ()
+    at_least("--tokens", args.tokens, 1, "a prompt needs a token")
+    keeps = tuple(numbers("--keep", args.keep, float))
+    if not keeps or any(not 0 < keep <= 1 for keep in keeps):
+        raise ConfigError(f"--keep {args.keep}: each fraction of key blocks kept must be in (0, 1] (1.0: dense).")
+    return [args.tokens], keeps

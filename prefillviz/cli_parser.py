@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     from prefillviz.probe.command import add_parser as add_probe_parser
 
     add_probe_parser(commands)
+    from prefillviz.serve.server import add_parser as add_serve_parser
+
+    add_serve_parser(commands)
     disagg = commands.add_parser("disagg", help="the chunked-prefill workload on one engine (chunking off, on) "
                                  "and on a prefill + a decode worker")
     _add_model_arguments(disagg)
@@ -93,4 +96,26 @@ def build_parser() -> argparse.ArgumentParser:
     disagg.add_argument("--arrival-step", type=int, default=2)
     disagg.add_argument("--token-budget", type=int, default=64)
     disagg.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
+
+    replay = commands.add_parser("replay", help="record prefill, chunked prefill and a prefix hit, and write one "
+                                 "offline HTML file that plays them back")
+    _add_model_arguments(replay)
+    replay.add_argument("--tokens", type=int, default=512, help="prompt tokens of the prefill runs and the long prompt")
+    replay.add_argument("--out", required=True, help="the HTML file to write")
+
+    sparse = commands.add_parser("sparse", help="block-sparse prefill (XAttention's antidiagonal scoring) against "
+                                 "dense on a long prompt: FLOPs skipped, first-token KL, greedy agreement, times")
+    _add_model_arguments(sparse)
+    sparse.add_argument("--tokens", type=int, default=4096, help="prompt tokens, from the bundled book")
+    sparse.add_argument("--keep", default="0.2", help="fraction of key blocks kept (1.0: every block); "
+                        "comma-separated for several settings")
+    sparse.add_argument("--runs", type=int, default=3, help="timed runs of each, dense and sparse alternating")
+    sparse.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
+    wall = commands.add_parser("wall", help="the O(N^2) wall: attention, linears and the rest of TTFT per N, "
+                               "the crossovers, the fit's N and N^2 terms")
+    _add_model_arguments(wall)
+    wall.add_argument("--sizes", default="512,1024,2048,4096,8191", help="comma-separated prompt lengths N")
+    wall.add_argument("--runs", type=int, default=1, help="timed runs per size, after one warm-up")
+    wall.add_argument("--budget-s", type=float, default=180.0, help="leave out the sizes that would pass this")
+    wall.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     return parser

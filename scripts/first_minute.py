@@ -62,6 +62,7 @@ def start_server(cache: Path, port: int, streamlit_run: bool = False) -> tuple[s
 def first_visit(url: str, timeout_s: float = 300.0, screenshots: Path | None = None) -> dict:
     """Open ``url`` and time what a person sees, polling the page every 0.1 s; with ``screenshots``, the page at
     2 s (``at_2s.png``) and when its Run button works (``run_ready.png``) are saved there."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     seen: dict = {"stages": [], "button_labels": []}
@@ -82,14 +83,20 @@ def first_visit(url: str, timeout_s: float = 300.0, screenshots: Path | None = N
             progress = page.locator('[data-testid="stProgress"]')
             if progress.count():
                 seen.setdefault("progress_s", now)
-                text = progress.first.inner_text().strip()
+                try:
+                    text = progress.first.inner_text(timeout=1000).strip()
+                except PlaywrightTimeout:  # the bar went away between the count and the read: the model is ready
+                    text = ""
                 # "Preparing ID, step 2 of 4: what it does (about N s left)"
                 named = re.search(r"step \d+ of \d+: ([^(]+)", text)
                 stage = named.group(1).strip() if named else text
                 if stage and stage not in seen["stages"]:
                     seen["stages"].append(stage)
             if button.count():
-                label = button.first.inner_text().strip()
+                try:
+                    label = button.first.inner_text(timeout=1000).strip()
+                except PlaywrightTimeout:  # redrawn between the count and the read: look again next tick
+                    label = ""
                 if label and label not in seen["button_labels"]:
                     seen["button_labels"].append(label)
                 if button.first.is_enabled() and label == "Run prefill":

@@ -23,12 +23,16 @@ PAGES = [
     ("Prefill", "Prefill"),
     ("Parallel vs token-by-token", "Parallel"),
     ("KV cache", "KV cache"),
+    ("Watch it happen", "Watch it happen"),
     ("Attention", "Attention"),
     ("Kernel timings", "Kernel"),
+    ("Long prompts", "Long prompts"),
     ("Chunked prefill", "Chunked prefill"),
     ("Disaggregated prefill", "Disaggregated"),
     ("Prefix cache", "Prefix cache"),
     ("Your server", "Your server"),
+    ("Live engine", "Live engine"),
+    ("Reproduce the papers", "Reproduce the papers"),
     ("Guided lessons", "Guided lessons"),
 ]
 README_SHOTS = {  # page title -> (file name, what the picture starts at)

@@ -114,7 +114,7 @@ def test_on_a_space_every_page_runs_in_hosted_mode_from_the_hub_cache(space):
     run = report["prefill_run"]
     assert not run["exceptions"] and not run["errors"] and any("tokens" in s for s in run["subheaders"]), run
     pages = [p for p in (ROOT / "views").glob("*.py") if p.name not in ("__init__.py", "navigation.py")]
-    assert len(report["pages"]) == len(pages) == 11
+    assert len(report["pages"]) == len(pages) == 14
     for page, seen in report["pages"].items():
         assert not seen["exceptions"] and not seen["errors"], (page, seen)
         assert seen["titles"], page

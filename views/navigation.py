@@ -6,7 +6,8 @@ from prefillviz.ui.shell import PAGE_URL_PATH, finish_page, navigated_page
 
 
 def main() -> None:
-    st.set_page_config(page_title="prefillviz", page_icon=":material/fast_forward:", layout="wide")
+    # an emoji: a material icon as the favicon is fetched from fonts.gstatic.com, and the app works offline
+    st.set_page_config(page_title="prefillviz", page_icon="⏩", layout="wide")
     pages = {  # three groups, every page listed (Streamlit folds a list of more than 10 behind "View more")
         "One prefill": [
             st.Page("views/prefill.py", title="Prefill", icon=":material/fast_forward:", default=True),

@@ -12,6 +12,7 @@ from prefillviz.experiments.long_text import long_prompt_ids
 from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.experiments.sparse_prefill import GREEDY_TOKENS, first_token_kl, greedy_agreement, run_prefill
 from tests.conftest import assert_matches_hf
+from tests.tolerances import logits_allowed_difference
 
 NUM_TOKENS = 512  # four 128-token blocks: the sparse path runs
 
@@ -31,7 +32,9 @@ def test_keep_everything_gives_dense_first_token_and_32_greedy_tokens(bundled, p
     assert every_block.output_token_ids[0] == dense.output_token_ids[0]
     assert greedy_agreement(dense.output_token_ids, every_block.output_token_ids) == GREEDY_TOKENS
     assert_matches_hf(bundled.model, prompt, torch.from_numpy(every_block.first_token_logits))
-    assert first_token_kl(dense.first_token_logits, every_block.first_token_logits) < 1e-6
+    # both within `allowed` of HF's logits, so |log p - log q| <= 2 x 2 allowed everywhere, which bounds the KL
+    allowed = logits_allowed_difference(bundled.model, torch.from_numpy(dense.first_token_logits).float(), NUM_TOKENS)
+    assert first_token_kl(dense.first_token_logits, every_block.first_token_logits) <= 4 * allowed
 
 
 def test_skipping_blocks_changes_the_logits_but_not_the_decode_path(bundled, prompt, dense):

@@ -13,6 +13,7 @@ from prefillviz.backends.dispatch import ROWS_CANDIDATES, V7, V8
 from prefillviz.backends.ops import engine_ops
 from prefillviz.backends.ops.engine_ops import BRGEMM, COMPILED, COMPILED_TILES, engine_ops_status, step_meta
 from prefillviz.backends.ops.paged import LOOP, LOOP_FP32_DECODES, NAIVE, PACKED, PagedKernel
+from prefillviz.engine.paged_attention import PagedStep
 
 ENGINE_KERNELS: dict[str, PagedKernel] = {
     kernel.name: kernel for kernel in (COMPILED, COMPILED_TILES, BRGEMM, LOOP_FP32_DECODES, LOOP, PACKED, NAIVE)
@@ -53,6 +54,21 @@ def attend(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cac
     return out.transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
 
 
+def last_rows_step(meta, keep: list[int]) -> PagedStep | None:
+    """The step of ``meta`` (``engine.attention.AttentionMetadata``) cut to the batch rows ``keep``, each the last
+    row of its request: one query per such request, over its whole context in the cache. The forward's last layer
+    needs attention only at the rows whose logits are kept (every row's K/V are written before). None where a kept
+    row is not its request's last."""
+    step = meta.step
+    last = {meta.query_start_loc[r + 1] - 1: r for r in range(step.num_requests)}  # a request's last row -> it
+    if not keep or any(row not in last for row in keep):
+        return None
+    requests = [last[row] for row in keep]
+    return PagedStep(list(range(len(keep) + 1)), [step.context_len(r) - 1 for r in requests],
+                     meta.slot_mapping[torch.tensor(keep, device=meta.slot_mapping.device)],
+                     [step.slots(r) for r in requests])
+
+
 def step_attention(name: str, layer: int, q, k, v, scale: float, meta, rows: torch.Tensor | None,
                    keep: torch.Tensor | None) -> torch.Tensor:
     """One layer's attention in an engine step with candidate ``name`` (the K/V already in the cache): (T, H D);
@@ -60,7 +76,7 @@ def step_attention(name: str, layer: int, q, k, v, scale: float, meta, rows: tor
     rows only."""
     cache, step = meta.kv_cache, meta.step
     compiled_meta = step.kept(("compiled meta",), lambda: step_meta(step)) if name in ROWS_CANDIDATES else None
-    kept = meta.last_rows_step(keep.tolist()) if keep is not None else None
+    kept = last_rows_step(meta, keep.tolist()) if keep is not None else None
     if kept is not None:
         q, k, v = q.index_select(0, keep), k.index_select(0, keep), v.index_select(0, keep)
         rows = rows.index_select(0, keep) if rows is not None else None

@@ -11,6 +11,7 @@ Read it in this order (request -> scheduler -> blocks -> cache -> runner -> forw
     forward.py          the layers of a Llama-shaped model, each op from the step's backend
     backend.py          the Backend seam, and TorchBackend: every op in plain torch
     paged_attention.py  attention over the paged cache: the naive oracle and the SDPA version
+    sparse_attention.py block-sparse prefill (XAttention): score the tiles, keep some, attend to those
     attention.py        the step's attention metadata, read by every layer
     sampler.py          greedy, temperature, top-k, top-p; the first token's distribution
     engine.py           LLMEngine: add_request, step, run -> Trace

@@ -2,21 +2,19 @@
 
 The KV cache, each token's slot, where each request's rows start in the packed batch and what
 it had cached before; ``attend`` runs one layer's attention over it with a kernel of
-``paged_attention.py``'s signature, at every row or only at the rows whose logits are kept (with
-block-sparse prefill on, ``sparse_attention.py`` runs a fresh prompt's rows, the kernel the rest).
+``paged_attention.py``'s signature, at every row or only at the rows whose logits are kept.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property, partial
+from functools import cached_property
 
 import torch
 
 from prefillviz.engine.kv_cache import PagedKVCache
 from prefillviz.engine.paged_attention import PagedStep
-from prefillviz.engine.sparse_attention import paged_sparse_prefill
 
 
 @dataclass
@@ -32,40 +30,16 @@ class AttentionMetadata:
     positions: torch.Tensor  # (T,) on CPU: each token's position in its request
     ops: object = None  # the step's ``StepOps`` and inspecting observer: a stock forward's attention reads them
     observer: object = None
-    sparse_prefill_keep_fraction: float | None = None  # ``EngineConfig``'s: block-sparse prefill, None: dense
 
     @cached_property
     def step(self) -> PagedStep:
         """The step as the attention kernels take it (made once, used by every layer)."""
         return PagedStep(self.query_start_loc, self.num_computed_tokens, self.slot_mapping, self.context_slots)
 
-    def last_rows_step(self, keep: list[int]) -> PagedStep | None:
-        """The step cut to the batch rows ``keep``, each the last row of its request: one query per
-        such request, over its whole context in the cache. The forward's last layer needs attention
-        only at the rows whose logits are kept (every row's K/V are written before). None where a
-        kept row is not its request's last."""
-        step = self.step
-        last = {self.query_start_loc[r + 1] - 1: r for r in range(step.num_requests)}  # a request's last row -> it
-        if not keep or any(row not in last for row in keep):
-            return None
-        requests = [last[row] for row in keep]
-        return PagedStep(
-            list(range(len(keep) + 1)),
-            [step.context_len(r) - 1 for r in requests],
-            self.slot_mapping[torch.tensor(keep, device=self.slot_mapping.device)],
-            [step.slots(r) for r in requests],
-        )
-
     def attend(self, layer: int, q, k, v, scale: float, kernel: Callable, keep: torch.Tensor | None = None):
         """One layer's attention with ``kernel`` (``paged_attention``'s signature): q (T, H, D), k and v
-        (T, KVH, D), already in the cache -> (T, H D); with ``keep`` -> (kept rows, H D)."""
-        if self.sparse_prefill_keep_fraction is not None:  # a fresh prompt's prefill over its kept tiles only
-            kernel = partial(paged_sparse_prefill, keep_fraction=self.sparse_prefill_keep_fraction, dense=kernel)
-        step = self.step
-        kept = self.last_rows_step(keep.tolist()) if keep is not None else None
-        if kept is not None:  # attention at the kept rows only
-            q, k, v, step = q.index_select(0, keep), k.index_select(0, keep), v.index_select(0, keep), kept
+        (T, KVH, D), already in the cache -> (T, H D); with ``keep`` -> those rows only, (kept, H D)."""
         keys, values = self.kv_cache.key_cache[layer], self.kv_cache.value_cache[layer]
-        out = kernel(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), keys, values, step, scale)
+        out = kernel(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), keys, values, self.step, scale)
         out = out.transpose(0, 1).reshape(q.shape[0], -1)  # (H, T, D) -> (T, H D)
-        return out.index_select(0, keep) if keep is not None and kept is None else out
+        return out.index_select(0, keep) if keep is not None else out

@@ -10,12 +10,9 @@ for a decode than for a long prefill:
     attention                          each request's queries over its cached and new keys
 
 ``TorchBackend`` is the textbook: each op in a few lines of plain torch, on any device and dtype.
-``prefillviz/backends/`` holds the measured backend: the same protocol, with compiled kernels chosen
-by timing them on the machine at hand, and a stock forward for models the engine does not know (docs/BACKENDS.md).
-
-Which backend an engine runs: the one passed to ``LLMEngine``, else the one ``using_backend``
-set in this thread, else the one registered for the model (``set_model_backend``: the product's
-model loader registers the measured one), else ``TorchBackend``.
+``prefillviz/backends/`` holds the measured backend: the same protocol, its kernels chosen by timing
+them on the machine at hand (docs/BACKENDS.md). An engine runs the backend passed to it, else the one
+``using_backend`` set in this thread, else the model's (``set_model_backend``), else ``TorchBackend``.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import torch
@@ -33,6 +30,7 @@ from prefillviz.engine.kv_cache import empty_kv_cache
 from prefillviz.engine.paged_attention import paged_sdpa
 
 Tensor = torch.Tensor
+SDPA_ABOUT = "torch SDPA, one call per request"
 
 
 class StepOps(Protocol):
@@ -88,11 +86,11 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 class TorchStepOps:
     """One step in plain torch: the model's own ``nn.Linear`` modules, RMSNorm in fp32, RoPE, one
-    ``index_copy_`` per layer for the K/V write, and ``paged_sdpa`` for attention."""
+    ``index_copy_`` per layer for the K/V write, and ``kernel`` (``paged_sdpa``) for attention."""
 
-    ran = {"backend": "torch", "attention": "torch SDPA, one call per request", "linears": "the model's nn.Linear"}
-
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, kernel: Callable = paged_sdpa, about: str = SDPA_ABOUT) -> None:
+        self.kernel = kernel
+        self.ran = {"backend": "torch", "attention": about, "linears": "the model's nn.Linear"}
         self.layers = getattr(getattr(model, "model", None), "layers", None)  # a stock forward calls attention only
         self.head = getattr(model, "lm_head", None)
         config = model.config
@@ -130,19 +128,23 @@ class TorchStepOps:
         return q, k, v
 
     def attention(self, layer: int, q, k, v, scale: float, meta, keep: Tensor | None = None) -> Tensor:
-        return meta.attend(layer, q, k, v, scale, paged_sdpa, keep)
+        return meta.attend(layer, q, k, v, scale, self.kernel, keep)
 
 
 class TorchBackend:
-    """The textbook backend: ``TorchStepOps`` for every step, the KV cache from ``torch.empty``."""
+    """The textbook backend: ``TorchStepOps`` for every step, the KV cache from ``torch.empty``. ``attention``
+    (``paged_attention.py``'s signature) and its description: what the steps' attention runs."""
 
     name = "torch"
+
+    def __init__(self, attention: Callable = paged_sdpa, about: str = SDPA_ABOUT) -> None:
+        self.attention, self.about = attention, about
 
     def prepare(self, model: torch.nn.Module) -> None:
         pass
 
     def for_step(self, model: torch.nn.Module, meta) -> TorchStepOps:
-        return TorchStepOps(model)
+        return TorchStepOps(model, self.attention, self.about)
 
     new_kv_cache = staticmethod(empty_kv_cache)
 

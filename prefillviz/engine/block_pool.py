@@ -1,12 +1,10 @@
 """Physical KV blocks: ref counts, chained prefix hashes, and an LRU free queue.
 
-Follows vLLM v1's ``BlockPool`` / ``KVCacheManager`` and nano-vllm's ``BlockManager``.
+As vLLM v1's ``BlockPool`` / ``KVCacheManager`` and nano-vllm's ``BlockManager``:
 
 * A block holds ``block_size`` token positions of K/V in every layer.
-* Only *full* blocks get a hash, chained through the parent so a block is identified by
-  its whole prefix: ``hash_block_tokens(parent_hash, block_token_ids)``.
-  On a lookup hit the parent hash and the token ids are compared too, so a hash
-  collision can never serve the wrong K/V.
+* Only *full* blocks get a hash, chained through the parent so a block is identified by its whole
+  prefix; a hit compares the parent hash and the token ids too, so a collision never serves wrong K/V.
 * A freed block (ref count 0) keeps its hash and its K/V and goes to the tail of the free
   queue: it can still be hit until it is reused. Allocation pops the queue head, so the
   least recently freed block is evicted first.
@@ -40,12 +38,8 @@ class KVBlock:
 
 
 class BlockPool:
-    """Owns every KV block and decides which one is handed out next.
-
-    Args:
-        num_blocks: total physical blocks (from the KV memory budget).
-        enable_caching: keep hashes of full blocks so later requests can hit them.
-    """
+    """Owns every KV block and decides which one is handed out next (``enable_caching``: keep the hashes
+    of full blocks so later requests can hit them)."""
 
     def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
         self.num_blocks = num_blocks
@@ -110,20 +104,15 @@ class BlockPool:
         return block_hash
 
     def free(self, block_ids: Sequence[int]) -> None:
-        """Drop one reference from each block, in the order given.
-
-        Callers pass a request's blocks tail first, so its last blocks (the least likely to
-        be shared) reach the queue first and are evicted first.
-        """
+        """Drop one reference from each block, in the order given (a request's blocks come tail first: its
+        last blocks, the least likely to be shared, reach the queue first and are evicted first)."""
         for block_id in block_ids:
             block = self.blocks[block_id]
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
+                self.free_queue[block_id] = None
                 if block.block_hash is None:
-                    self.free_queue[block_id] = None
                     self.free_queue.move_to_end(block_id, last=False)  # holds nothing: reuse first
-                else:
-                    self.free_queue[block_id] = None
 
     def drain_evicted(self) -> list[int]:
         evicted, self.evicted_block_ids = self.evicted_block_ids, []

@@ -1,8 +1,5 @@
-"""The engine's one clock: host ``perf_counter`` seconds, read once the device's queued work is done.
-
-A CPU runs a step's ops in order before returning, so the host clock is the step's real time. A
-GPU queues kernels: the clock waits for them (``torch.cuda.synchronize``) before it is read.
-"""
+"""The engine's one clock: host ``perf_counter`` seconds, read once the device's queued work is done (a CPU
+runs a step's ops before returning; a GPU queues kernels, so the clock waits for them first)."""
 
 from __future__ import annotations
 

@@ -7,9 +7,7 @@ One code path serves every view of the app:
     chunked prefill    several requests, budget B, decodes first
     prefix-cache hit   num_computed_tokens starts after the cached blocks
 
-A finished request leaves the scheduler, and the engine keeps only its ``RequestRecord``
-(made once, when it finishes) for the trace: taking the trace of a reused engine copies its
-finished records instead of rebuilding every request it ever served.
+A finished request leaves the scheduler; the engine keeps its ``RequestRecord``, made once.
 """
 
 from __future__ import annotations
@@ -35,15 +33,8 @@ from prefillviz.engine.trace import RequestRecord, StepRecord, Trace, request_re
 
 
 class LLMEngine:
-    """A tiny vLLM-style serving engine around a stock transformers causal LM.
-
-    Args:
-        model: a loaded ``PreTrainedModel`` (eval mode, on its device and dtype).
-        tokenizer: its tokenizer.
-        config: scheduling and KV cache settings.
-        model_id: a name for the trace.
-        backend: the ops its steps run (``backend.py``); None: ``backend_for(model)``.
-    """
+    """A tiny vLLM-style serving engine around a loaded transformers causal LM (eval mode, on its device
+    and dtype) and its tokenizer; ``backend``: the ops its steps run (None: ``backend_for(model)``)."""
 
     def __init__(
         self, model, tokenizer, config: EngineConfig | None = None, model_id: str = "", backend: Backend | None = None
@@ -59,8 +50,8 @@ class LLMEngine:
         text_config = model.config.get_text_config()
         self.max_context = getattr(text_config, "max_position_embeddings", None)
         self.vocab_size = text_config.vocab_size
-        kv_heads, itemsize = self.num_kv_heads, self.dtype.itemsize  # the model's dtype is the cache's
-        self.kv_bytes_per_token = kv_bytes_per_token(self.num_layers, kv_heads, self.head_dim, itemsize)
+        kv_heads = self.num_kv_heads  # the cache has the model's dtype
+        self.kv_bytes_per_token = kv_bytes_per_token(self.num_layers, kv_heads, self.head_dim, self.dtype.itemsize)
         num_blocks = self.config.kv_blocks(self.kv_bytes_per_token, self.max_context)
         if num_blocks < 1:
             raise RequestError(
@@ -71,11 +62,9 @@ class LLMEngine:
                                      self.dtype, self.device, self.backend.new_kv_cache)
         self.block_pool = BlockPool(num_blocks, enable_caching=self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_pool)
-        self.runner = ModelRunner(model, self.kv_cache, self.config.block_size, self.backend,
-                                  self.config.sparse_prefill_keep_fraction)
+        self.runner = ModelRunner(model, self.kv_cache, self.config.block_size, self.backend)
         self.steps: list[StepRecord] = []
-        # every request in arrival order; its record is made when it finishes (None while unfinished)
-        self.request_records: dict[str, RequestRecord | None] = {}
+        self.request_records: dict[str, RequestRecord | None] = {}  # arrival order; None until it finishes
         self.observer: RunObserver | None = None  # what watches the run in progress (``run``'s observer)
         self._start_time: float | None = None
         self._next_request_number = 0
@@ -87,12 +76,7 @@ class LLMEngine:
 
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
                     request_id: str | None = None) -> Request:
-        """Tokenize (if text), check it can be served, and queue it.
-
-        Raises:
-            RequestError: empty prompt, longer than the model's context or the KV capacity,
-                unknown token ids, or a duplicate request id.
-        """
+        """Tokenize (if text), check it can be served (else ``RequestError``, ``request_checks.py``), and queue it."""
         params = sampling_params or SamplingParams()
         tokenize_start = time.perf_counter()
         if isinstance(prompt, str):
@@ -121,10 +105,8 @@ class LLMEngine:
         self, prompt_token_ids: list[int], first_token_id: int, sampling_params: SamplingParams, request_id: str,
         arrival_time: float, first_token_time: float,
     ) -> Request:
-        """Admit a request whose prompt another engine prefilled (disaggregated serving): it runs
-        at once with its first token sampled; the caller writes the prompt's K/V through
-        ``request.block_table`` before the next step. Raises ``RequestError`` as ``add_request``
-        does, or when there are no free blocks for the prompt."""
+        """Admit a request whose prompt another engine prefilled (disaggregated serving), running, its first
+        token sampled; the caller writes the prompt's K/V through ``request.block_table`` before the next step."""
         token_ids = [int(t) for t in prompt_token_ids]
         self._check_request(request_id, token_ids, sampling_params)
         num_prompt_blocks = -(-len(token_ids) // self.config.block_size)
@@ -159,15 +141,10 @@ class LLMEngine:
 
     # ---------------------------------------------------------------- steps
     def step(self) -> StepRecord:
-        """Schedule, run the model once over every scheduled token, sample, advance.
+        """Schedule, run the model once over every scheduled token, sample, advance; returns the step's record.
 
-        Returns:
-            The ``StepRecord`` of this step (also appended to ``self.steps``).
-
-        Raises:
-            OutOfMemory, RequestError: the step could not run (out of memory, a stalled queue). The
-                requests scheduled in it are aborted and their blocks freed, so the engine
-                stays usable.
+        On ``OutOfMemory`` or ``RequestError`` (a stalled queue) the step's requests are aborted and their
+        blocks freed, so the engine stays usable.
         """
         clock = {"start": synchronized_time(self.device)}  # when each phase ended (host seconds)
         if self._start_time is None:
@@ -255,13 +232,10 @@ class LLMEngine:
         progress: Callable[[int, StepRecord], None] | None = None,
         observer: RunObserver | None = None,
     ) -> Trace:
-        """Step until every request has finished (or ``max_steps``); return the trace.
+        """Step until every request has finished (or ``max_steps`` of this call); return the trace.
 
-        Args:
-            max_steps: stop after this many steps of this call.
-            progress: called after each step with (steps done in this call, the step record).
-            observer: installed for the run, told of every step, handed the trace at the end
-                (``instrument.capture.run_captured`` runs one for a capture level).
+        ``progress(steps done in this call, the step record)`` after each step; ``observer`` (``observer.py``) is
+        installed for the run, told of every step and handed the trace at the end.
         """
         num_steps = 0
         with observer.installed() if observer is not None else nullcontext():
@@ -290,10 +264,8 @@ class LLMEngine:
             kv_cache_bytes=self.kv_cache.num_bytes,
             kv_bytes_per_token=self.kv_bytes_per_token,
             steps=list(self.steps),
-            requests={rid: record or self._record_so_far(rid) for rid, record in self.request_records.items()},
+            requests={rid: record or request_record(self.scheduler.requests[rid], self.steps, self._start_time)
+                      for rid, record in self.request_records.items()},
             prefix_cache_queries=self.scheduler.prefix_cache_queries,
             prefix_cache_hits=self.scheduler.prefix_cache_hits,
         )
-
-    def _record_so_far(self, request_id: str) -> RequestRecord:
-        return request_record(self.scheduler.requests[request_id], self.steps, self._start_time)

@@ -1,9 +1,5 @@
-"""The exceptions a user of prefillviz can see.
-
-Every failure the app or the command line reports to a person is a ``PrefillVizError``
-whose message says what went wrong and what to do about it. Code that catches errors to
-show them (the Streamlit pages, the CLI) catches this one type.
-"""
+"""The exceptions a user of prefillviz can see: each a ``PrefillVizError`` whose message says what went wrong
+and what to do about it (the pages and the CLI catch this one type to show it)."""
 
 
 class PrefillVizError(Exception):
@@ -28,17 +24,11 @@ class OutOfMemory(PrefillVizError):
 
 def is_out_of_memory(error: BaseException) -> bool:
     """CUDA/MPS out-of-memory errors, and the CPU allocator's failure (a plain RuntimeError)."""
-    if isinstance(error, torch_oom_types()):
-        return True
+    import torch  # not at import time: the UI reads these errors before torch is loaded
+
     message = str(error)
     out_of_memory = "can't allocate memory" in message or "out of memory" in message.lower()
-    return isinstance(error, RuntimeError) and out_of_memory
-
-
-def torch_oom_types() -> tuple[type, ...]:
-    import torch
-
-    return (torch.OutOfMemoryError,)
+    return isinstance(error, torch.OutOfMemoryError) or (isinstance(error, RuntimeError) and out_of_memory)
 
 
 class ProbeError(PrefillVizError):

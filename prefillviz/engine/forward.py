@@ -12,11 +12,9 @@ measured backend's kernels. The arithmetic is the stock model's (RMSNorm in fp32
 in the model's dtype, SiLU): ``tests/model/test_llama_forward.py`` checks the logits against the
 plain HF forward. Each residual add waits for the norm after it, so a backend can fuse the two.
 
-A run observer (``observer.py``) sees the forward as it runs: named spans (``embedding``,
-``layers.i`` with ``.input_layernorm``, ``.attention``, ``.post_attention_layernorm``, ``.mlp``
-inside it, ``final_norm``, ``lm_head``), each layer's q, k and v after its KV write, and the
-residual stream after the embedding and after each layer. The timing, inspection and profile
-passes all observe this forward: what is inspected is what is timed.
+A run observer (``observer.py``) sees named spans (``embedding``, ``layers.i`` and its parts,
+``final_norm``, ``lm_head``), each layer's q, k and v, and the residual stream: the timing,
+inspection and profile passes all observe this forward, so what is inspected is what is timed.
 
 A model this file does not know runs the stock ``transformers`` forward with the engine's
 attention inside it (``attention.py``); ``own_forward_status`` says why.
@@ -74,13 +72,8 @@ class LlamaForward:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
     def __call__(self, inputs: dict, ops, observer=None) -> torch.Tensor:
-        """Logits (num_kept, V) at the rows ``inputs['logits_to_keep']`` names.
-
-        Args:
-            inputs: ``ModelRunner.prepare``'s.
-            ops: the step's ``StepOps`` (``Backend.for_step``).
-            observer: a ``RunObserver`` to tell of spans, q/k/v and the residual stream, or None.
-        """
+        """Logits (num_kept, V) at the rows ``inputs['logits_to_keep']`` names, with the step's ``StepOps``,
+        telling ``observer`` (a ``RunObserver`` or None) of spans, q/k/v and the residual stream."""
         span = observer.span if observer is not None else _no_span
         inspect = observer if observer is not None and observer.sees_tensors else None  # q/k/v and the residual stream
         meta = inputs["prefillviz_metadata"]

@@ -16,16 +16,12 @@ import torch
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
-    """The KV cache of one token: 2 (K and V) x layers x kv_heads x head_dim x bytes per element.
-
-    The one place this formula is written (``ModelShape``, the memory report and the KV write log use it).
-    """
+    """The KV cache of one token: 2 (K and V) x layers x kv_heads x head_dim x bytes (the formula's one place)."""
     return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
 
 
 def cache_shape(config) -> tuple[int, int, int]:
-    """(layers, KV heads, head size) of a transformers config: what one token's K/V take in every layer
-    (GPT-2's own names, ``n_layer`` and ``n_head``, map to these too)."""
+    """(layers, KV heads, head size) of a transformers config: one token's K/V in every layer."""
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     num_heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
@@ -38,17 +34,8 @@ def empty_kv_cache(num_layers: int, shape: tuple, dtype: torch.dtype, device: to
 
 
 class PagedKVCache:
-    def __init__(
-        self,
-        num_layers: int,
-        num_blocks: int,
-        block_size: int,
-        num_kv_heads: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        device: torch.device,
-        allocate: Callable[[int, tuple, torch.dtype, torch.device], tuple[list, list]] = empty_kv_cache,
-    ) -> None:
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device, allocate: Callable = empty_kv_cache) -> None:
         self.num_layers = num_layers
         self.num_blocks = num_blocks
         self.block_size = block_size

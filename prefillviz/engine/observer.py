@@ -1,8 +1,7 @@
 """What an instrument implements to watch the engine: the one way in for everything above the core.
 
-The core never imports an instrument. ``LLMEngine.run(observer=...)`` takes any object with these
-methods; ``instrument.capture.Capture`` is the one the app uses (its capture levels). The engine
-tells it of every step, and the forward (``forward.py``) tells it what happens inside one:
+The core never imports an instrument: ``LLMEngine.run(observer=...)`` takes any object with these methods
+(the app's is ``instrument.capture.Capture``). The engine tells it of every step, the forward of its parts:
 
     span(name)          a context manager around each named part of the forward (timing, profiling)
     attention(...)      each layer's q (T, H, D), k and v (T, KVH, D) after its KV write   } only when

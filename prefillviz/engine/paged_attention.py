@@ -31,20 +31,12 @@ import torch.nn.functional as F
 
 @dataclass
 class PagedStep:
-    """Where each request of a step sits in the packed batch and in the cache.
+    """Where each request of a step sits in the packed batch and in the cache."""
 
-    Attributes:
-        query_start_loc: R + 1 offsets: request r's new tokens are rows [s[r], s[r + 1]).
-        num_computed: per request, tokens already cached before this step.
-        slot_mapping: (T,) cache slot of every new token (slot = block * block_size + offset).
-        context_slots: per request, slots of positions 0 .. context_len - 1, or None when
-            nothing was cached (the context is then exactly the new tokens).
-    """
-
-    query_start_loc: list[int]
-    num_computed: list[int]
-    slot_mapping: torch.Tensor
-    context_slots: list[torch.Tensor | None]
+    query_start_loc: list[int]  # R + 1 offsets: request r's new tokens are rows [s[r], s[r + 1])
+    num_computed: list[int]  # per request, tokens already cached before this step
+    slot_mapping: torch.Tensor  # (T,) cache slot of every new token (block * block_size + offset)
+    context_slots: list[torch.Tensor | None]  # per request, slots of positions 0 .. context_len - 1 (None: no cache)
     _kept: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def kept(self, key: tuple, make: Callable[[], object]):
@@ -79,9 +71,8 @@ def gather(cache_tensor: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 
 
 def context(cache_tensor: torch.Tensor, step: PagedStep, r: int) -> torch.Tensor:
-    """Request r's keys (or values) as (KVH, ctx, D): read in place where its slots are one run
-    (its blocks follow each other in the pool, as a fresh engine allocates them), else gathered.
-    The same numbers either way."""
+    """Request r's keys (or values) as (KVH, ctx, D): read in place where its slots are one run (as a fresh
+    engine allocates them), else gathered. The same numbers either way."""
     first = consecutive_from(step, r)
     if first is None:
         return gather(cache_tensor, step.slots(r))
@@ -101,11 +92,8 @@ def consecutive_from(step: PagedStep, r: int) -> int | None:
 
 
 def paged_naive(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float, row_block: int | None = None):
-    """The oracle: per request, the full (H, q, ctx) scores, masked, softmax, times V.
-
-    ``row_block`` computes the same ``row_block`` query rows at a time (the kernel checks use it,
-    so that long prompts fit in memory; the arithmetic of a row is the same).
-    """
+    """The oracle: per request, the full (H, q, ctx) scores, masked, softmax, times V (``row_block`` query rows
+    at a time, if given: the kernel checks' long prompts fit in memory; a row's arithmetic is the same)."""
     num_heads = q.shape[0]
     outputs = []
     for r in range(step.num_requests):
@@ -145,8 +133,8 @@ def paged_sdpa(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: 
 
 
 def offset_mask(step: PagedStep, r: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Request r's chunk after its cached context: (q, kv), 0 where a query attends a key (its
-    position or before), -inf elsewhere, in q's dtype (what SDPA makes of a bool mask); once per step."""
+    """Request r's chunk after its cached context: (q, kv), 0 where a query attends a key (its position or
+    before), -inf elsewhere, in q's dtype (what SDPA makes of a bool mask); once per step."""
 
     def mask() -> torch.Tensor:
         q_len, kv_len = step.query_len(r), step.context_len(r)

@@ -117,9 +117,7 @@ class Request:
 
     @property
     def time_to_first_token_s(self) -> float | None:
-        if self.first_token_time is None:
-            return None
-        return self.first_token_time - self.arrival_time
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
 
     @property
     def inter_token_times_s(self) -> list[float]:

@@ -9,13 +9,11 @@ from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.errors import RequestError
 from prefillviz.engine.request import SamplingParams
 
-EMPTY_TEXT = "The prompt is empty: type some text to run the model on."
-
 
 def check_prompt_text(prompt: str) -> None:
     """Raise ``RequestError`` for a text prompt of nothing but whitespace (before any model is loaded)."""
     if not prompt.strip():
-        raise RequestError(EMPTY_TEXT)
+        raise RequestError("The prompt is empty: type some text to run the model on.")
 
 
 def check_context(num_prompt_tokens: int, max_new_tokens: int, max_context: int | None, model_name: str = "this model"):

@@ -35,8 +35,7 @@ class RunnerOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_cache: PagedKVCache, block_size: int, backend: Backend,
-                 sparse_prefill_keep_fraction: float | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, kv_cache: PagedKVCache, block_size: int, backend: Backend) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
@@ -47,9 +46,6 @@ class ModelRunner:
         if not known and not hasattr(backend, "stock_forward"):
             raise ConfigError(f"The {backend.name} backend runs the engine's own forward only, which does not run "
                               f"this model ({self.why_stock_forward}); pick the measured backend.")
-        if sparse_prefill_keep_fraction is not None and backend.name != "torch":
-            raise ConfigError(f"Block-sparse prefill runs on the textbook torch backend only, not {backend.name}.")
-        self.sparse_prefill_keep_fraction = sparse_prefill_keep_fraction
         self.last_ran: dict[str, str] | None = None  # what the last step ran (its record keeps it)
         backend.prepare(model)  # now, not in a timed step (the measured backend times its candidates here, once)
 
@@ -59,12 +55,8 @@ class ModelRunner:
         return table[positions // self.block_size] * self.block_size + positions % self.block_size
 
     def prepare(self, output: SchedulerOutput, requests: dict[str, Request]) -> dict:
-        """Build the model inputs and attention metadata for one step.
-
-        Returns:
-            The model's keyword arguments; logits are kept at the last row of each sampling
-            request, in chunk order.
-        """
+        """The model's inputs and attention metadata for one step; logits are kept at the last row of each
+        sampling request, in chunk order."""
         input_ids, positions, slots, context_slots, query_start_loc, num_computed = [], [], [], [], [0], []
         sample_rows = []
         for chunk in output.chunks:
@@ -87,16 +79,14 @@ class ModelRunner:
             context_slots=context_slots,
             request_ids=[chunk.request_id for chunk in output.chunks],
             positions=position_ids,
-            sparse_prefill_keep_fraction=self.sparse_prefill_keep_fraction,
         )
-        inputs = dict(
+        return dict(
             input_ids=torch.tensor([input_ids], dtype=torch.long, device=self.device),
             position_ids=position_ids.unsqueeze(0).to(self.device),
             use_cache=False,
             logits_to_keep=torch.tensor(sample_rows or [query_start_loc[-1] - 1], dtype=torch.long, device=self.device),
             prefillviz_metadata=metadata,
         )
-        return inputs
 
     @torch.inference_mode()
     def forward(self, inputs: dict, observer=None) -> torch.Tensor:
@@ -105,8 +95,6 @@ class ModelRunner:
         ops = self.backend.for_step(self.model, meta)
         if self.own_forward is not None:
             self.last_ran = dict(ops.ran)  # a record of its own: a backend may share one dict between steps
-            if self.sparse_prefill_keep_fraction is not None:
-                self.last_ran["sparse_prefill"] = f"XAttention blocks, keep {self.sparse_prefill_keep_fraction:g}"
             return self.own_forward(inputs, ops, observer).float().cpu()
         self.last_ran = {**ops.ran, "linears": "the model's own modules (stock forward)"}
         return self.backend.stock_forward(self.model, inputs, ops, observer).float().cpu()

@@ -3,10 +3,9 @@
 Each request has ``num_tokens`` (prompt + outputs) and ``num_computed_tokens`` (K/V in
 cache). A step hands out at most ``token_budget`` tokens:
 
-1. Running requests, those decoding first: each gets what it still lacks (1 token for a
-   decode, the rest of the prompt for a partly prefilled one), cut to the budget left.
-   If the blocks for it can't be found, the lowest-priority running request (the last in
-   line) is preempted: its blocks are freed and it is recomputed later from the start.
+1. Running requests, those decoding first: each gets what it still lacks (1 token for a decode,
+   the rest of the prompt for a partly prefilled one), cut to the budget left. Short of blocks,
+   the last running request in line is preempted: its blocks freed, recomputed later from the start.
 2. Waiting requests, first come first served, while budget and blocks last. Prefix caching
    first looks up the prompt's full blocks; hits start ``num_computed_tokens`` at the end
    of the hit blocks, so those tokens are never run again.
@@ -114,15 +113,9 @@ class Scheduler:
             output.blocks_allocated[request.request_id] = new_blocks
         if request.first_scheduled_time is None:
             request.first_scheduled_time = now
-        output.chunks.append(
-            ScheduledChunk(
-                request_id=request.request_id,
-                start_position=request.num_computed_tokens,
-                num_tokens=num_tokens,
-                is_prefill=request.num_computed_tokens < request.num_prompt_tokens,
-                will_sample=request.num_computed_tokens + num_tokens == request.num_tokens,
-            )
-        )
+        start = request.num_computed_tokens
+        output.chunks.append(ScheduledChunk(request.request_id, start, num_tokens, is_prefill=request.is_prefilling,
+                                            will_sample=start + num_tokens == request.num_tokens))
 
     def _find_cached_blocks(self, request: Request) -> list[int]:
         """Leading full blocks of the request already in the cache (never the last token's block)."""
@@ -141,11 +134,7 @@ class Scheduler:
 
     # ---------------------------------------------------------------- schedule
     def schedule(self, now: float = 0.0) -> SchedulerOutput:
-        """Decide which tokens of which requests run in the next step.
-
-        Returns:
-            A ``SchedulerOutput`` whose ``chunks`` list the requests in batch order.
-        """
+        """Decide which tokens of which requests run in the next step (``chunks`` in batch order)."""
         output = SchedulerOutput()
         budget = self.config.token_budget
         if not self.config.enable_chunked_prefill:
@@ -223,16 +212,8 @@ class Scheduler:
 
     # ---------------------------------------------------------------- update
     def update(self, output: SchedulerOutput, sampled_token_ids: dict[str, int], now: float) -> list[Request]:
-        """Advance every scheduled request after the model ran.
-
-        Args:
-            output: what ``schedule`` returned for this step.
-            sampled_token_ids: the token sampled for each request whose chunk had ``will_sample``.
-            now: the (device-synchronized) time the step finished.
-
-        Returns:
-            The requests that finished in this step (their blocks are already freed).
-        """
+        """Advance every request of ``output`` after the model ran, with the token sampled for each chunk that
+        had ``will_sample``, at ``now`` (device-synchronized). Returns the requests that finished (blocks freed)."""
         finished = []
         for chunk in output.chunks:
             request = self.requests[chunk.request_id]

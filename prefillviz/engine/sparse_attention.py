@@ -11,81 +11,36 @@ Scoring", arXiv 2503.16428) cuts a causal prompt's (N, N) attention matrix into 
                 3  S   x   .   D            .  skipped: never multiplied
                 4  S   .   x   .   D
 
-1. **Score** (``antidiagonal_block_scores``). Within every ``stride`` x ``stride`` square of the
-   matrix, sum the antidiagonal (lower left to upper right) of q k^T: it crosses every row and
-   every column of the square once, so a vertical or a slash pattern cannot hide from it. The paper
-   computes it as one matmul of strided, reordered q and k (each row of the result is ``stride``
-   query rows read backwards against ``stride`` key rows read forwards), softmaxes each row under
-   a causal mask at stride resolution and sums the result over each tile: a tile's share of its
-   query block's attention, estimated at 1/stride of the cost of q k^T.
-2. **Select** (``select_blocks``). Per head and per query block, keep the ``keep_fraction`` of its
-   causal key blocks that scored highest, always with the sink and the diagonal. (The paper keeps
-   blocks until their scores add up to a threshold tau; ``BlockSelection.score_mass_kept`` is the
-   tau a selection reached, so the two meet.) ``keep_fraction = 1.0`` keeps every causal tile.
-3. **Attend** (``block_sparse_attention``). Each query block runs one SDPA over its kept key blocks,
-   every head at once, with the causal mask inside the diagonal block.
+1. **Score** (``antidiagonal_block_scores``): sum the antidiagonal of every ``stride`` x ``stride``
+   square of q k^T (it crosses each row and column once, so no vertical or slash pattern hides), in
+   one matmul of strided q and k at 1/stride of q k^T's cost; softmax, summed per tile.
+2. **Select** (``select_blocks``): per head and query block, the ``keep_fraction`` of its causal key
+   blocks that scored highest, the sink and the diagonal always (the paper keeps blocks up to a
+   score threshold tau instead). ``keep_fraction = 1.0`` keeps every tile.
+3. **Attend** (``block_sparse_attention``): per query block, one SDPA over its kept key blocks.
 
-The engine runs it for a fresh prompt's prefill only (``paged_sparse_prefill``); chunks after cached
-context, decodes and the last layer's kept rows stay dense, with the backend's own kernel.
+``block_sparse_backend(keep)``: the textbook backend with it for a fresh prompt's prefill; chunks
+after cached context and decodes stay dense (``paged_sdpa``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
-from prefillviz.engine.paged_attention import PagedStep
+from prefillviz.engine.backend import TorchBackend
+from prefillviz.engine.errors import ConfigError
+from prefillviz.engine.paged_attention import PagedStep, paged_sdpa
 
 SPARSE_BLOCK_SIZE = 128  # tokens per tile side (the paper's block size)
 ANTIDIAGONAL_STRIDE = 16  # the scoring's square side: it costs 1/stride of q k^T (the paper uses 8 and 16)
 
 
-@dataclass
-class BlockSelection:
-    """Which tiles each head computes, and the scores that chose them.
-
-    Attributes:
-        kept: (H, nb, nb) bool: query block i of head h computes key block j.
-        scores: (H, nb, nb) fp32: the antidiagonal estimate of each tile's share of its query block's
-            attention (each row sums to 1 over its causal blocks).
-        num_tokens: the prompt's length N.
-        block_size: tokens per tile side.
-    """
-
-    kept: torch.Tensor
-    scores: torch.Tensor
-    num_tokens: int
-    block_size: int
-
-    def tiles_kept_fraction(self) -> float:
-        """Kept tiles over the causal tiles (those on or below the diagonal), over every head."""
-        nb = self.kept.shape[-1]
-        return float(self.kept.sum()) / (self.kept.shape[0] * nb * (nb + 1) / 2)
-
-    def pairs_kept_fraction(self) -> float:
-        """Computed (query, key) pairs over the causal pairs dense attention computes: its FLOPs kept."""
-        pairs = tile_pairs(self.num_tokens, self.block_size)  # (nb, nb)
-        return float((self.kept.float() * pairs).sum()) / (self.kept.shape[0] * float(pairs.sum()))
-
-    def score_mass_kept(self) -> float:
-        """The estimated attention mass the kept tiles hold, averaged over heads and query blocks (XAttention's tau)."""
-        return float((self.scores * self.kept).sum(-1).mean())
-
-
 def num_blocks(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
-
-
-def tile_pairs(num_tokens: int, block_size: int) -> torch.Tensor:
-    """(nb, nb) fp32: the causal (query, key) pairs in each tile (the last block may be short)."""
-    nb = num_blocks(num_tokens, block_size)
-    sizes = torch.full((nb,), float(block_size))
-    sizes[-1] = num_tokens - (nb - 1) * block_size
-    pairs = torch.tril(sizes[:, None] * sizes[None, :], diagonal=-1)
-    return pairs + torch.diag(sizes * (sizes + 1) / 2)
 
 
 def blocks_to_keep(num_query_blocks: int, keep_fraction: float) -> torch.Tensor:
@@ -97,18 +52,8 @@ def blocks_to_keep(num_query_blocks: int, keep_fraction: float) -> torch.Tensor:
 
 def antidiagonal_block_scores(q: torch.Tensor, k: torch.Tensor, scale: float, block_size: int = SPARSE_BLOCK_SIZE,
                               stride: int = ANTIDIAGONAL_STRIDE) -> torch.Tensor:
-    """XAttention's estimate of each tile's share of its query block's attention.
-
-    Args:
-        q: (H, N, D) post-RoPE queries of a fresh prompt.
-        k: (KVH, N, D) its keys (query head h reads KV head h // (H / KVH)).
-        scale: the attention's scale (1 / sqrt(D)).
-        block_size: tokens per tile side (a multiple of ``stride``).
-        stride: the side of the squares whose antidiagonals are summed.
-
-    Returns:
-        (H, nb, nb) fp32, each row summing to 1 over its causal blocks (0 above the diagonal).
-    """
+    """XAttention's estimate of each tile's share of its query block's attention: q (H, N, D) and k (KVH, N, D),
+    a fresh prompt's post-RoPE queries and keys -> (H, nb, nb) fp32, each row summing to 1 over its causal blocks."""
     if block_size % stride:
         raise ValueError(f"block_size {block_size} must be a multiple of stride {stride}.")
     num_heads, n, head_dim = q.shape
@@ -147,11 +92,9 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
                            block_size: int = SPARSE_BLOCK_SIZE) -> torch.Tensor:
     """Causal attention over the kept tiles only: q (H, N, D), k and v (KVH, N, D), kept (H, nb, nb) -> (H, N, D).
 
-    Every head of a query block keeps as many key blocks (``select_blocks``), so one SDPA call takes
-    them all: the kept blocks' keys are gathered per head, (H, kept x B, D). The diagonal block is
-    the last one kept, so one mask serves every head: nothing masked before it, causal inside it.
-    The gathered keys, values and masks are views of buffers made once (fresh large tensors cost page
-    faults on a CPU, more than the copies themselves).
+    Every head of a query block keeps as many key blocks, so one SDPA call takes them all, gathered per
+    head (H, kept x B, D). The diagonal block is the last one kept, so one mask serves every head. The
+    gathers write into buffers made once (on a CPU, fresh large tensors cost more in page faults than copies).
     """
     num_heads, n, head_dim = q.shape
     nb = num_blocks(n, block_size)
@@ -180,19 +123,11 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
 
 
 def sparse_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, keep_fraction: float,
-                   block_size: int = SPARSE_BLOCK_SIZE, stride: int = ANTIDIAGONAL_STRIDE,
-                   ) -> tuple[torch.Tensor, BlockSelection]:
-    """Score, select, attend: a fresh prompt's attention over its kept tiles. Returns ((H, N, D), the selection)."""
+                   block_size: int = SPARSE_BLOCK_SIZE, stride: int = ANTIDIAGONAL_STRIDE) -> torch.Tensor:
+    """Score, select, attend: a fresh prompt's attention (H, N, D) over its kept tiles."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # the engine's are (T, heads, D) transposed views
-    scores = antidiagonal_block_scores(q, k, scale, block_size, stride)
-    selection = BlockSelection(select_blocks(scores, keep_fraction), scores, q.shape[1], block_size)
-    return block_sparse_attention(q, k, v, scale, selection.kept, block_size), selection
-
-
-def one_request(step: PagedStep, r: int) -> PagedStep:
-    """Request r of a step as a step of its own (rows from 0)."""
-    start, end = step.query_start_loc[r], step.query_start_loc[r + 1]
-    return PagedStep([0, end - start], [step.num_computed[r]], step.slot_mapping[start:end], [step.context_slots[r]])
+    kept = select_blocks(antidiagonal_block_scores(q, k, scale, block_size, stride), keep_fraction)
+    return block_sparse_attention(q, k, v, scale, kept, block_size)
 
 
 def paged_sparse_prefill(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float, keep_fraction: float,
@@ -200,36 +135,25 @@ def paged_sparse_prefill(q, k_new, v_new, key_cache, value_cache, step: PagedSte
                          stride: int = ANTIDIAGONAL_STRIDE) -> torch.Tensor:
     """``paged_attention``'s signature: each request that prefills a whole fresh prompt of at least two
     blocks runs ``sparse_prefill``; every other (a chunk after cached context, a decode) runs ``dense``."""
-    def fresh_and_long(r: int) -> bool:
-        return step.num_computed[r] == 0 and step.query_len(r) >= 2 * block_size
-
-    if not any(fresh_and_long(r) for r in range(step.num_requests)):
+    fresh_and_long = [n == 0 and step.query_len(r) >= 2 * block_size for r, n in enumerate(step.num_computed)]
+    if not any(fresh_and_long):
         return dense(q, k_new, v_new, key_cache, value_cache, step, scale)
     outputs = []
     for r in range(step.num_requests):
-        rows = slice(step.query_start_loc[r], step.query_start_loc[r + 1])
-        q_r, k_r, v_r = q[:, rows], k_new[:, rows], v_new[:, rows]
-        if fresh_and_long(r):
-            outputs.append(sparse_prefill(q_r, k_r, v_r, scale, keep_fraction, block_size, stride)[0])
-        else:
-            outputs.append(dense(q_r, k_r, v_r, key_cache, value_cache, one_request(step, r), scale))
+        start, end = step.query_start_loc[r], step.query_start_loc[r + 1]
+        q_r, k_r, v_r = q[:, start:end], k_new[:, start:end], v_new[:, start:end]
+        if fresh_and_long[r]:
+            outputs.append(sparse_prefill(q_r, k_r, v_r, scale, keep_fraction, block_size, stride))
+        else:  # request r alone, as a step of its own
+            alone = PagedStep([0, end - start], [step.num_computed[r]], step.slot_mapping[start:end],
+                              [step.context_slots[r]])
+            outputs.append(dense(q_r, k_r, v_r, key_cache, value_cache, alone, scale))
     return torch.cat(outputs, dim=1)
 
 
-def attention_flops_kept_fraction(num_tokens: int, keep_fraction: float, block_size: int = SPARSE_BLOCK_SIZE) -> float:
-    """The share of a fresh prompt's causal attention pairs ``select_blocks`` computes. It does not depend on
-    which blocks win: every kept block but the diagonal is a full one, off the diagonal."""
-    nb = num_blocks(num_tokens, block_size)
-    pairs = tile_pairs(num_tokens, block_size)
-    diagonal = pairs.diagonal()
-    rows = torch.full((nb,), float(block_size))
-    rows[-1] = num_tokens - (nb - 1) * block_size
-    kept = diagonal + (blocks_to_keep(nb, keep_fraction) - 1).float() * rows * block_size
-    return float(kept.sum() / pairs.sum())
-
-
-def scoring_flops_fraction(stride: int = ANTIDIAGONAL_STRIDE) -> float:
-    """The scoring's FLOPs over dense causal attention's: a full (N/S, N/S) matmul of depth S D (2 N^2 D / S)
-    against QK^T and PV over N^2 / 2 causal pairs (2 N^2 D): about 1 / stride."""
-    return 1.0 / stride
-
+def block_sparse_backend(keep_fraction: float) -> TorchBackend:
+    """The textbook backend, with a fresh prompt's prefill block-sparse at ``keep_fraction`` (0 < f <= 1)."""
+    if isinstance(keep_fraction, bool) or not isinstance(keep_fraction, float | int) or not 0 < keep_fraction <= 1:
+        raise ConfigError(f"The block-sparse keep fraction must be in (0, 1], got {keep_fraction!r}.")
+    kernel = partial(paged_sparse_prefill, keep_fraction=keep_fraction, dense=paged_sdpa)
+    return TorchBackend(kernel, f"block-sparse prefill (XAttention, keep {keep_fraction:g}), else torch SDPA")

@@ -1,12 +1,8 @@
 """What a run leaves behind: plain dataclasses the UI, the CLI and the tests read.
 
-A ``Trace`` is one ``StepRecord`` per engine step plus one ``RequestRecord`` per request.
-Nothing in it points at a live module: arrays are numpy, and ``trace_io`` saves it as
-JSON plus an NPZ of the arrays. What an instrument adds (``instrument/records.py``: per-layer
-times, the KV write log, captured q/k/v, the profile) hangs on the fields it fills.
-
-The engine makes a finished request's record once, when the scheduler lets it go, and an
-unfinished one's whenever a trace is taken. Times are seconds since the engine's first step.
+A ``Trace`` is one ``StepRecord`` per engine step plus one ``RequestRecord`` per request. Nothing in
+it points at a live module: arrays are numpy (``trace_io`` saves JSON plus an NPZ). What an instrument
+adds (``instrument/records.py``) hangs on the fields it fills. Times are seconds since the first step.
 """
 
 from __future__ import annotations

@@ -18,16 +18,12 @@ import numpy as np
 import torch
 
 from prefillviz.engine.request import SamplingParams
-from prefillviz.engine.sparse_attention import (
-    SPARSE_BLOCK_SIZE,
-    BlockSelection,
-    antidiagonal_block_scores,
-    select_blocks,
-)
+from prefillviz.engine.sparse_attention import SPARSE_BLOCK_SIZE, antidiagonal_block_scores, select_blocks
 from prefillviz.experiments.long_text import long_prompt_ids
 from prefillviz.experiments.model_setup import model_tokenizer_and_id
 from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.experiments.op_timing import TimedBackend
+from prefillviz.experiments.sparse_work import BlockSelection
 
 
 class OneLayerQK:

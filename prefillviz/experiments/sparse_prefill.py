@@ -20,17 +20,16 @@ from typing import Any
 import numpy as np
 
 from prefillviz.engine.request import SamplingParams
-from prefillviz.engine.sparse_attention import (
-    SPARSE_BLOCK_SIZE,
-    attention_flops_kept_fraction,
-    blocks_to_keep,
-    num_blocks,
-    scoring_flops_fraction,
-)
+from prefillviz.engine.sparse_attention import SPARSE_BLOCK_SIZE, block_sparse_backend
 from prefillviz.experiments.long_text import LONG_TEXT_NAME, long_prompt_ids
 from prefillviz.experiments.model_setup import device_and_dtype, model_tokenizer_and_id
 from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.experiments.op_timing import TimedBackend
+from prefillviz.experiments.sparse_work import (
+    attention_flops_kept_fraction,
+    scoring_flops_fraction,
+    tiles_kept_fraction,
+)
 from prefillviz.machine.progress import FractionProgress, ProgressCounter
 
 DEFAULT_KEEP_FRACTION = 0.2
@@ -51,10 +50,10 @@ class PrefillRun:
 
 def run_prefill(model, token_ids: list[int], keep_fraction: float | None, new_tokens: int = 1,
                 backend: TimedBackend | None = None) -> PrefillRun:
-    """One request of ``token_ids`` on a fresh engine (prefix cache off), dense (None) or block-sparse."""
-    backend = backend or TimedBackend()
-    engine = one_request_engine(model, None, len(token_ids), len(token_ids) + new_tokens, backend=backend,
-                                sparse_prefill_keep_fraction=keep_fraction)
+    """One request of ``token_ids`` on a fresh engine (prefix cache off), dense (None) or block-sparse, on the
+    textbook backend (timed by op)."""
+    backend = backend or TimedBackend(block_sparse_backend(keep_fraction) if keep_fraction is not None else None)
+    engine = one_request_engine(model, None, len(token_ids), len(token_ids) + new_tokens, backend=backend)
     request = engine.add_request(token_ids, SamplingParams(max_new_tokens=new_tokens), request_id="prompt")
     times = backend.reset()
     engine.step()  # the prefill: its first token
@@ -139,12 +138,6 @@ class SparseComparison:
         return {**asdict(self), "attention_speedup": self.attention_speedup, "ttft_speedup": self.ttft_speedup,
                 "attention_share_of_ttft": self.attention_share, "amdahl_cap": self.amdahl_cap,
                 "amdahl_prediction": self.amdahl_prediction}
-
-
-def tiles_kept_fraction(num_tokens: int, keep_fraction: float, block_size: int = SPARSE_BLOCK_SIZE) -> float:
-    """Kept tiles over causal tiles (the same for every head: each keeps as many per query block)."""
-    nb = num_blocks(num_tokens, block_size)
-    return float(blocks_to_keep(nb, keep_fraction).sum()) / (nb * (nb + 1) / 2)
 
 
 def compare_dense_sparse(loaded_or_pair: Any, num_tokens: int,

@@ -354,7 +354,7 @@ def test_the_last_layers_attention_at_the_kept_rows_is_the_whole_steps_there(can
     step's attention at those rows; a kept row inside a request (none the runner keeps) gets the whole step's."""
     from types import SimpleNamespace
 
-    from prefillviz.backends.attention import step_attention
+    from prefillviz.backends.attention import last_rows_step, step_attention
     from prefillviz.backends.dispatch import ROWS_CANDIDATES, V8
     from prefillviz.engine.attention import AttentionMetadata
 
@@ -377,8 +377,8 @@ def test_the_last_layers_attention_at_the_kept_rows_is_the_whole_steps_there(can
 
     whole = attention()
     keep = torch.tensor([0, 23, 36])  # the last rows of requests 0, 1 and 3
-    assert meta.last_rows_step(keep.tolist()).query_start_loc == [0, 1, 2, 3]
+    assert last_rows_step(meta, keep.tolist()).query_start_loc == [0, 1, 2, 3]
     assert_within(attention(keep), whole[keep], allowed_for(inputs))
     inside = torch.tensor([5, 36])
-    assert meta.last_rows_step(inside.tolist()) is None
+    assert last_rows_step(meta, inside.tolist()) is None
     assert torch.equal(attention(inside), whole[inside])

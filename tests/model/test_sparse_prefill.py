@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from prefillviz.engine.backend import TorchBackend
 from prefillviz.engine.errors import ConfigError
+from prefillviz.engine.sparse_attention import block_sparse_backend
 from prefillviz.experiments.long_text import long_prompt_ids
 from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.experiments.sparse_prefill import GREEDY_TOKENS, first_token_kl, greedy_agreement, run_prefill
@@ -43,12 +43,11 @@ def test_skipping_blocks_changes_the_logits_but_not_the_decode_path(bundled, pro
     assert first_token_kl(dense.first_token_logits, sparse.first_token_logits) > 0
 
 
-def test_sparse_prefill_refuses_the_measured_backend(bundled):
-    from prefillviz.backends.measured import STOCK_LINEARS
-
-    with pytest.raises(ConfigError, match="textbook torch backend"):
-        one_request_engine(bundled.model, None, 64, 64, backend=STOCK_LINEARS, sparse_prefill_keep_fraction=0.5)
-    one_request_engine(bundled.model, None, 64, 64, backend=TorchBackend(), sparse_prefill_keep_fraction=0.5)
+def test_a_sparse_engine_says_what_its_attention_ran(bundled, prompt):
+    engine = one_request_engine(bundled.model, None, NUM_TOKENS, NUM_TOKENS + 1, backend=block_sparse_backend(0.5))
+    engine.add_request(prompt)
+    record = engine.step()
+    assert record.ran["backend"] == "torch" and "block-sparse prefill (XAttention, keep 0.5)" in record.ran["attention"]
 
 
 def test_the_long_prompt_is_prose_that_does_not_repeat(bundled):

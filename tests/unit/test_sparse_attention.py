@@ -6,19 +6,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.errors import ConfigError
 from prefillviz.engine.paged_attention import PagedStep, paged_naive
 from prefillviz.engine.sparse_attention import (
-    BlockSelection,
     antidiagonal_block_scores,
-    attention_flops_kept_fraction,
     block_sparse_attention,
+    block_sparse_backend,
     blocks_to_keep,
     paged_sparse_prefill,
     select_blocks,
     sparse_prefill,
 )
+from prefillviz.experiments.sparse_work import BlockSelection, attention_flops_kept_fraction
 from tests.tolerances import OP_STEPS, allowed_difference, assert_within
 
 BLOCK, STRIDE = 8, 4
@@ -106,9 +105,11 @@ def test_a_ragged_prompt_scores_its_short_last_block():
 @pytest.mark.parametrize("n", [40, 37])
 def test_keep_everything_equals_dense_attention(dtype, n):
     q, k, v = random_qkv(n, dtype=dtype)
-    out, selection = sparse_prefill(q, k, v, 0.25, 1.0, BLOCK, STRIDE)
+    out = sparse_prefill(q, k, v, 0.25, 1.0, BLOCK, STRIDE)
     dense = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=0.25, enable_gqa=True)[0]
     assert_within(out, dense, allowed_difference(dtype, v, OP_STEPS, terms=n), f"keep 1.0, N={n}, {dtype}")
+    scores = antidiagonal_block_scores(q, k, 0.25, BLOCK, STRIDE)
+    selection = BlockSelection(select_blocks(scores, 1.0), scores, n, BLOCK)
     assert selection.tiles_kept_fraction() == 1.0 and selection.pairs_kept_fraction() == 1.0
 
 
@@ -129,8 +130,8 @@ def test_sparse_attention_computes_exactly_the_kept_tiles(n):
 
 def test_flop_fraction_does_not_depend_on_which_blocks_win():
     q, k, v = random_qkv(45)
-    selection = sparse_prefill(q, k, v, 0.25, 0.4, BLOCK, STRIDE)[1]
-    assert isinstance(selection, BlockSelection)
+    scores = antidiagonal_block_scores(q, k, 0.25, BLOCK, STRIDE)
+    selection = BlockSelection(select_blocks(scores, 0.4), scores, 45, BLOCK)
     assert selection.pairs_kept_fraction() == pytest.approx(attention_flops_kept_fraction(45, 0.4, BLOCK))
     assert 0 < selection.score_mass_kept() <= 1
 
@@ -154,7 +155,7 @@ def test_a_step_runs_sparse_for_a_fresh_prompt_and_dense_for_a_decode():
 
 
 @pytest.mark.parametrize("bad", [0, 0.0, -0.1, 1.5, True, float("nan")])
-def test_the_config_refuses_a_keep_fraction_outside_0_to_1(bad):
-    with pytest.raises(ConfigError, match="sparse_prefill_keep_fraction"):
-        EngineConfig(sparse_prefill_keep_fraction=bad)
-    assert EngineConfig().sparse_prefill_keep_fraction is None  # dense by default
+def test_the_sparse_backend_refuses_a_keep_fraction_outside_0_to_1(bad):
+    with pytest.raises(ConfigError, match="keep fraction must be in"):
+        block_sparse_backend(bad)
+    assert block_sparse_backend(1).name == "torch"

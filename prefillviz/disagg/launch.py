@@ -36,6 +36,7 @@ from prefillviz.engine.errors import RequestError
 from prefillviz.experiments.chunked import ChunkedWorkload
 
 STOP_GRACE_S = 5.0  # after SIGTERM, before SIGKILL
+OTHER_EXIT_GRACE_S = 2.0  # a worker reports a closed connection: the other may be dying that moment
 
 
 def free_port() -> int:
@@ -92,7 +93,10 @@ def _collect(results, got: dict[str, WorkerResult], timeout_s: float, processes=
             return
         if isinstance(item, WorkerFailure):
             other_rank = DECODE_RANK if item.role == ROLES[PREFILL_RANK] else PREFILL_RANK
-            exit_code = processes[other_rank].exitcode if len(processes) > other_rank else None
+            other = processes[other_rank] if len(processes) > other_rank else None
+            if other is not None:  # its connection closes as it dies: give its exit a moment to be seen
+                other.join(OTHER_EXIT_GRACE_S)
+            exit_code = other.exitcode if other is not None else None
             if exit_code is not None and exit_code < 0:  # the other one was killed first: that is the news
                 how = f"killed by {signal.Signals(-exit_code).name}"
                 raise DisaggError(f"{_died_message(other_rank, how)} (The {item.role} worker saw: {item.message})")

@@ -21,3 +21,9 @@ def test_the_engine_never_names_the_speed_lab():
         text = path.read_text().lower()
         found = [word for word in SPEED_LAB_WORDS if re.search(re.escape(word), text)]
         assert not found, f"{path.name} names {found}"
+
+
+def test_the_readme_and_the_benchmarks_stay_short_references():
+    root = ENGINE.parents[1]
+    assert len((root / "README.md").read_text().splitlines()) <= 150
+    assert len((root / "docs" / "BENCHMARKS.md").read_text().splitlines()) <= 250

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from prefillviz.backends.dispatch_buckets import BUCKETS, bucket_of
+from prefillviz.backends.dispatch_buckets import BUCKET_NAMES, BUCKETS, bucket_of
 from prefillviz.engine.errors import ConfigError
 
 ATTENTION, LINEARS = "attention", "linears"
@@ -115,7 +115,7 @@ class DispatchTable:
         forced = forced_candidate(family, self)
         if forced:
             return forced
-        timed = self.timings.get(bucket, {}).get(family, {})
+        timed = self.timings.get(self.nearest_timed(bucket), {}).get(family, {})
         if not timed:
             raise RuntimeError(f"no {family} implementation passed its check for {bucket} on this machine: "
                                f"{self.excluded.get(family)}")
@@ -150,6 +150,19 @@ class DispatchTable:
                 totals[name] = totals.get(name, 0.0) + seconds
         complete = {n: t for n, t in totals.items() if all(n in b.get(LINEARS, {}) for b in self.timings.values())}
         return min(complete or totals, key=(complete or totals).get) if totals else ""
+
+    def nearest_timed(self, bucket: str) -> str:
+        """``bucket``, or where a first start has not timed it yet (``dispatch_tables.first_buckets``: the warm-up's
+        steps run on a part of the table), the nearest bucket that is timed."""
+        if bucket in self.timings or not self.timings:
+            return bucket
+        names = list(BUCKET_NAMES)
+        return min(self.timings, key=lambda b: abs(names.index(b) - names.index(bucket)) if b in names else len(names))
+
+    @property
+    def partial(self) -> bool:
+        """Some bucket is not timed yet (a first start's table, before ``dispatch_tuning.complete``)."""
+        return not set(BUCKET_NAMES) <= set(self.timings)
 
     def choices(self) -> dict[str, dict[str, str]]:
         """{bucket: {family: candidate}}."""

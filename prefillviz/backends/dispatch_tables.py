@@ -12,6 +12,7 @@ always measures. The measured backend asks ``table_for`` at every step (~25 us).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import datetime
 import hashlib
 import json
@@ -137,14 +138,16 @@ _tables: dict[tuple, DispatchTable] = {}
 _lock = threading.Lock()
 
 
-def table_for(model: torch.nn.Module, refresh: bool = False,
-              progress: Callable[[float, str], None] | None = None) -> DispatchTable:
+def table_for(model: torch.nn.Module, refresh: bool = False, progress: Callable[[float, str], None] | None = None,
+              buckets: tuple[str, ...] | None = None) -> DispatchTable:
     """The model's dispatch table here: injected by a test, kept from earlier in this process, cached on disk, or
     measured now.
 
     Args:
         refresh: measure again even when a fresh table is kept or cached ("measure again").
         progress: called with (fraction done, what) while it measures.
+        buckets: a first start's first part: where no table is kept or cached, time only these buckets now and
+            keep that part in this process (``first_buckets``). Without it, a kept part is completed first.
     """
     table = injected_for(model)
     if table is not None:
@@ -153,23 +156,45 @@ def table_for(model: torch.nn.Module, refresh: bool = False,
     # a switch or a build measures anew
     key = (*table_key(model, parameter), fingerprint(candidate_statuses(model, parameter)))
     table = _tables.get(key)
-    if table is not None and not refresh:
+    if table is not None and not refresh and (not table.partial or buckets is not None or _part_will_do.get()):
         return table
     with _lock:  # sessions share the model: measure once
         table = _tables.get(key)
-        if table is None or refresh:
-            path = cache_path(model)
-            cached = None if refresh else read_cached(path)
+        if table is not None and table.partial and not refresh and buckets is None:
+            table = dispatch_tuning.complete(model, table)
+            _keep_on_disk(model, table)
+        elif table is None or refresh:
+            cached = None if refresh else read_cached(cache_path(model))
             if cached is not None and not is_stale(cached, model):
                 table = cached
-            else:
-                table = dispatch_tuning.measure(model, progress)  # through the module: a test can stand in for it
-                try:
-                    write_cached(path, table)
-                except OSError:
-                    pass  # it only costs a measurement next time
-            _tables[key] = table
+            else:  # through the module: a test can stand in for it
+                table = dispatch_tuning.measure(model, progress, buckets)
+                if not table.partial:
+                    _keep_on_disk(model, table)
+        _tables[key] = table
     return table
+
+
+def _keep_on_disk(model: torch.nn.Module, table: DispatchTable) -> None:
+    try:
+        write_cached(cache_path(model), table)
+    except OSError:
+        pass  # it only costs a measurement next time
+
+
+_part_will_do: contextvars.ContextVar[bool] = contextvars.ContextVar("part_will_do", default=False)
+
+
+@contextlib.contextmanager
+def first_buckets() -> Iterator[None]:
+    """Inside the block, engines run on the part of a first start's table that is timed (``table_for(buckets=)``):
+    a step of a bucket not timed yet runs the nearest timed bucket's choice (``DispatchTable.nearest_timed``). The
+    app's warm-up runs in it, on the first page's buckets only, so the rest are timed after the page is ready."""
+    token = _part_will_do.set(True)
+    try:
+        yield
+    finally:
+        _part_will_do.reset(token)
 
 
 def table_for_heads(num_heads: int, num_kv_heads: int, head_dim: int, device: str, dtype: str) -> DispatchTable | None:

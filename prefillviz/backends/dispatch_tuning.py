@@ -31,6 +31,7 @@ Keeping the table (in this process and on disk) and reading it is ``dispatch_tab
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import statistics
@@ -192,9 +193,14 @@ def _race(calls: dict[str, Callable[[], object]],
 
 
 @torch.inference_mode()
-def measure(model: torch.nn.Module, progress: Callable[[float, str], None] | None = None) -> DispatchTable:
-    """Check every candidate here, then time the rest on every bucket (a few seconds on 2 cores)."""
+def measure(model: torch.nn.Module, progress: Callable[[float, str], None] | None = None,
+            buckets: tuple[str, ...] | None = None, checked: DispatchTable | None = None) -> DispatchTable:
+    """Check every candidate here, then time the rest on every bucket (a few seconds on 2 cores).
 
+    Args:
+        buckets: time these buckets only (a first start times the first page's, ``complete`` the rest).
+        checked: a table of the same model whose candidates' checks stand: nothing is checked again.
+    """
     started = time.perf_counter()
     parameter = next(model.parameters())
     device, dtype = parameter.device, parameter.dtype
@@ -205,18 +211,19 @@ def measure(model: torch.nn.Module, progress: Callable[[float, str], None] | Non
     statuses = candidate_statuses(model)
     available = fingerprint(statuses)
     groups = layer_linears(model)
-    for name, why in list(statuses[LINEARS].items()):
-        statuses[LINEARS][name] = why or check_linears(groups, name)
-    for name, why in list(statuses[ATTENTION].items()):
-        statuses[ATTENTION][name] = why or check_attention(model, name)
+    for family, check in ((LINEARS, lambda name: check_linears(groups, name)),
+                          (ATTENTION, lambda name: check_attention(model, name))):
+        for name, why in list(statuses[family].items()):
+            statuses[family][name] = why or (checked.excluded.get(family, {}).get(name, "") if checked else check(name))
     runnable = {family: [n for n, why in s.items() if not why] for family, s in statuses.items()}
     layers = {name: linear_layer(groups, name) for name in runnable[LINEARS]}
     timings, dropped, spreads = {}, {}, {}
     measured_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    timed = [bucket for bucket in BUCKETS if buckets is None or bucket.name in buckets]
     with MachineLoad() as load:
-        for index, bucket in enumerate(BUCKETS):
+        for index, bucket in enumerate(timed):
             if progress:
-                progress(index / len(BUCKETS), f"timing the candidates on {bucket.what}")
+                progress(index / len(timed), f"timing the candidates on {bucket.what}")
             inputs = random_step(list(bucket.requests), heads, kv_heads, head_dim, device=device, dtype=dtype, seed=2)
             attention_calls = {name: _AttentionCall(name, inputs) for name in runnable[ATTENTION]}
             xs = linear_inputs(groups, bucket.num_tokens)
@@ -230,6 +237,20 @@ def measure(model: torch.nn.Module, progress: Callable[[float, str], None] | Non
         str(device), str(dtype).removeprefix("torch."), machine_name(device), torch.get_num_threads(),
         model_signature(model), timings, excluded, dropped, measured_at, load.reading.other_cpu_percent,
         time.perf_counter() - started, "measured", available, spreads,
+    )
+
+
+def complete(model: torch.nn.Module, partial: DispatchTable) -> DispatchTable:
+    """``partial`` with its missing buckets timed now (its candidates' checks stand)."""
+    rest = tuple(b.name for b in BUCKETS if b.name not in partial.timings)
+    if not rest:
+        return partial
+    more = measure(model, buckets=rest, checked=partial)
+    loads = [p for p in (partial.other_cpu_percent, more.other_cpu_percent) if p is not None]
+    return dataclasses.replace(
+        partial, timings=partial.timings | more.timings, dropped=partial.dropped | more.dropped,
+        spreads=partial.spreads | more.spreads, other_cpu_percent=max(loads, default=None),
+        measure_s=(partial.measure_s or 0.0) + (more.measure_s or 0.0),
     )
 
 

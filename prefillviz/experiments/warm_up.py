@@ -20,10 +20,11 @@ from prefillviz.machine.progress import FractionProgress
 from prefillviz.machine.timers import run_timed
 
 
-def prepare_dispatch(loaded: LoadedModel, progress: FractionProgress | None = None) -> None:
+def prepare_dispatch(loaded: LoadedModel, progress: FractionProgress | None = None,
+                     buckets: tuple[str, ...] | None = None) -> None:
     """The measured backend's choice of kernels for the model: timed now (the first start on this machine),
-    or read from where it was kept (``backends/dispatch_tables.py``)."""
-    table_for(loaded.model, progress=progress)
+    or read from where it was kept (``backends/dispatch_tables.py``); ``buckets``: a first start's first part."""
+    table_for(loaded.model, progress=progress, buckets=buckets)
 
 
 def warm_up(loaded: LoadedModel) -> float:

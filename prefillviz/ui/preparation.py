@@ -7,6 +7,10 @@ long is left, the page draws its title, text and controls at once, its run butto
 waiting (``shell.run_button``), and when the model is ready the page runs again
 (``shell.finish_page``, from ``views/navigation.py``).
 
+On a machine's first start the kernels are timed on the step shapes the first page's first run needs
+(``FIRST_BUCKETS``); the page is ready after the warm-up, and the other shapes are timed right after, in
+the run queue's turn (a run asked meanwhile waits for it, never beside it).
+
 One preparation per model id, device and dtype, shared by every session (the model is shared, as
 ``st.cache_resource`` shares it); the last ``KEPT`` are kept. A failed one is forgotten once a page
 has shown its error, so the next visit tries again. Each stage's time is kept per machine
@@ -22,6 +26,7 @@ import threading
 import time
 from collections import OrderedDict
 
+from prefillviz.backends.dispatch_tables import first_buckets
 from prefillviz.engine.errors import PrefillVizError
 from prefillviz.experiments.warm_up import prepare_dispatch, warm_up
 from prefillviz.loading import bundled
@@ -31,6 +36,7 @@ from prefillviz.machine.devices import cache_root
 from prefillviz.ui.run_queue import RUN_QUEUE
 
 logger = logging.getLogger(__name__)
+FIRST_BUCKETS = ("decode", "prefill_128")  # the Prefill page's preset prompt, its timing pass and its decodes
 KEPT = 2  # models kept ready at once (each holds its weights)
 STAGES = {  # stage -> (what the progress bar says, its seconds on a 2-core CPU where this machine has not timed it)
     "dequantize": ("dequantizing the bundled model (first start only)", 4.0),
@@ -65,9 +71,10 @@ class Preparation:
         try:
             loaded = load_model(self.model_id, device=self.device, dtype=self.dtype, progress=self._loader_said)
             self._enter("kernels")
-            prepare_dispatch(loaded)  # measured now, or read from this machine's cache
+            with RUN_QUEUE.turn():  # measured now (the first page's shapes first), or read from this machine's cache
+                prepare_dispatch(loaded, buckets=FIRST_BUCKETS)
             self._enter("warm up")
-            with RUN_QUEUE.turn():  # never beside another session's timed run
+            with RUN_QUEUE.turn(), first_buckets():  # never beside another session's timed run
                 loaded.warm_up_s = warm_up(loaded)
             self._enter("ready")
             self.loaded = loaded
@@ -79,6 +86,17 @@ class Preparation:
             self.error = f"Preparing {self.model_id} failed unexpectedly ({type(error).__name__}: {error})."
         finally:
             self.done.set()
+        if self.loaded is not None:
+            self._time_the_other_shapes()
+
+    def _time_the_other_shapes(self) -> None:
+        """The step shapes a first start left for later, timed in the run queue's turn (an engine made meanwhile
+        times them itself, before its first step: ``MeasuredBackend.prepare``)."""
+        try:
+            with RUN_QUEUE.turn():
+                prepare_dispatch(self.loaded)
+        except Exception:  # noqa: BLE001 -- the next engine's prepare measures them; the traceback to the log
+            logger.exception("timing the other step shapes of %s failed", self.model_id)
 
     def _loader_said(self, message: str) -> None:
         """The loader's progress: past the dequantizing, the model loads (from the copy just saved)."""

@@ -296,6 +296,29 @@ def test_the_table_is_cached_and_measured_again_when_stale(tiny_llama, tmp_path,
     assert data["table"]["choices"] == measured.choices() and data["format"] == dispatch_tables.FORMAT
 
 
+def test_a_first_start_times_the_first_pages_shapes_then_completes_the_rest_without_checking_again(
+        tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFILLVIZ_DISPATCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(dispatch_tables, "_tables", {})
+    first = dispatch_tables.table_for(tiny_llama, buckets=("decode", "prefill_128"))
+    assert first.partial and set(first.timings) == {"decode", "prefill_128"}
+    assert not dispatch_tables.cache_path(tiny_llama).exists()  # a part is never kept on disk
+    assert first.nearest_timed("prefill_512") == "prefill_128" and first.nearest_timed("decode") == "decode"
+    with dispatch_tables.first_buckets():  # the warm-up's steps run on the part
+        assert dispatch_tables.table_for(tiny_llama) is first
+        ran = engine_run(tiny_llama, list(range(3, 27)), max_new_tokens=1)[2]
+    assert ran[0]["bucket"] == "prefill_128"  # (its 16-token chunk) and the mixed step runs the nearest timed choice
+    checks = []
+    for name in ("check_attention", "check_linears"):
+        monkeypatch.setattr(dispatch_tuning, name, lambda *a, name=name: checks.append(name) or "")
+    whole = dispatch_tables.table_for(tiny_llama)  # outside the block: the rest is timed first
+    assert not whole.partial and set(whole.timings) == set(BUCKET_NAMES)
+    assert checks == [] and whole.excluded == first.excluded  # the first part's checks stand
+    assert {b: whole.timings[b] for b in first.timings} == first.timings
+    assert dispatch_tables.read_cached(dispatch_tables.cache_path(tiny_llama)).timings == whole.timings
+    assert dispatch_tables.table_for(tiny_llama) is whole
+
+
 def test_a_losers_noisy_runs_make_the_table_noisy_only_where_they_may_have_decided():
     def table(v3_ms, v3_spread, v2_spread=1.2):
         timings = {b: {ATTENTION: {"v2 loop": 1.0, "v3 packed": v3_ms}, LINEARS: {STOCK: 1.0}} for b in BUCKET_NAMES}

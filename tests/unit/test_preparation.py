@@ -23,7 +23,13 @@ def slow_stages(monkeypatch, tmp_path):
         return SimpleNamespace(warm_up_s=None)
 
     monkeypatch.setattr(preparation, "load_model", load)
-    monkeypatch.setattr(preparation, "prepare_dispatch", lambda loaded: go["kernels"].wait(10))
+    go["timed"] = []  # the buckets of each prepare_dispatch call, in order (None: every bucket)
+
+    def prepare_dispatch(loaded, buckets=None):
+        go["timed"].append(buckets)
+        go["kernels"].wait(10)
+
+    monkeypatch.setattr(preparation, "prepare_dispatch", prepare_dispatch)
     monkeypatch.setattr(preparation, "warm_up", lambda loaded: go["warm up"].wait(10) and 0.5)
     monkeypatch.setattr(preparation.bundled, "bundled_package_installed", lambda: True)
     monkeypatch.setattr(preparation.bundled, "cache_ready", lambda: False)  # an empty cache: the first start
@@ -56,6 +62,9 @@ def test_a_first_start_goes_through_each_stage_and_says_where_it_is(slow_stages)
     assert prepared.done.wait(10) and prepared.ready and prepared.error is None
     assert prepared.loaded.warm_up_s == 0.5 and prepared.seconds_left() == 0 and prepared.fraction() == 1
     assert set(prepared.durations) == {"dequantize", "load", "kernels", "warm up"}
+    # the first page's step shapes timed before it is ready, the others right after
+    wait_for(lambda: len(slow_stages["timed"]) == 2)
+    assert slow_stages["timed"] == [preparation.FIRST_BUCKETS, None]
     # the next start on this machine counts down from what this one took
     assert preparation.measured_seconds() == pytest.approx(prepared.durations, abs=1e-3)
 

@@ -152,8 +152,8 @@ class DispatchTable:
         return min(complete or totals, key=(complete or totals).get) if totals else ""
 
     def nearest_timed(self, bucket: str) -> str:
-        """``bucket``, or where a first start has not timed it yet (``dispatch_tables.first_buckets``: the warm-up's
-        steps run on a part of the table), the nearest bucket that is timed."""
+        """``bucket``, or where a first start has not timed it yet (the app times the first page's buckets first,
+        ``dispatch_tables.time_next_bucket`` the others), the nearest bucket that is timed."""
         if bucket in self.timings or not self.timings:
             return bucket
         names = list(BUCKET_NAMES)
@@ -296,4 +296,6 @@ def step_choice(table: DispatchTable, step, pack_linear_weights: bool = True) ->
     asks)."""
     bucket = bucket_of(step)
     linears = table.choice(bucket, LINEARS) if pack_linear_weights else STOCK
-    return StepChoice(bucket, table.choice(bucket, ATTENTION), linears)
+    timed = table.nearest_timed(bucket)
+    label = bucket if timed == bucket else f"{bucket} (not timed yet: {timed}'s choice)"
+    return StepChoice(label, table.choice(bucket, ATTENTION), linears)

@@ -12,7 +12,6 @@ always measures. The measured backend asks ``table_for`` at every step (~25 us).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import datetime
 import hashlib
 import json
@@ -139,7 +138,7 @@ _lock = threading.Lock()
 
 
 def table_for(model: torch.nn.Module, refresh: bool = False, progress: Callable[[float, str], None] | None = None,
-              buckets: tuple[str, ...] | None = None) -> DispatchTable:
+              buckets: tuple[str, ...] | None = None, part_will_do: bool = False) -> DispatchTable:
     """The model's dispatch table here: injected by a test, kept from earlier in this process, cached on disk, or
     measured now.
 
@@ -147,7 +146,9 @@ def table_for(model: torch.nn.Module, refresh: bool = False, progress: Callable[
         refresh: measure again even when a fresh table is kept or cached ("measure again").
         progress: called with (fraction done, what) while it measures.
         buckets: a first start's first part: where no table is kept or cached, time only these buckets now and
-            keep that part in this process (``first_buckets``). Without it, a kept part is completed first.
+            keep that part in this process (``time_next_bucket`` times the others later).
+        part_will_do: a kept part is good enough (the engine's steps: a bucket not timed yet runs the nearest
+            timed bucket's choice, ``DispatchTable.nearest_timed``); otherwise a kept part is completed first.
     """
     table = injected_for(model)
     if table is not None:
@@ -156,7 +157,7 @@ def table_for(model: torch.nn.Module, refresh: bool = False, progress: Callable[
     # a switch or a build measures anew
     key = (*table_key(model, parameter), fingerprint(candidate_statuses(model, parameter)))
     table = _tables.get(key)
-    if table is not None and not refresh and (not table.partial or buckets is not None or _part_will_do.get()):
+    if table is not None and not refresh and (not table.partial or buckets is not None or part_will_do):
         return table
     with _lock:  # sessions share the model: measure once
         table = _tables.get(key)
@@ -182,19 +183,19 @@ def _keep_on_disk(model: torch.nn.Module, table: DispatchTable) -> None:
         pass  # it only costs a measurement next time
 
 
-_part_will_do: contextvars.ContextVar[bool] = contextvars.ContextVar("part_will_do", default=False)
-
-
-@contextlib.contextmanager
-def first_buckets() -> Iterator[None]:
-    """Inside the block, engines run on the part of a first start's table that is timed (``table_for(buckets=)``):
-    a step of a bucket not timed yet runs the nearest timed bucket's choice (``DispatchTable.nearest_timed``). The
-    app's warm-up runs in it, on the first page's buckets only, so the rest are timed after the page is ready."""
-    token = _part_will_do.set(True)
-    try:
-        yield
-    finally:
-        _part_will_do.reset(token)
+def time_next_bucket(model: torch.nn.Module) -> bool:
+    """Time one more bucket of the model's kept part (its candidates' checks stand); False when none is left. The
+    whole table, once every bucket is timed, goes to disk."""
+    key = (*table_key(model), fingerprint(candidate_statuses(model)))
+    with _lock:
+        table = _tables.get(key)
+        if table is None or not table.partial:
+            return False
+        missing = [b.name for b in BUCKETS if b.name not in table.timings]
+        table = _tables[key] = dispatch_tuning.complete(model, table, (missing[0],))
+        if not table.partial:
+            _keep_on_disk(model, table)
+        return True
 
 
 def table_for_heads(num_heads: int, num_kv_heads: int, head_dim: int, device: str, dtype: str) -> DispatchTable | None:

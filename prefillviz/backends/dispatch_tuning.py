@@ -240,9 +240,9 @@ def measure(model: torch.nn.Module, progress: Callable[[float, str], None] | Non
     )
 
 
-def complete(model: torch.nn.Module, partial: DispatchTable) -> DispatchTable:
-    """``partial`` with its missing buckets timed now (its candidates' checks stand)."""
-    rest = tuple(b.name for b in BUCKETS if b.name not in partial.timings)
+def complete(model: torch.nn.Module, partial: DispatchTable, buckets: tuple[str, ...] | None = None) -> DispatchTable:
+    """``partial`` with its missing buckets (or those of ``buckets``) timed now (its candidates' checks stand)."""
+    rest = tuple(b.name for b in BUCKETS if b.name not in partial.timings and (buckets is None or b.name in buckets))
     if not rest:
         return partial
     more = measure(model, buckets=rest, checked=partial)

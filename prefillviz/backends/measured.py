@@ -98,11 +98,12 @@ class MeasuredBackend:
         self.pack_linear_weights = pack_linear_weights
 
     def prepare(self, model: torch.nn.Module) -> None:
-        # measured now (once per machine, model shape and dtype), not inside a timed step
-        dispatch_tables.table_for(model)
+        # measured now (once per machine, model shape and dtype), not inside a timed step; a first start's part will do
+        dispatch_tables.table_for(model, part_will_do=True)
 
     def for_step(self, model: torch.nn.Module, meta) -> MeasuredStepOps:
-        choice = dispatch.step_choice(dispatch_tables.table_for(model), meta.step, self.pack_linear_weights)
+        choice = dispatch.step_choice(dispatch_tables.table_for(model, part_will_do=True), meta.step,
+                                      self.pack_linear_weights)
         keys = meta.kv_cache.key_cache[0]  # (blocks, block size, KVH, D): the model's device, dtype and head size
         compiled = compiled_attention_status(keys.device, keys.dtype, keys.shape[-1])[0]
         return MeasuredStepOps(model, choice, compiled)

@@ -8,8 +8,8 @@ waiting (``shell.run_button``), and when the model is ready the page runs again
 (``shell.finish_page``, from ``views/navigation.py``).
 
 On a machine's first start the kernels are timed on the step shapes the first page's first run needs
-(``FIRST_BUCKETS``); the page is ready after the warm-up, and the other shapes are timed right after, in
-the run queue's turn (a run asked meanwhile waits for it, never beside it).
+(``FIRST_BUCKETS``); the page is ready after the warm-up, and the other shapes are timed after it, one at
+a time, in the run queue's turn whenever no session's run is waiting (never beside one).
 
 One preparation per model id, device and dtype, shared by every session (the model is shared, as
 ``st.cache_resource`` shares it); the last ``KEPT`` are kept. A failed one is forgotten once a page
@@ -26,7 +26,7 @@ import threading
 import time
 from collections import OrderedDict
 
-from prefillviz.backends.dispatch_tables import first_buckets
+from prefillviz.backends.dispatch_tables import time_next_bucket
 from prefillviz.engine.errors import PrefillVizError
 from prefillviz.experiments.warm_up import prepare_dispatch, warm_up
 from prefillviz.loading import bundled
@@ -37,6 +37,7 @@ from prefillviz.ui.run_queue import RUN_QUEUE
 
 logger = logging.getLogger(__name__)
 FIRST_BUCKETS = ("decode", "prefill_128")  # the Prefill page's preset prompt, its timing pass and its decodes
+IDLE_BEFORE_TIMING_S = 3.0  # the other step shapes are timed one at a time, once no run has asked for this long
 KEPT = 2  # models kept ready at once (each holds its weights)
 STAGES = {  # stage -> (what the progress bar says, its seconds on a 2-core CPU where this machine has not timed it)
     "dequantize": ("dequantizing the bundled model (first start only)", 4.0),
@@ -74,7 +75,7 @@ class Preparation:
             with RUN_QUEUE.turn():  # measured now (the first page's shapes first), or read from this machine's cache
                 prepare_dispatch(loaded, buckets=FIRST_BUCKETS)
             self._enter("warm up")
-            with RUN_QUEUE.turn(), first_buckets():  # never beside another session's timed run
+            with RUN_QUEUE.turn():  # never beside another session's timed run
                 loaded.warm_up_s = warm_up(loaded)
             self._enter("ready")
             self.loaded = loaded
@@ -90,12 +91,17 @@ class Preparation:
             self._time_the_other_shapes()
 
     def _time_the_other_shapes(self) -> None:
-        """The step shapes a first start left for later, timed in the run queue's turn (an engine made meanwhile
-        times them itself, before its first step: ``MeasuredBackend.prepare``)."""
+        """The step shapes a first start left for later, one at a time in the run queue's turn, whenever no run has
+        asked for the model for ``IDLE_BEFORE_TIMING_S`` (a run of a shape not timed yet meanwhile runs the nearest
+        timed shape's choice, and says so)."""
         try:
-            with RUN_QUEUE.turn():
-                prepare_dispatch(self.loaded)
-        except Exception:  # noqa: BLE001 -- the next engine's prepare measures them; the traceback to the log
+            while True:
+                while not RUN_QUEUE.wait_idle(IDLE_BEFORE_TIMING_S, timeout_s=60.0):
+                    pass
+                with RUN_QUEUE.turn():
+                    if not time_next_bucket(self.loaded.model):
+                        return
+        except Exception:  # noqa: BLE001 -- a later `tune` or Measure again times them; the traceback to the log
             logger.exception("timing the other step shapes of %s failed", self.model_id)
 
     def _loader_said(self, message: str) -> None:

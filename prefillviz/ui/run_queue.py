@@ -24,6 +24,7 @@ class RunQueue:
         self._tickets: list[int] = []  # head = the run that holds the model
         self._next_ticket = 0
         self._held_s: deque[float] = deque(maxlen=20)  # how long the last runs held the model
+        self._released = time.monotonic()  # when the last run let the model go
 
     def estimate_s(self, ahead: int) -> float | None:
         """Seconds until a run with ``ahead`` runs before it gets the model: ``ahead`` x the median of
@@ -71,7 +72,22 @@ class RunQueue:
                 if started is not None:
                     self._held_s.append(time.perf_counter() - started)
                 self._tickets.remove(ticket)
+                self._released = time.monotonic()
                 self._condition.notify_all()
+
+    def wait_idle(self, idle_s: float, timeout_s: float) -> bool:
+        """Wait until no run has held or asked for the model for ``idle_s`` (True), or ``timeout_s`` passed (False):
+        work that can wait (the first start's other step shapes) goes in between the sessions' runs."""
+        deadline = time.monotonic() + timeout_s
+        with self._condition:
+            while True:
+                now = time.monotonic()
+                quiet_until = self._released + idle_s
+                if not self._tickets and now >= quiet_until:
+                    return True
+                if now >= deadline:
+                    return False
+                self._condition.wait(timeout=min(deadline, max(quiet_until, now + 0.05)) - now)
 
 
 RUN_QUEUE = RunQueue()

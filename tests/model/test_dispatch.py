@@ -304,15 +304,18 @@ def test_a_first_start_times_the_first_pages_shapes_then_completes_the_rest_with
     assert first.partial and set(first.timings) == {"decode", "prefill_128"}
     assert not dispatch_tables.cache_path(tiny_llama).exists()  # a part is never kept on disk
     assert first.nearest_timed("prefill_512") == "prefill_128" and first.nearest_timed("decode") == "decode"
-    with dispatch_tables.first_buckets():  # the warm-up's steps run on the part
-        assert dispatch_tables.table_for(tiny_llama) is first
-        ran = engine_run(tiny_llama, list(range(3, 27)), max_new_tokens=1)[2]
-    assert ran[0]["bucket"] == "prefill_128"  # (its 16-token chunk) and the mixed step runs the nearest timed choice
+    assert dispatch_tables.table_for(tiny_llama, part_will_do=True) is first  # what the engine's steps run on
+    ran = engine_run(tiny_llama, list(range(3, 27)), max_new_tokens=1)[2]
+    assert ran[0]["bucket"] == "prefill_128"  # its 16-token chunk; the next step says whose choice it ran
+    assert ran[1]["bucket"].startswith("mixed (not timed yet: ")
     checks = []
     for name in ("check_attention", "check_linears"):
         monkeypatch.setattr(dispatch_tuning, name, lambda *a, name=name: checks.append(name) or "")
-    whole = dispatch_tables.table_for(tiny_llama)  # outside the block: the rest is timed first
+    assert dispatch_tables.time_next_bucket(tiny_llama)  # one more bucket, as the app times them when idle
+    assert set(dispatch_tables.table_for(tiny_llama, part_will_do=True).timings) == {"decode", "mixed", "prefill_128"}
+    whole = dispatch_tables.table_for(tiny_llama)  # whoever needs the whole table (tune, bench) times the rest
     assert not whole.partial and set(whole.timings) == set(BUCKET_NAMES)
+    assert not dispatch_tables.time_next_bucket(tiny_llama)
     assert checks == [] and whole.excluded == first.excluded  # the first part's checks stand
     assert {b: whole.timings[b] for b in first.timings} == first.timings
     assert dispatch_tables.read_cached(dispatch_tables.cache_path(tiny_llama)).timings == whole.timings

@@ -20,7 +20,7 @@ def slow_stages(monkeypatch, tmp_path):
     def load(*args, progress=None, **kwargs):
         progress("saving a safetensors copy to the cache for fast loads")  # past the dequantizing
         go["load"].wait(10)
-        return SimpleNamespace(warm_up_s=None)
+        return SimpleNamespace(warm_up_s=None, model=None)
 
     monkeypatch.setattr(preparation, "load_model", load)
     go["timed"] = []  # the buckets of each prepare_dispatch call, in order (None: every bucket)
@@ -30,6 +30,14 @@ def slow_stages(monkeypatch, tmp_path):
         go["kernels"].wait(10)
 
     monkeypatch.setattr(preparation, "prepare_dispatch", prepare_dispatch)
+    left = ["mixed", "prefill_512", "prefill_2048"]  # the other step shapes, one a turn once the queue is idle
+
+    def time_next_bucket(model):
+        go["timed"].append(left.pop(0) if left else None)
+        return bool(go["timed"][-1])
+
+    monkeypatch.setattr(preparation, "time_next_bucket", time_next_bucket)
+    monkeypatch.setattr(preparation, "IDLE_BEFORE_TIMING_S", 0.01)
     monkeypatch.setattr(preparation, "warm_up", lambda loaded: go["warm up"].wait(10) and 0.5)
     monkeypatch.setattr(preparation.bundled, "bundled_package_installed", lambda: True)
     monkeypatch.setattr(preparation.bundled, "cache_ready", lambda: False)  # an empty cache: the first start
@@ -62,9 +70,9 @@ def test_a_first_start_goes_through_each_stage_and_says_where_it_is(slow_stages)
     assert prepared.done.wait(10) and prepared.ready and prepared.error is None
     assert prepared.loaded.warm_up_s == 0.5 and prepared.seconds_left() == 0 and prepared.fraction() == 1
     assert set(prepared.durations) == {"dequantize", "load", "kernels", "warm up"}
-    # the first page's step shapes timed before it is ready, the others right after
-    wait_for(lambda: len(slow_stages["timed"]) == 2)
-    assert slow_stages["timed"] == [preparation.FIRST_BUCKETS, None]
+    # the first page's step shapes timed before it is ready, the others after, one at a time
+    wait_for(lambda: len(slow_stages["timed"]) == 5)
+    assert slow_stages["timed"] == [preparation.FIRST_BUCKETS, "mixed", "prefill_512", "prefill_2048", None]
     # the next start on this machine counts down from what this one took
     assert preparation.measured_seconds() == pytest.approx(prepared.durations, abs=1e-3)
 

@@ -53,3 +53,27 @@ def test_a_failed_run_gives_its_turn_back():
         pass
     with queue.turn() as waited_s:
         assert waited_s < 1.0
+
+
+def test_waiting_for_an_idle_queue_lets_every_run_go_first():
+    queue = RunQueue()
+    assert queue.wait_idle(0.0, timeout_s=1.0)  # nobody has asked
+    held = threading.Event()
+    release = threading.Event()
+
+    def run():
+        with queue.turn():
+            held.set()
+            release.wait(5)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    assert held.wait(5)
+    start = time.monotonic()
+    assert not queue.wait_idle(0.05, timeout_s=0.2)  # a run holds the model: not idle within the timeout
+    assert time.monotonic() - start >= 0.2
+    release.set()
+    worker.join(5)
+    start = time.monotonic()
+    assert queue.wait_idle(0.1, timeout_s=5.0)  # idle once the run let go and 0.1 s passed with no one asking
+    assert time.monotonic() - start >= 0.09

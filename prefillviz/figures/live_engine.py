@@ -3,6 +3,9 @@
     step budget   one bar per step: each request's chunk a segment (prefill solid, decode hatched), the budget a line
     KV blocks     blocks in use after each step, and the blocks each step found in the prefix cache
     TTFT split    per finished request: queue, the steps it rode, the steps it sat out, the loop between steps
+
+A request is named by the tag its client gave it (OpenAI's ``user``: "student 7", "teacher", "you") and a short id;
+the viewer's own requests (``own_ids``) are marked with a star and a dark outline.
 """
 
 from __future__ import annotations
@@ -26,14 +29,28 @@ def short_id(request_id: str) -> str:
     return request_id.rsplit("-", 1)[-1][:6]
 
 
-def step_budget_figure(snapshot: dict, max_steps: int = 120) -> go.Figure:
+OWN_MARK = "★ "
+OWN_OUTLINE = {"width": 2.5, "color": "#222222"}
+
+
+def request_label(request_id: str, user: str | None, own_ids: frozenset[str] | set[str] = frozenset()) -> str:
+    """``student 7 · 3f2a9c``: the client's tag and a short id (two requests of one student stay apart); starred
+    when it is the viewer's own."""
+    name = f"{user} · {short_id(request_id)}" if user else short_id(request_id)
+    return OWN_MARK + name if request_id in own_ids else name
+
+
+def step_budget_figure(snapshot: dict, max_steps: int = 120, own_ids: frozenset[str] | set[str] = frozenset(),
+                       ) -> go.Figure:
     """The last ``max_steps`` steps: how each filled its token budget, request by request. A decode is one token,
     too thin to see beside a chunk of hundreds: the lower panel counts the decodes on their own scale."""
     steps = snapshot["steps"][-max_steps:]
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3], vertical_spacing=0.06)
     colours: dict[str, str] = {}
+    users: dict[str, str] = {}
     segments: dict[tuple[str, bool], dict[str, list]] = {}  # (request, is prefill) -> its bars
     for step in steps:
+        users.update(step.get("users", {}))  # a server from before the tags sends none
         for request_id, num_tokens, is_prefill in step["chunks"]:
             colours.setdefault(request_id, SEQUENCE[len(colours) % len(SEQUENCE)])
             seg = segments.setdefault((request_id, is_prefill), {"x": [], "y": []})
@@ -41,10 +58,12 @@ def step_budget_figure(snapshot: dict, max_steps: int = 120) -> go.Figure:
             seg["y"].append(num_tokens)
     for (request_id, is_prefill), seg in segments.items():
         what = "prefill chunk" if is_prefill else "decode"
-        marker = {"color": colours[request_id], "pattern": {"shape": "" if is_prefill else "/"}, "line": {"width": 0.5}}
+        label = request_label(request_id, users.get(request_id), own_ids)
+        outline = OWN_OUTLINE if request_id in own_ids else {"width": 0.5}
+        marker = {"color": colours[request_id], "pattern": {"shape": "" if is_prefill else "/"}, "line": outline}
         fig.add_trace(go.Bar(
-            x=seg["x"], y=seg["y"], name=short_id(request_id), showlegend=False, marker=marker,
-            hovertemplate=f"request {short_id(request_id)}: {what}<br>step %{{x}}: %{{y}} tokens<extra></extra>",
+            x=seg["x"], y=seg["y"], name=label, showlegend=False, marker=marker,
+            hovertemplate=f"{label}: {what}<br>step %{{x}}: %{{y}} tokens<extra></extra>",
         ), row=1 if is_prefill else 2, col=1)
     if steps:
         x = [steps[0]["index"] - 0.5, steps[-1]["index"] + 0.5]
@@ -73,10 +92,12 @@ def kv_blocks_figure(snapshot: dict, max_steps: int = 120) -> go.Figure:
                         "blocks")
 
 
-def ttft_split_figure(snapshot: dict, max_requests: int = 30) -> go.Figure:
+def ttft_split_figure(snapshot: dict, max_requests: int = 30, own_ids: frozenset[str] | set[str] = frozenset(),
+                      ) -> go.Figure:
     """Each finished request's time to first token, split exactly into its parts (they add up to it)."""
     requests = [r for r in snapshot["requests"] if r.get("ttft_s") is not None][-max_requests:]
-    labels = [f"{short_id(r['request_id'])} ({r['num_prompt_tokens']} tok)" for r in requests]
+    labels = [f"{request_label(r['request_id'], r.get('user'), own_ids)} ({r['num_prompt_tokens']} tok)"
+              for r in requests]
     fig = go.Figure()
     for key, label, colour in SPLIT_PARTS:
         fig.add_trace(go.Bar(

@@ -19,7 +19,7 @@ A step spec says what the step does to the app and asks:
                   "options": [1, 2, 4, 8, 16], "default": 4, "unit": "×"}}
 
 Every action runs the real model through the experiments the pages use (``experiments.prefill``,
-``parallel``, ``chunked``, ``prefix``, ``replay_runs``, ``sparse_prefill``; ``analysis.memory``) and
+``parallel``, ``chunked``, ``prefix``, ``replay_runs``, ``sparse_prefill``, ``class_burst``; ``analysis.memory``) and
 returns **measured numbers by name**; a question names the number that answers it
 (``ACTION_KINDS[kind].measured``). A "choice" question sorts the measured number into the first
 option whose ``up_to`` it does not exceed (the last option takes the rest). Nothing is hard-coded:

@@ -60,6 +60,11 @@ CLAIMS = (
     Claim(r"slower than dense", "sparse_ttft_speedup <= 1", "the measured end-to-end speedup of block-sparse prefill"),
     Claim(r"faster than dense", "sparse_ttft_speedup > 1", "the measured end-to-end speedup of block-sparse prefill"),
     Claim(r"within it, as Amdahl", "speedup_over_amdahl_cap <= 1", "the measured speedup against Amdahl's cap"),
+    Claim(r"One step gave every first token", "steps_to_last_first_token <= 1", "the class burst's measured steps"),
+    Claim(r"earlier students' answers, not their prefills", "students_per_slot > 1",
+          "more students than running slots: some queue for one"),
+    Claim(r"of the prompt tokens came from the prefix cache", "cached_percent > 0", "the class burst's cache hits"),
+    Claim(r"No prompt token came from the prefix cache", "cached_percent <= 0", "the class burst's cache hits"),
     Claim(r"the longer the prompt, the cheaper", NEVER, "bytes per FLOP stay flat until attention's N² term counts"),
     Claim(r"on an A100 .*falling until about 512", NEVER, "Figure 2's rows rise at 256 and past 4k"),
 )

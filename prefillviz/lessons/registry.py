@@ -9,6 +9,7 @@ import time
 from prefillviz.lessons.actions import ActionKind, ActionOutcome, check_parameters
 from prefillviz.lessons.kinds import (
     chunked,
+    class_burst,
     disagg,
     kv_memory,
     kv_write_order,
@@ -32,6 +33,7 @@ ACTION_KINDS: dict[str, ActionKind] = {
     for module in (
         prefill, ttft_ratio, parallel_vs_sequential, roofline, kv_memory, chunked, disagg, prefix,  # one line a kind
         sparse_speedup, kv_write_order,  # long prompts; the Watch it happen replay
+        class_burst,  # a class room's Send, all at once
         # lesson 6: the papers' results
         papers_piggyback, papers_chunk_cost, papers_knee, papers_prefix_blocks, papers_interference,
     )

@@ -144,6 +144,8 @@ class EngineLoop:
             stream.put(Failed(400, str(error)))
             return
         self._streams[stream.request_id] = (stream, request)
+        if self.recorder is not None:
+            self.recorder.received(stream.request_id, stream.generation.user)
 
     def _step(self) -> None:
         try:

@@ -9,6 +9,10 @@ first token split exactly (the parts add up to it) along the engine's own step c
                        |-- sat out: steps it was scheduled before but had no chunk in --------|
                        |-- between steps: the loop's own work (handing tokens out, admitting) -|
 
+Each request carries the tag its client gave it (OpenAI's ``user``, e.g. "student 7" from a class room's
+*Send*): a step lists the tags of the requests in it, a finished request its own, so every viewer can tell
+whose request is whose.
+
 The recorder times itself (``cost_s``, on the engine thread) and the reads it answers (``read_s``, on the HTTP
 thread, where they hold the GIL the engine thread also needs), so what watching costs is a measured figure.
 """
@@ -49,11 +53,17 @@ class LiveRecorder:
         self._steps: deque[dict] = deque(maxlen=KEEP_STEPS)
         self._requests: deque[dict] = deque(maxlen=KEEP_REQUESTS)
         self._waiting: dict[str, _Waiting] = {}
+        self._users: dict[str, str] = {}  # the tags of the requests not yet let go (engine thread only)
         self.num_steps = 0
         self.cost_s = 0.0  # time spent recording, on the engine thread
         self.step_time_s = 0.0  # the recorded steps' own wall time, to compare with
         self.read_s = 0.0  # time the HTTP thread spent answering reads (snapshot + JSON), holding the GIL
         self.num_reads = 0
+
+    def received(self, request_id: str, user: str | None) -> None:
+        """A request joined the engine (engine thread), tagged ``user`` by its client (None: untagged)."""
+        if user:
+            self._users[request_id] = user
 
     def record_step(self, record: StepRecord, engine, requests: Iterable[Request]) -> None:
         """One step, after it ran (``requests``: every request the server has not yet let go)."""
@@ -81,6 +91,7 @@ class LiveRecorder:
             "wall_s": record.wall_time_s,
             "forward_s": record.forward_time_s,
             "chunks": [[c.request_id, c.num_tokens, c.is_prefill] for c in record.chunks],
+            "users": {c.request_id: self._users[c.request_id] for c in record.chunks if c.request_id in self._users},
             "blocks_in_use": self.num_blocks - record.num_free_blocks,
             "blocks_hit": sum(len(blocks) for blocks in record.blocks_hit.values()),
             "preempted": list(record.preempted_request_ids),
@@ -95,7 +106,8 @@ class LiveRecorder:
         """A request the server let go: its TTFT split (None parts when it had no first token)."""
         began = time.perf_counter()
         waiting = self._waiting.pop(request.request_id, _Waiting())
-        split = {"request_id": request.request_id, "status": request.status.value,
+        split = {"request_id": request.request_id, "user": self._users.pop(request.request_id, None),
+                 "status": request.status.value,
                  "num_prompt_tokens": request.num_prompt_tokens, "num_cached_tokens": request.num_cached_tokens,
                  "num_output_tokens": len(request.output_token_ids), "received_s": round(received_time - self.t0, 6),
                  "ttft_s": None}

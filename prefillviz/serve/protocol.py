@@ -3,6 +3,8 @@
 Accepts what the OpenAI SDK and vLLM's benchmark client send (``vllm bench serve``: ``repetition_penalty``
 1.0, ``logprobs`` null, ``ignore_eos``, ``stream_options.include_usage``). What the engine cannot do (several
 choices, penalties, log-probabilities, stop strings) is refused with a 400 that says so, never ignored.
+OpenAI's ``user`` (a caller's own tag for whoever sent the request) is kept with the request: the live record
+names each request by it (the Live engine page's *Send* tags a class room's students so).
 The engine's own checks (context, KV capacity) run after this, in ``EngineLoop.check``.
 """
 
@@ -15,6 +17,7 @@ from prefillviz.engine.request import SamplingParams
 
 COMPLETION, CHAT = "completion", "chat"
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+MAX_USER_CHARS = 128  # a tag, not a document: the live record keeps one per request
 
 
 class BadRequest(Exception):
@@ -36,6 +39,7 @@ class Generation:
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage
     return_token_ids: bool = False  # vLLM's extension: the prompt's and each choice's token ids in the answer
+    user: str | None = None  # OpenAI's ``user``: who sent it, as the caller tags it ("student 7")
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float, low_open: bool = False) -> float:
@@ -67,6 +71,17 @@ def _flag(body: dict, name: str) -> bool:
     if not isinstance(value, bool):
         raise BadRequest(f"{name} must be true or false, got {value!r}.", name)
     return value
+
+
+def _user(body: dict) -> str | None:
+    """OpenAI's ``user``: a short string, or absent (an empty one counts as absent)."""
+    value = body.get("user")
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > MAX_USER_CHARS:
+        raise BadRequest(f"user must be a string of at most {MAX_USER_CHARS} characters, got {str(value)[:40]!r}.",
+                         "user")
+    return value.strip() or None
 
 
 def _refuse_unsupported(body: dict) -> None:
@@ -178,4 +193,4 @@ def parse_generation(body: object, kind: str, served_models: list[str], tokenize
         seed=_whole(body, "seed", None, 0),
         stop_token_ids=tuple(stop_ids),
     )
-    return Generation(kind, model, prompt, params, stream, include_usage, _flag(body, "return_token_ids"))
+    return Generation(kind, model, prompt, params, stream, include_usage, _flag(body, "return_token_ids"), _user(body))

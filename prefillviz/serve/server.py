@@ -14,21 +14,19 @@ import contextlib
 import logging
 import socket
 import sys
-import time
 
 import uvicorn
 
 from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.errors import ConfigError
-from prefillviz.engine.request import SamplingParams
+from prefillviz.experiments.served_engine import SERVED_DEFAULTS, warm_full_batch
 from prefillviz.serve.app import ServedModel, build_app
 from prefillviz.serve.engine_loop import EngineLoop
 from prefillviz.serve.live import LiveRecorder
 from prefillviz.serve.metrics import ServeMetrics
 
 GRACEFUL_S = 5
-WARM_UP_TOKENS, WARM_UP_NEW_TOKENS = 64, 3
 
 
 def add_parser(commands) -> None:
@@ -42,10 +40,12 @@ def add_parser(commands) -> None:
     serve.add_argument("--served-model-name", default=None, help="another name clients may use for the model")
     serve.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     serve.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    serve.add_argument("--token-budget", type=int, default=2048, help="tokens per step (max_num_batched_tokens)")
-    serve.add_argument("--max-num-seqs", type=int, default=16, help="most requests running at once")
+    serve.add_argument("--token-budget", type=int, default=SERVED_DEFAULTS.token_budget,
+                       help="tokens per step (max_num_batched_tokens)")
+    serve.add_argument("--max-num-seqs", type=int, default=SERVED_DEFAULTS.max_num_running,
+                       help="most requests running at once")
     serve.add_argument("--max-waiting", type=int, default=256, help="most requests waiting; one more gets a 429")
-    serve.add_argument("--block-size", type=int, default=16)
+    serve.add_argument("--block-size", type=int, default=SERVED_DEFAULTS.block_size)
     serve.add_argument("--no-prefix-cache", action="store_true")
     serve.add_argument("--request-timeout", type=float, default=600.0, help="seconds a request may take")
     serve.add_argument("--no-live", action="store_true", help="keep no live record (/prefillviz/steps)")
@@ -77,14 +77,8 @@ def build_engine(args: argparse.Namespace):
                           block_size=args.block_size, enable_prefix_caching=not args.no_prefix_cache)
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
     engine = LLMEngine(loaded.model, loaded.tokenizer, config, model_id=loaded.model_id)
-    started = time.perf_counter()
-    for i in range(config.max_num_running):  # distinct prompts: no prefix hits
-        engine.add_request([(i * WARM_UP_TOKENS + t) % engine.vocab_size for t in range(WARM_UP_TOKENS)],
-                           SamplingParams(max_new_tokens=WARM_UP_NEW_TOKENS))
-    engine.run()
-    print(f"warmed up in {time.perf_counter() - started:.1f} s ({config.max_num_running} requests)", file=sys.stderr)
-    engine.steps.clear()
-    engine.request_records.clear()
+    seconds = warm_full_batch(engine)
+    print(f"warmed up in {seconds:.1f} s ({config.max_num_running} requests)", file=sys.stderr)
     return loaded, engine
 
 

@@ -17,9 +17,9 @@ import streamlit as st
 from prefillviz import lessons
 from prefillviz.engine.errors import PrefillVizError
 from prefillviz.figures.classroom import class_predictions_figure
-from prefillviz.loading.hosted import hosted_policy
+from prefillviz.loading.hosted import hosted_policy, normalized_url
 from prefillviz.ui.presenter import presenter_mode
-from prefillviz.ui.rooms import ROOMS, new_member_id
+from prefillviz.ui.rooms import ROOMS, new_member_id, shared_live_url
 
 ROOM_STATE = "class_room"  # session state: (code, member) of this session's room
 
@@ -154,6 +154,35 @@ def locked_in_room(here: InRoom | None, sid: str) -> float | None:
 def publish_answer(here: InRoom | None, sid: str, measured: float) -> None:
     if here is not None and here.teacher:
         ROOMS.reveal(here.code, here.member, sid, measured)
+
+
+OUTSIDE_A_ROOM = "you"  # the tag of a Send from outside a class room
+
+
+def member_label(here: InRoom | None) -> str:
+    """The tag of this session's requests: "teacher" or "student N" in a room, "you" outside one."""
+    room = ROOMS.get(here.code) if here is not None else None
+    return room.label(here.member) if room is not None else OUTSIDE_A_ROOM
+
+
+def share_live_url(here: InRoom | None, url: str) -> None:
+    """The teacher's Live engine page shares the server it reads with the room (a URL that is not one: not shared)."""
+    if here is not None and here.teacher:
+        try:
+            ROOMS.share_live_url(here.code, here.member, normalized_url(url))
+        except PrefillVizError:  # not a server URL: the page's own read says so; the room keeps the last good one
+            pass
+
+
+def room_live_url(here: InRoom | None) -> str | None:
+    """The server a student's Live engine page reads: the teacher's, once shared (None: the page's own field).
+
+    Raises:
+        ConfigError: the hosted demo's allow-list does not hold it.
+    """
+    if here is None:
+        return None
+    return shared_live_url(ROOMS.get(here.code), here.member, hosted_policy())
 
 
 def _nearest_option(question: lessons.Question, measured: float) -> int:

@@ -2,9 +2,14 @@
 the teacher's lesson step, and lock in their predictions; the class's predictions sit next to the
 measured answer once the teacher reveals it (peer instruction: predict, vote, see the truth).
 
+The room also shares a served engine: the teacher's Live engine page publishes its server URL
+(``live_url``) and the students' Live pages use it, so each student's *Send* goes into the same
+engine, tagged with the member's label ("teacher", "student 7": the order they joined in).
+
 Rooms live in this server's memory only, bounded in number and size, and expire when idle. Nothing
 personal is stored: a member is a random id kept in that browser's link (so a reload stays in the
-room), and a prediction is a number (a slider value or a choice index) under that id.
+room), a label is a number from the joining order, and a prediction is a number (a slider value or
+a choice index) under that id.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from prefillviz.engine.errors import ConfigError
+from prefillviz.loading.hosted import HostedPolicy, normalized_url
 
 CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I: read off a projector
 CODE_LENGTH = 5
@@ -41,6 +47,15 @@ class Room:
     members: set[str] = field(default_factory=set)
     predictions: dict[str, dict[str, float]] = field(default_factory=dict)  # step id -> member -> value
     answers: dict[str, float] = field(default_factory=dict)  # step id -> the measured answer, once revealed
+    student_numbers: dict[str, int] = field(default_factory=dict)  # member -> 1, 2, ... in the order they joined
+    live_url: str | None = None  # the served engine the teacher's Live engine page reads: the students' too
+
+    def label(self, member: str) -> str:
+        """What a member's requests are tagged with: "teacher", or "student N" (N: the order they joined in)."""
+        if member == self.teacher:
+            return "teacher"
+        number = self.student_numbers.get(member)
+        return f"student {number}" if number is not None else "not in the room"
 
 
 class Rooms:
@@ -96,6 +111,8 @@ class Rooms:
             if member not in room.members and len(room.members) >= max_members:
                 raise ConfigError(f"Class room {code} is full ({max_members} members).")
             room.members.add(member)
+            if member != room.teacher:
+                room.student_numbers.setdefault(member, len(room.student_numbers) + 1)
             room.active_s = now
             return room
 
@@ -110,6 +127,13 @@ class Rooms:
             room = self._rooms.get(code)
             if room is not None and room.teacher == teacher and (room.lesson, room.step) != (lesson, step):
                 room.lesson, room.step, room.active_s = lesson, step, time.monotonic()
+
+    def share_live_url(self, code: str, teacher: str, url: str) -> None:
+        """The teacher's served engine (its Live engine page's URL), for the students' Live pages to use."""
+        with self._lock:
+            room = self._rooms.get(code)
+            if room is not None and room.teacher == teacher and room.live_url != url:
+                room.live_url, room.active_s = url, time.monotonic()
 
     def predict(self, code: str, member: str, step_id: str, value: float) -> bool:
         """Lock in ``member``'s prediction for a step (the first one counts); False if not in the room."""
@@ -141,6 +165,19 @@ class Rooms:
             if room is None:
                 return Counter(), None
             return Counter(room.predictions.get(step_id, {}).values()), room.answers.get(step_id)
+
+
+def shared_live_url(room: Room | None, member: str, policy: HostedPolicy) -> str | None:
+    """The served engine a student's Live engine page reads: the teacher's, once shared. None for the teacher, outside
+    a room, or before the teacher shared one (the page's own field then).
+
+    Raises:
+        ConfigError: the hosted demo's allow-list does not hold the room's URL (a room can't open it wider).
+    """
+    if room is None or member == room.teacher or room.live_url is None:
+        return None
+    policy.check_probe_url(room.live_url)
+    return normalized_url(room.live_url)
 
 
 ROOMS = Rooms()

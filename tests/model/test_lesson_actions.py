@@ -177,3 +177,19 @@ def test_sparse_speedup_times_dense_and_block_sparse_and_states_amdahls_cap(bund
     assert 1 < measured["amdahl_cap"] < measured["amdahl_cap_no_attention"]
     (comparison,) = lessons.page_results(outcome, "")["long_trade"]  # the Long prompts page's trade-off table
     assert comparison.num_tokens == 512 and comparison.runs == 1
+
+
+def test_class_burst_lets_the_second_wave_in_when_the_first_answers_end(bundled):
+    outcome = run(bundled, "class_burst")  # 30 students x 0.05: the floor of 4, with 2 running slots and 3 new tokens
+    measured, burst = outcome.measured, outcome.raw["class_burst"]
+    assert (measured["num_students"], measured["max_num_running"], measured["max_new_tokens"]) == (4, 2, 3)
+    # first come, first served: students 1 and 2 run in step 0; 3 and 4 once their 3-token answers have ended
+    assert [r.first_scheduled_step for r in burst.requests] == [0, 0, 3, 3]
+    assert [r.first_token_step for r in burst.requests] == [0, 0, 3, 3]
+    assert measured["steps_to_last_first_token"] == 4 and measured["num_waited"] == 2
+    assert measured["max_prompts_per_step"] == 2 and measured["num_prompt_steps"] == 2
+    assert measured["last_ttft_ms"] > measured["first_ttft_ms"] > 0
+    assert measured["last_over_first_ttft"] == pytest.approx(measured["last_ttft_ms"] / measured["first_ttft_ms"])
+    # the chat template's shared system turn: a full block the first wave computed, found by the second
+    assert [r.num_cached_tokens for r in burst.requests][:2] == [0, 0] and measured["cached_percent"] > 0
+    assert all(r.num_cached_tokens % 16 == 0 for r in burst.requests)

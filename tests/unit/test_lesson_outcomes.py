@@ -17,7 +17,9 @@ LESSONS = load_lessons()
 COMMON = {"outputs_identical": 1, "kv_diff_over_tolerance": 0.2, "one_short_cached": 0, "overhead_falls": 1,
           "gqa_saving_factor": 3, "has_crossover": 0, "crossover_tokens": 0,
           # one step writes layer by layer, token by token one position through every layer, on any device
-          "positions_before_next_layer": 64, "token_by_token_positions_before_next_layer": 1}
+          "positions_before_next_layer": 64, "token_by_token_positions_before_next_layer": 1,
+          # 30 students, 16 running slots: a second wave waits for the first's answers, on any device
+          "students_per_slot": 1.875, "num_waited": 14, "steps_to_last_first_token": 33}
 SCENARIOS = {
     # a CPU in float32: a low ridge, compute-bound after a few dozen tokens, weights read in most of a flat step
     "cpu, low ridge": ("cpu", "float32", "SmolLM2-135M-Instruct", COMMON | {
@@ -86,7 +88,9 @@ def test_the_four_machines_pick_different_texts_through_the_guards():
                     r"still less than the model's own weights", r"more than the model's own weights",
                     r"ridge is low|compute-bound after a few tokens", r"ridge is high", r"still left of the ridge",
                     r"prefill is right of the ridge", r"\bshare one GPU\b", r"GPU of its own", r"\blayer by layer\b",
-                    r"slower than dense", r"faster than dense", r"within it, as Amdahl"):
+                    r"slower than dense", r"faster than dense", r"within it, as Amdahl",
+                    r"earlier students' answers, not their prefills",
+                    r"of the prompt tokens came from the prefix cache"):
         assert pattern in matched, pattern
 
 
@@ -113,6 +117,8 @@ def _has(claim, text: str) -> bool:
         ("Block-sparse prefill was 3× faster than dense end to end.", "cpu, AMX bf16", "sparse_speedup"),
         ("That is 0.9 of the cap, within it, as Amdahl's law says it must be.", "gpu, compute-bound",
          "sparse_speedup"),
+        ("One step gave every first token.", "cpu, AMX bf16", "class_burst"),
+        ("No prompt token came from the prefix cache.", "cpu, low ridge", "class_burst"),
     ],
 )
 def test_an_unguarded_statement_is_caught_where_the_run_contradicts_it(sentence, scenario, kind):

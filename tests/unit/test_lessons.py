@@ -57,7 +57,7 @@ TERMS = [
     ("KV cache", r"KV cache"), ("block", r"\bblocks?\b"), ("chunk", r"\bchunks?\b"), ("TTFT", r"\bTTFT\b"),
     ("ITL", r"\bITL\b"), ("RDMA", r"\bRDMA\b"), ("NVLink", r"\bNVLink\b"),
     ("KV write event", r"KV write events?"), ("block-sparse attention", r"block-sparse"),
-    ("Amdahl's law", r"Amdahl"),
+    ("Amdahl's law", r"Amdahl"), ("continuous batching", r"continuous batching"),
 ]
 
 
@@ -74,7 +74,8 @@ def test_a_term_is_defined_in_bold_where_the_lessons_first_use_it(term, pattern)
 def test_the_glossary_defines_every_term_and_every_step_can_reach_it():
     glossary = lessons.load_glossary()
     for term in ("token", "logits", "dtype", "FLOP", "arithmetic intensity", "ridge", "KV cache", "block", "chunk",
-                 "TTFT", "ITL", "RDMA / NVLink", "KV write event", "block-sparse attention", "Amdahl's law"):
+                 "TTFT", "ITL", "RDMA / NVLink", "KV write event", "block-sparse attention", "Amdahl's law",
+                 "continuous batching"):
         assert len(glossary.get(term, "").split()) >= 8, term
     page = (lessons.ROOT / "views" / "walkthrough.py").read_text(encoding="utf-8")
     assert "glossary_markdown(GLOSSARY)" in page  # drawn above every step, whichever step is shown
@@ -100,6 +101,8 @@ def test_every_step_runs_a_known_action_and_asks_what_it_measures():
     assert {"prefill", "ttft_ratio", "parallel_vs_sequential", "roofline", "kv_memory", "chunked", "prefix"} <= kinds
     # and the two steps that reveal a recorded replay's write order and block-sparse prefill's speedup
     assert {"kv_write_order", "sparse_speedup"} <= kinds
+    # and the class room's step: the whole class's Send at once
+    assert "class_burst" in kinds
 
 
 def test_lesson_two_asks_the_400_token_question():

@@ -76,3 +76,48 @@ def test_rooms_are_capped_in_number_and_size_and_more_so_when_hosted(monkeypatch
     with pytest.raises(ConfigError, match="full"):
         registry.join(code, "s3", hosted=True)
     registry.join(code, "s1", hosted=True)  # a member already in it still gets back in
+
+
+def test_members_are_labelled_by_the_order_they_joined_and_a_reload_keeps_the_label():
+    registry = Rooms()
+    room = registry.create("teacher")
+    for member in ("a", "b", "a", "c"):  # "a" reloads: still student 1
+        registry.join(room.code, member)
+    room = registry.get(room.code)
+    assert [room.label(m) for m in ("teacher", "a", "b", "c")] == ["teacher", "student 1", "student 2", "student 3"]
+    registry.join(room.code, "teacher")  # the teacher's own reload: still the teacher, no student number
+    assert room.label("teacher") == "teacher" and room.label("stranger") == "not in the room"
+
+
+def test_only_the_teacher_shares_the_rooms_server_and_every_member_reads_it():
+    registry = Rooms()
+    code = registry.create("teacher").code
+    registry.join(code, "student")
+    assert registry.get(code).live_url is None  # until the teacher opens the Live engine page
+    registry.share_live_url(code, "student", "http://10.0.0.9:8000")
+    assert registry.get(code).live_url is None
+    registry.share_live_url(code, "teacher", "http://127.0.0.1:8000")
+    assert registry.get(code).live_url == "http://127.0.0.1:8000"
+    registry.share_live_url(code, "teacher", "http://127.0.0.1:8001")  # the teacher switched servers
+    assert registry.get(code).live_url == "http://127.0.0.1:8001"
+
+
+def test_a_students_live_page_reads_the_shared_server_only_where_the_hosted_allow_list_has_it():
+    from prefillviz.loading.hosted import HostedPolicy
+    from prefillviz.ui.rooms import shared_live_url
+
+    registry = Rooms()
+    code = registry.create("teacher").code
+    registry.join(code, "student")
+    room, local = registry.get(code), HostedPolicy(enabled=False)
+    assert shared_live_url(room, "student", local) is None  # nothing shared yet: the page's own field
+    registry.share_live_url(code, "teacher", "http://127.0.0.1:8000/v1/")
+    assert shared_live_url(room, "student", local) == "http://127.0.0.1:8000"
+    assert shared_live_url(room, "teacher", local) is None  # the teacher's page has the field it shares
+    assert shared_live_url(None, "student", local) is None  # outside a room
+    allowed = HostedPolicy(enabled=True, allowed_probe_urls=("http://127.0.0.1:8000",))
+    assert shared_live_url(room, "student", allowed) == "http://127.0.0.1:8000"
+    registry.share_live_url(code, "teacher", "http://10.0.0.9:8000")  # not on the demo's allow-list
+    with pytest.raises(ConfigError, match="probes only http://127.0.0.1:8000"):
+        shared_live_url(room, "student", allowed)
+    assert shared_live_url(room, "student", local) == "http://10.0.0.9:8000"  # on one's own machine: any server

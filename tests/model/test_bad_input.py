@@ -71,6 +71,7 @@ class FailAtLayer(TorchBackend):
     """The textbook backend, but its attention raises once in layer 1: a real failure inside the model's forward."""
 
     def __init__(self, error):
+        super().__init__()
         self.error = error
 
     def for_step(self, model, meta):

@@ -247,9 +247,14 @@ def complete(model: torch.nn.Module, partial: DispatchTable, buckets: tuple[str,
         return partial
     more = measure(model, buckets=rest, checked=partial)
     loads = [p for p in (partial.other_cpu_percent, more.other_cpu_percent) if p is not None]
+
+    def in_order(first: dict, second: dict) -> dict:  # by bucket, in BUCKETS' order (the charts' and tables')
+        merged = first | second
+        return {b.name: merged[b.name] for b in BUCKETS if b.name in merged}
+
     return dataclasses.replace(
-        partial, timings=partial.timings | more.timings, dropped=partial.dropped | more.dropped,
-        spreads=partial.spreads | more.spreads, other_cpu_percent=max(loads, default=None),
+        partial, timings=in_order(partial.timings, more.timings), dropped=in_order(partial.dropped, more.dropped),
+        spreads=in_order(partial.spreads, more.spreads), other_cpu_percent=max(loads, default=None),
         measure_s=(partial.measure_s or 0.0) + (more.measure_s or 0.0),
     )
 

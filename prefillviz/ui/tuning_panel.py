@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from prefillviz.backends.dispatch_buckets import BUCKETS
 from prefillviz.backends.dispatch_tables import table_for
 from prefillviz.backends.dispatch_tuning import RUNS
 from prefillviz.experiments import tuning
@@ -24,10 +25,11 @@ def dispatch_panel(loaded: LoadedModel | None, hosted: bool) -> None:
     if loaded is None:
         return
     table = table_for(loaded.model, part_will_do=True)  # measured at the start; read here
-    if table.partial:
-        st.info("This machine's first start: the step shapes the first page needs are timed; the others are timed one "
-                "at a time whenever no run is waiting (until then a step of such a shape runs the nearest timed "
-                "shape's choice, and its record says so). Open this page again in a few seconds for all five.")
+    if table.partial:  # a first start timed the first page's step shapes only: this page shows all five
+        with run_guarded("Timing the other step shapes"), st.spinner(  # in the run queue's turn
+                "This machine's first start timed the first page's step shapes; timing the other "
+                f"{len(BUCKETS) - len(table.timings)} now (a few seconds)…"):
+            table = table_for(loaded.model)
     st.markdown(
         "The engine has several correct ways to compute attention and the linear layers, and which is fastest depends "
         "on the CPU: on a Zen 4 the engine's own C++ kernel (v7) beat torch's SDPA; on a Xeon with AMX, SDPA (whose "

@@ -157,8 +157,9 @@ def test_the_warm_up_waits_for_its_turn_in_the_run_queue(monkeypatch):
     from prefillviz.ui.run_queue import RUN_QUEUE
 
     events = []
-    monkeypatch.setattr(preparation, "load_model", lambda *args, **kwargs: SimpleNamespace(warm_up_s=None))
-    monkeypatch.setattr(preparation, "prepare_dispatch", lambda loaded: None)
+    monkeypatch.setattr(preparation, "load_model", lambda *args, **kwargs: SimpleNamespace(warm_up_s=None, model=None))
+    monkeypatch.setattr(preparation, "prepare_dispatch", lambda loaded, buckets=None: events.append("timing"))
+    monkeypatch.setattr(preparation, "time_next_bucket", lambda model: False)
     monkeypatch.setattr(preparation, "warm_up", lambda loaded: events.append("warm-up") or 0.1)
     release = threading.Event()
 
@@ -174,9 +175,9 @@ def test_the_warm_up_waits_for_its_turn_in_the_run_queue(monkeypatch):
         time.sleep(0.01)
     prepared = preparation.Preparation("some-model", "cpu", "float32")  # in a thread of its own
     time.sleep(0.3)
-    assert events == ["run starts"] and not prepared.ready  # the warm-up is waiting for its turn
-    assert prepared.stage == "warm up" and "step 3 of 3: warming up" in prepared.text()
+    assert events == ["run starts"] and not prepared.ready  # the kernels' timing is waiting for its turn
+    assert prepared.stage == "kernels" and "step 2 of 3: timing this machine's kernels" in prepared.text()
     release.set()
     runner.join(10)
     assert prepared.done.wait(10) and prepared.ready and prepared.error is None
-    assert events == ["run starts", "run ends", "warm-up"]
+    assert events == ["run starts", "run ends", "timing", "warm-up"]

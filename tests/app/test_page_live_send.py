@@ -3,19 +3,13 @@ port): a prompt sent outside a room is tagged "you" and starred in the schedule;
 reads the server the teacher's page shares, the student's Send is tagged "student 1", and the teacher's schedule
 names it; an unreachable server is one error line."""
 
-import threading
-import time
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from prefillviz.cli_parser import build_parser
-from prefillviz.engine.config import EngineConfig
-from prefillviz.engine.engine import LLMEngine
-from prefillviz.peers.vllm_server import free_port
-from prefillviz.serve.server import make_server
 from prefillviz.ui.rooms import ROOMS
 from tests.app.pages import APP, chart_titled, open_page
+from tests.served import server_in_thread
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 PROMPT = "Why is the sky blue?"
@@ -23,21 +17,8 @@ PROMPT = "Why is the sky blue?"
 
 @pytest.fixture(scope="module")
 def server_url(bundled):
-    port = free_port()
-    args = build_parser().parse_args(["serve", "--port", str(port), "--max-num-seqs", "4"])
-    engine = LLMEngine(bundled.model, bundled.tokenizer, EngineConfig(max_num_running=4, token_budget=256),
-                       model_id=bundled.model_id)
-    server, loop = make_server(args, bundled, engine)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start within 30 s"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(30)
-    assert not thread.is_alive() and not loop.alive
+    with server_in_thread(bundled, max_num_seqs=4) as (url, _, _):
+        yield url
 
 
 def send_and_wait(app: AppTest, prompt: str = PROMPT) -> None:

@@ -9,7 +9,6 @@ import math
 import signal
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,14 +17,12 @@ import httpx
 import openai
 import pytest
 
-from prefillviz.cli_parser import build_parser
-from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.peers.vllm_server import free_port
 from prefillviz.serve.engine_loop import EngineLoop
 from prefillviz.serve.request_stream import IncrementalText
-from prefillviz.serve.server import make_server
 from tests.hf_oracle import hf_greedy_generate
+from tests.served import server_in_thread
 from tests.tolerances import assert_same_greedy_generation
 
 MAX_NUM_SEQS = 4
@@ -54,21 +51,8 @@ class Served:
 @pytest.fixture(scope="module")
 def served(bundled):
     """The server in this process (uvicorn in a thread), so its engine's block pool can be read."""
-    port = free_port()
-    args = build_parser().parse_args(["serve", "--port", str(port), "--max-num-seqs", str(MAX_NUM_SEQS)])
-    engine = LLMEngine(bundled.model, bundled.tokenizer, EngineConfig(max_num_running=MAX_NUM_SEQS, token_budget=256),
-                       model_id=bundled.model_id)
-    server, loop = make_server(args, bundled, engine)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start within 30 s"
-        time.sleep(0.05)
-    yield Served(f"http://127.0.0.1:{port}", engine, loop)
-    server.should_exit = True
-    thread.join(30)
-    assert not thread.is_alive() and not loop.alive
+    with server_in_thread(bundled, MAX_NUM_SEQS) as (url, engine, loop):
+        yield Served(url, engine, loop)
 
 
 def test_the_sdk_gets_the_same_greedy_text_streamed_or_not_with_openais_usage(served, bundled):

@@ -2,7 +2,7 @@
 
 The KV cache, each token's slot, where each request's rows start in the packed batch and what
 it had cached before; ``attend`` runs one layer's attention over it with a kernel of
-``paged_attention.py``'s signature, at every row or only at the rows whose logits are kept.
+``paged_attention.py``'s signature and returns every row, or only the rows whose logits are kept.
 """
 
 from __future__ import annotations

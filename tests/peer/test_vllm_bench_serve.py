@@ -20,7 +20,7 @@ from prefillviz.peers.vllm_bench import bench_serve_command, run_bench_serves
 from prefillviz.peers.vllm_server import free_port
 from prefillviz.probe.live import fetch_live, recording_cost
 
-NUM_PROMPTS, REQUEST_RATE, INPUT_LEN, OUTPUT_LEN = 12, 4.0, 256, 32  # a check; the 100-prompt run is by hand
+NUM_PROMPTS, REQUEST_RATE, INPUT_LEN, OUTPUT_LEN = 20, 2.0, 256, 32
 
 
 @pytest.fixture(scope="module")

@@ -156,8 +156,7 @@ class DispatchTable:
         ``dispatch_tables.time_next_bucket`` the others), the nearest bucket that is timed."""
         if bucket in self.timings or not self.timings:
             return bucket
-        names = list(BUCKET_NAMES)
-        return min(self.timings, key=lambda b: abs(names.index(b) - names.index(bucket)) if b in names else len(names))
+        return min(self.timings, key=lambda b: abs(BUCKET_NAMES.index(b) - BUCKET_NAMES.index(bucket)))
 
     @property
     def partial(self) -> bool:

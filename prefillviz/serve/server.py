@@ -17,10 +17,9 @@ import sys
 
 import uvicorn
 
-from prefillviz.engine.config import EngineConfig
 from prefillviz.engine.engine import LLMEngine
 from prefillviz.engine.errors import ConfigError
-from prefillviz.experiments.served_engine import SERVED_DEFAULTS, warm_full_batch
+from prefillviz.experiments.served_engine import SERVED_DEFAULTS, served_engine_config, warm_full_batch
 from prefillviz.serve.app import ServedModel, build_app
 from prefillviz.serve.engine_loop import EngineLoop
 from prefillviz.serve.live import LiveRecorder
@@ -73,8 +72,8 @@ def build_engine(args: argparse.Namespace):
     if args.max_waiting < 1 or args.request_timeout <= 0:
         raise ConfigError("--max-waiting must be at least 1 and --request-timeout above 0.")
     check_port_free(args.host, args.port)  # before the model loads, not after
-    config = EngineConfig(token_budget=args.token_budget, max_num_running=args.max_num_seqs,
-                          block_size=args.block_size, enable_prefix_caching=not args.no_prefix_cache)
+    config = served_engine_config(token_budget=args.token_budget, max_num_running=args.max_num_seqs,
+                                  block_size=args.block_size, enable_prefix_caching=not args.no_prefix_cache)
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
     engine = LLMEngine(loaded.model, loaded.tokenizer, config, model_id=loaded.model_id)
     seconds = warm_full_batch(engine)

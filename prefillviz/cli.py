@@ -218,7 +218,7 @@ def long_prompt_command(args: argparse.Namespace) -> dict:
                      (loaded.info.max_context or 0) - new_tokens, loaded)
     progress = lambda done, what: print(f"{done:4.0%} {what}", file=sys.stderr)  # noqa: E731
     if args.command == "sparse":
-        return sparse_figures(loaded, args.tokens, keeps, args.runs, progress)
+        return sparse_figures(loaded, args.tokens, keeps, args.runs, progress, args.backend)
     return wall_figures(loaded, sizes, args.runs, args.budget_s, progress)
 
 

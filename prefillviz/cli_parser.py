@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     sparse.add_argument("--keep", default="0.2", help="fraction of key blocks kept (1.0: every block); "
                         "comma-separated for several settings")
     sparse.add_argument("--runs", type=int, default=3, help="timed runs of each, dense and sparse alternating")
+    sparse.add_argument("--backend", default="measured", choices=["measured", "torch"],
+                        help="dense and sparse both on the measured backend (the faster of v8 block-sparse and the "
+                        "textbook's, measured) or both on the textbook's torch ops")
     sparse.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     wall = commands.add_parser("wall", help="the O(N^2) wall: attention, linears and the rest of TTFT per N, "
                                "the crossovers, the fit's N and N^2 terms")

@@ -16,7 +16,7 @@ Read it in this order (request -> scheduler -> blocks -> cache -> runner -> forw
     sampler.py          greedy, temperature, top-k, top-p; the first token's distribution
     engine.py           LLMEngine: add_request, step, run -> Trace
 
-and what they share: trace.py (what a run leaves), observer.py (how an instrument
-watches a run), request_checks.py, errors.py and clock.py. The engine imports nothing else of
-prefillviz; the speed lab that can stand in for backend.py's ops is ``prefillviz/backends/``.
+and what they share: trace.py (what a run leaves), observer.py (how an instrument watches a run),
+request_checks.py, errors.py and clock.py. It imports nothing else of prefillviz; ``prefillviz/backends/`` is
+the speed lab that can stand in for backend.py's ops.
 """

@@ -19,8 +19,7 @@ Scoring", arXiv 2503.16428) cuts a causal prompt's (N, N) attention matrix into 
    score threshold tau instead). ``keep_fraction = 1.0`` keeps every tile.
 3. **Attend** (``block_sparse_attention``): per query block, one SDPA over its kept key blocks.
 
-``block_sparse_backend(keep)``: the textbook backend with it for a fresh prompt's prefill; chunks
-after cached context and decodes stay dense (``paged_sdpa``).
+``block_sparse_backend(keep)`` runs it for each fresh long prompt; chunks and decodes stay dense (``paged_sdpa``).
 """
 
 from __future__ import annotations
@@ -59,19 +58,19 @@ def antidiagonal_block_scores(q: torch.Tensor, k: torch.Tensor, scale: float, bl
     num_heads, n, head_dim = q.shape
     nb = num_blocks(n, block_size)
     pad = nb * block_size - n
-    q, k = F.pad(q, (0, 0, 0, pad)), F.pad(k, (0, 0, 0, pad))  # zero rows past the prompt
-    k = k.repeat_interleave(num_heads // k.shape[0], dim=0)  # (H, nb B, D)
-    # row a of q_strided holds queries a S + S-1, ..., a S + 0; row b of k_strided keys b S + 0, ..., b S + S-1
-    q_strided = torch.cat([q[:, stride - 1 - i :: stride] for i in range(stride)], dim=-1)  # (H, nb B / S, S D)
-    k_strided = torch.cat([k[:, i::stride] for i in range(stride)], dim=-1)
-    scores = (q_strided @ k_strided.transpose(-1, -2)).float() * (scale / stride)  # (H, nb B/S, nb B/S)
-    rows = scores.shape[-1]
+    q, k = (F.pad(q, (0, 0, 0, pad)), F.pad(k, (0, 0, 0, pad))) if pad else (q, k)  # zero rows past the prompt
+    kv_heads, rows = k.shape[0], nb * block_size // stride
+    # row a of q_strided holds queries a S + 0, ..., a S + S-1; row b of k_strided keys b S + S-1, ..., b S + 0:
+    # their dot product is the antidiagonal's sum. A KV head's G query heads are G x rows rows (GQA, no copy of k)
+    q_strided = q.reshape(kv_heads, -1, stride * head_dim)
+    k_strided = k.reshape(kv_heads, rows, stride, head_dim).flip(2).mul_(scale / stride).reshape(kv_heads, rows, -1)
+    scores = (q_strided @ k_strided.transpose(-1, -2)).view(num_heads, rows, rows)
     future = torch.ones(rows, rows, dtype=torch.bool, device=q.device).triu(1)
     future[:, rows - pad // stride :] = True  # padded keys are never attended
-    probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1, dtype=torch.float32)
     probs[:, -(-n // stride) :] = 0  # rows of padded queries only
     per_block = block_size // stride
-    probs = probs.view(num_heads, nb, per_block, nb, per_block).sum(dim=(2, 4))  # (H, nb, nb)
+    probs = probs.view(num_heads, nb, per_block, rows).sum(2).view(num_heads, nb, nb, per_block).sum(-1)  # (H, nb, nb)
     return probs / probs.sum(-1, keepdim=True)
 
 
@@ -92,9 +91,8 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
                            block_size: int = SPARSE_BLOCK_SIZE) -> torch.Tensor:
     """Causal attention over the kept tiles only: q (H, N, D), k and v (KVH, N, D), kept (H, nb, nb) -> (H, N, D).
 
-    Every head of a query block keeps as many key blocks, so one SDPA call takes them all, gathered per
-    head (H, kept x B, D). The diagonal block is the last one kept, so one mask serves every head. The
-    gathers write into buffers made once (on a CPU, fresh large tensors cost more in page faults than copies).
+    Every head of a query block keeps as many key blocks, so one SDPA call takes them all, gathered per head
+    (H, kept x B, D) into buffers made once; the diagonal block is the last one kept, so one mask serves all heads.
     """
     num_heads, n, head_dim = q.shape
     nb = num_blocks(n, block_size)
@@ -125,7 +123,6 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
 def sparse_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, keep_fraction: float,
                    block_size: int = SPARSE_BLOCK_SIZE, stride: int = ANTIDIAGONAL_STRIDE) -> torch.Tensor:
     """Score, select, attend: a fresh prompt's attention (H, N, D) over its kept tiles."""
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # the engine's are (T, heads, D) transposed views
     kept = select_blocks(antidiagonal_block_scores(q, k, scale, block_size, stride), keep_fraction)
     return block_sparse_attention(q, k, v, scale, kept, block_size)
 
@@ -133,9 +130,9 @@ def sparse_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
 def paged_sparse_prefill(q, k_new, v_new, key_cache, value_cache, step: PagedStep, scale: float, keep_fraction: float,
                          dense: Callable, block_size: int = SPARSE_BLOCK_SIZE,
                          stride: int = ANTIDIAGONAL_STRIDE) -> torch.Tensor:
-    """``paged_attention``'s signature: each request that prefills a whole fresh prompt of at least two
-    blocks runs ``sparse_prefill``; every other (a chunk after cached context, a decode) runs ``dense``."""
-    fresh_and_long = [n == 0 and step.query_len(r) >= 2 * block_size for r, n in enumerate(step.num_computed)]
+    """``paged_attention``'s signature: each of ``sparse_requests`` runs ``sparse_prefill``; every other request
+    (a chunk after cached context, a decode) runs ``dense``."""
+    fresh_and_long = sparse_requests(step, block_size)
     if not any(fresh_and_long):
         return dense(q, k_new, v_new, key_cache, value_cache, step, scale)
     outputs = []
@@ -149,6 +146,11 @@ def paged_sparse_prefill(q, k_new, v_new, key_cache, value_cache, step: PagedSte
                               [step.context_slots[r]])
             outputs.append(dense(q_r, k_r, v_r, key_cache, value_cache, alone, scale))
     return torch.cat(outputs, dim=1)
+
+
+def sparse_requests(step: PagedStep, block_size: int = SPARSE_BLOCK_SIZE) -> list[bool]:
+    """Per request: whether it prefills a whole fresh prompt of at least two blocks (the ones made block-sparse)."""
+    return [n == 0 and step.query_len(r) >= 2 * block_size for r, n in enumerate(step.num_computed)]
 
 
 def block_sparse_backend(keep_fraction: float) -> TorchBackend:

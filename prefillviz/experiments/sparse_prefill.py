@@ -1,7 +1,8 @@
 """Block-sparse prefill against dense on the real model: what it skips, what it costs in quality, what it saves.
 
-For one prompt of N tokens (``long_text``: real prose) and one keep fraction, on one backend (the
-textbook torch ops: dense and sparse on the same one, so the ratio is the method's alone):
+For one prompt of N tokens (``long_text``: real prose) and one keep fraction, dense and sparse on the same
+backend, so the ratio is the method's alone: the measured one (dense: the dispatch's choice; sparse: the
+faster of v8 block-sparse and the textbook's, ``backends/sparse.py``), or the textbook's torch ops:
 
     quality   first-token KL(dense || sparse), top-1 agreement, and how many of the next 32 greedy
               tokens agree (up to the first difference), each against the dense run as the oracle
@@ -19,6 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from prefillviz.backends.measured import MeasuredBackend
+from prefillviz.backends.sparse import BlockSparseBackend
+from prefillviz.engine.backend import TorchBackend
 from prefillviz.engine.request import SamplingParams
 from prefillviz.engine.sparse_attention import SPARSE_BLOCK_SIZE, block_sparse_backend
 from prefillviz.experiments.long_text import LONG_TEXT_NAME, long_prompt_ids
@@ -35,6 +39,23 @@ from prefillviz.machine.progress import FractionProgress, ProgressCounter
 DEFAULT_KEEP_FRACTION = 0.2
 GREEDY_TOKENS = 32
 TRADE_OFF_KEEPS = (1.0, 0.5, 0.3, 0.2, 0.1)
+BACKENDS = ("measured", "torch")
+
+
+def backend_for(name: str, keep_fraction: float | None):
+    """The backend ``name`` ("measured" or "torch", the textbook's), dense (None) or block-sparse at the keep
+    fraction."""
+    if name == "torch":
+        return block_sparse_backend(keep_fraction) if keep_fraction is not None else TorchBackend()
+    return BlockSparseBackend(keep_fraction) if keep_fraction is not None else MeasuredBackend()
+
+
+def backend_label(model, name: str, keep_fraction: float) -> str:
+    """What ran dense and sparse, for the figures' ``backend``."""
+    if name == "torch":
+        return "torch (the textbook ops), dense and sparse alike"
+    choice = backend_for(name, keep_fraction).choice_for(model)
+    return f"measured: dense the dispatch's choice per step, sparse {choice.kernel} ({choice.why})"
 
 
 @dataclass
@@ -49,10 +70,10 @@ class PrefillRun:
 
 
 def run_prefill(model, token_ids: list[int], keep_fraction: float | None, new_tokens: int = 1,
-                backend: TimedBackend | None = None) -> PrefillRun:
-    """One request of ``token_ids`` on a fresh engine (prefix cache off), dense (None) or block-sparse, on the
-    textbook backend (timed by op)."""
-    backend = backend or TimedBackend(block_sparse_backend(keep_fraction) if keep_fraction is not None else None)
+                backend: TimedBackend | None = None, backend_name: str = "torch") -> PrefillRun:
+    """One request of ``token_ids`` on a fresh engine (prefix cache off), dense (None) or block-sparse, on
+    ``backend`` or else the one ``backend_name`` names (timed by op)."""
+    backend = backend or TimedBackend(backend_for(backend_name, keep_fraction))
     engine = one_request_engine(model, None, len(token_ids), len(token_ids) + new_tokens, backend=backend)
     request = engine.add_request(token_ids, SamplingParams(max_new_tokens=new_tokens), request_id="prompt")
     times = backend.reset()
@@ -142,8 +163,8 @@ class SparseComparison:
 
 def compare_dense_sparse(loaded_or_pair: Any, num_tokens: int,
                          keep_fractions: tuple[float, ...] = (DEFAULT_KEEP_FRACTION,), runs: int = 3,
-                         progress: FractionProgress | None = None) -> list[SparseComparison]:
-    """Dense against each keep fraction on the same prompt and backend.
+                         progress: FractionProgress | None = None, backend: str = "measured") -> list[SparseComparison]:
+    """Dense against each keep fraction on the same prompt and backend (``BACKENDS``).
 
     The dense run and each sparse run first generate ``GREEDY_TOKENS`` greedy tokens (untimed: they
     warm up the shapes too); then ``runs`` prefills of each, alternating, are timed.
@@ -151,16 +172,16 @@ def compare_dense_sparse(loaded_or_pair: Any, num_tokens: int,
     model, tokenizer, model_id = model_tokenizer_and_id(loaded_or_pair)
     token_ids = long_prompt_ids(tokenizer, num_tokens)
     counter = ProgressCounter(progress, (1 + len(keep_fractions)) * (1 + runs))
-    dense = run_prefill(model, token_ids, None, GREEDY_TOKENS)
+    dense = run_prefill(model, token_ids, None, GREEDY_TOKENS, backend_name=backend)
     counter.advance(f"dense N={num_tokens}: {GREEDY_TOKENS} greedy tokens")
     results = []
     for keep in keep_fractions:
-        sparse = run_prefill(model, token_ids, keep, GREEDY_TOKENS)
+        sparse = run_prefill(model, token_ids, keep, GREEDY_TOKENS, backend_name=backend)
         counter.advance(f"keep {keep:g}: {GREEDY_TOKENS} greedy tokens")
         timed: dict[str, list[PrefillRun]] = {"dense": [], "sparse": []}
         for run in range(runs):
-            timed["dense"].append(run_prefill(model, token_ids, None))
-            timed["sparse"].append(run_prefill(model, token_ids, keep))
+            timed["dense"].append(run_prefill(model, token_ids, None, backend_name=backend))
+            timed["sparse"].append(run_prefill(model, token_ids, keep, backend_name=backend))
             counter.advance(f"keep {keep:g}: timed run {run + 1} of {runs}, dense and sparse")
         median = {way: {key: statistics.median(getattr(r, key) for r in rs) for key in ("attention_s", "ttft_s")}
                   for way, rs in timed.items()}
@@ -171,6 +192,6 @@ def compare_dense_sparse(loaded_or_pair: Any, num_tokens: int,
             int(np.argmax(dense.first_token_logits)) == int(np.argmax(sparse.first_token_logits)),
             greedy_agreement(dense.output_token_ids, sparse.output_token_ids),
             median["dense"]["attention_s"], median["sparse"]["attention_s"], median["dense"]["ttft_s"],
-            median["sparse"]["ttft_s"], "torch (the textbook ops), dense and sparse alike", runs, LONG_TEXT_NAME,
+            median["sparse"]["ttft_s"], backend_label(model, backend, keep), runs, LONG_TEXT_NAME,
         ))
     return results

@@ -28,11 +28,11 @@ def load_average() -> list[float]:
 
 
 def sparse_figures(loaded: Any, num_tokens: int, keep_fractions: tuple[float, ...], runs: int,
-                   progress=None) -> dict:
+                   progress=None, backend: str = "measured") -> dict:
     """The ``sparse`` command's JSON: one setting's keys (``SPARSE_JSON_KEYS`` first), or ``settings``: one each."""
     load_before = load_average()
     with MachineLoad() as machine:
-        results = compare_dense_sparse(loaded, num_tokens, keep_fractions, runs, progress)
+        results = compare_dense_sparse(loaded, num_tokens, keep_fractions, runs, progress, backend)
     context = {"model": loaded.model_id, "num_tokens": num_tokens, "runs": runs, "load_average_before": load_before,
                "load_average_after": load_average(), "machine_load": machine.reading.as_dict(),
                "cpu_count": os.cpu_count()}
@@ -55,7 +55,7 @@ def wall_figures(loaded: Any, sizes: list[int], runs: int, time_budget_s: float 
 
 def bench_sparse_part(loaded: Any, quick: bool) -> dict:
     """``sparse_attention_speedup_4096`` and ``sparse_first_token_kl_4096`` at the default keep fraction, dense and
-    sparse on the textbook ops (``--quick``: 512 tokens, one run; None where the context is too short)."""
+    sparse on the measured backend (``--quick``: 512 tokens, one run; None where the context is too short)."""
     num_tokens = 512 if quick else BENCH_SPARSE_TOKENS
     context = loaded.info.max_context
     if context and num_tokens + GREEDY_TOKENS > context:

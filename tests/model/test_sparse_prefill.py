@@ -6,11 +6,19 @@ import numpy as np
 import pytest
 import torch
 
+from prefillviz.backends.sparse import BlockSparseBackend
 from prefillviz.engine.errors import ConfigError
+from prefillviz.engine.request import SamplingParams
 from prefillviz.engine.sparse_attention import block_sparse_backend
 from prefillviz.experiments.long_text import long_prompt_ids
 from prefillviz.experiments.one_request import one_request_engine
-from prefillviz.experiments.sparse_prefill import GREEDY_TOKENS, first_token_kl, greedy_agreement, run_prefill
+from prefillviz.experiments.sparse_prefill import (
+    BACKENDS,
+    GREEDY_TOKENS,
+    first_token_kl,
+    greedy_agreement,
+    run_prefill,
+)
 from tests.conftest import assert_matches_hf
 from tests.tolerances import logits_allowed_difference
 
@@ -27,8 +35,11 @@ def dense(bundled, prompt):
     return run_prefill(bundled.model, prompt, None, GREEDY_TOKENS)
 
 
-def test_keep_everything_gives_dense_first_token_and_32_greedy_tokens(bundled, prompt, dense):
-    every_block = run_prefill(bundled.model, prompt, 1.0, GREEDY_TOKENS)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_keep_everything_gives_dense_first_token_and_32_greedy_tokens(bundled, prompt, dense, backend):
+    """Dense on the textbook against every block kept on either backend (the measured one: v8 block-sparse where
+    it was measured faster, else the textbook's)."""
+    every_block = run_prefill(bundled.model, prompt, 1.0, GREEDY_TOKENS, backend_name=backend)
     assert every_block.output_token_ids[0] == dense.output_token_ids[0]
     assert greedy_agreement(dense.output_token_ids, every_block.output_token_ids) == GREEDY_TOKENS
     assert_matches_hf(bundled.model, prompt, torch.from_numpy(every_block.first_token_logits))
@@ -48,6 +59,14 @@ def test_a_sparse_engine_says_what_its_attention_ran(bundled, prompt):
     engine.add_request(prompt)
     record = engine.step()
     assert record.ran["backend"] == "torch" and "block-sparse prefill (XAttention, keep 0.5)" in record.ran["attention"]
+    measured = BlockSparseBackend(0.5)
+    engine = one_request_engine(bundled.model, None, NUM_TOKENS, NUM_TOKENS + 2, backend=measured)
+    engine.add_request(prompt, SamplingParams(max_new_tokens=2))
+    prefill, decode = engine.step(), engine.step()
+    kernel = measured.choice_for(bundled.model).kernel
+    assert prefill.ran["backend"] == "measured"
+    assert f"{kernel} prefill (XAttention, keep 0.5" in prefill.ran["attention"]
+    assert "block-sparse" not in decode.ran["attention"]  # decodes stay dense
 
 
 def test_the_long_prompt_is_prose_that_does_not_repeat(bundled):

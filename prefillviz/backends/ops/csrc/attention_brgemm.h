@@ -294,9 +294,14 @@ enum ThreadBufferSlot { kPackedKV = 0, kScores, kAccumulator, kProbabilities, kL
 // (blocks, block size, KVH, D), every request's context slots one after another, and per request
 // (query start, query length, cached tokens, its first slot's index in `slots`), as v7 takes them.
 // out (T, H D). Each request is causal with its last query at its last key (a chunk after its cached keys).
+// Block-sparse (brgemm_block_sparse): request r's tiles of `tile` queries by `tile` keys are the (heads, nb, nb)
+// bytes at kept + kept_at[r], nonzero where a tile is computed (kept_at[r] < 0, or no kept_at: every tile, dense).
+// A block-sparse request has nothing cached; its query block's keys are walked in runs of kept tiles, each within
+// one kKeyBlock (so with every tile kept, exactly as dense), and a skipped tile costs nothing.
 template <typename T>
 void brgemm_paged_impl(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slots,
-                       const at::Tensor& meta, int64_t heads, double scale, at::Tensor& out) {
+                       const at::Tensor& meta, int64_t heads, double scale, at::Tensor& out, const uint8_t* kept = nullptr,
+                       const int64_t* kept_at = nullptr, int64_t tile = kKeyBlock) {
   const int64_t kv_heads = key_cache.size(2), dim = key_cache.size(3), group = heads / kv_heads, requests = meta.size(0);
   const int64_t* m = meta.data_ptr<int64_t>();
   const int64_t* slot = slots.data_ptr<int64_t>();
@@ -351,13 +356,21 @@ void brgemm_paged_impl(const at::Tensor& q, const at::Tensor& key_cache, const a
   // other its early ones. Runs, not one queue: a thread then mostly reads the K and V it packed itself.
   // A thread done with its run takes the next tasks of the others' (a core of a busy host can fall behind).
   const int64_t count = static_cast<int64_t>(tasks.size()), threads = std::min<int64_t>(at::get_num_threads(), count);
+  // block-sparse: the kept tiles of request r's query block at row `first`, nb of them (nullptr: dense)
+  auto kept_row = [&](int64_t r, int64_t head, int64_t first) -> const uint8_t* {
+    if (kept_at == nullptr || kept_at[r] < 0) return nullptr;
+    const int64_t nb = (m[4 * r + 1] + tile - 1) / tile;
+    return kept + kept_at[r] + (head * nb + first / tile) * nb;
+  };
   std::vector<int64_t> bounds(threads + 1, count);
   {
     std::vector<double> before(count + 1, 0.);
     for (int64_t z = 0; z < count; ++z) {
       const auto [r, head, first] = tasks[z];
       const int64_t rows = std::min(kQRows, m[4 * r + 1] - first);
-      before[z + 1] = before[z] + static_cast<double>(rows * (m[4 * r + 2] + first + rows) + kPack * kPack);
+      int64_t keys = m[4 * r + 2] + first + rows;  // the keys the task's rows see, or their kept tiles' keys
+      if (const uint8_t* row = kept_row(r, head, first)) keys = tile * std::count_if(row, row + first / tile + 1, [](uint8_t k) { return k != 0; });
+      before[z + 1] = before[z] + static_cast<double>(rows * keys + kPack * kPack);
     }
     for (int64_t t = 0, z = 0; t < threads; ++t) {
       while (z < count && before[z] < before[count] * t / threads) ++z;
@@ -390,10 +403,20 @@ void brgemm_paged_impl(const at::Tensor& q, const at::Tensor& key_cache, const a
       std::fill(top.begin(), top.end(), kNegInf);  // running max, in log2 units
       std::fill(total.begin(), total.end(), 0.f);
       const int64_t seen = cached + first + rows;  // keys the block's last row sees
-      for (int64_t key = 0; key < seen; key += kKeyBlock) {
-        const int64_t cols = std::min(kKeyBlock, seen - key), padded_cols = (cols + kPack - 1) / kPack * kPack;
-        for (int64_t b = 0; b < padded_cols; b += kblock)  // kblock divides kKeyBlock: key starts a packed block
-          cpublas::brgemm(rows, std::min(kblock, padded_cols - b), dim, q_stride, kblock, kKeyBlock, false, qrows, head_k + (key + b) * dim, scores + b);
+      const uint8_t* tiles = kept_row(r, head, first);
+      bool first_block = true;
+      for (int64_t key = 0, end; key < seen; key = end) {
+        end = key + kKeyBlock;  // dense: kKeyBlock keys at a time
+        if (tiles != nullptr) {  // block-sparse: a run of kept tiles within one kKeyBlock (every tile kept: as dense)
+          end = key + tile;
+          if (!tiles[key / tile]) continue;  // a skipped tile
+          while (end < seen && end % kKeyBlock != 0 && tiles[end / tile]) end += tile;
+        }
+        const int64_t cols = std::min(end, seen) - key, padded_cols = (cols + kPack - 1) / kPack * kPack;
+        // key is a multiple of 64 (and dense, of kblock): its packed block, at its column
+        const T* keys_at = head_k + (key / kblock) * kblock * dim + (key % kblock) * (vnni ? 2 : 1);
+        for (int64_t b = 0; b < padded_cols; b += kblock)
+          cpublas::brgemm(rows, std::min(kblock, padded_cols - b), dim, q_stride, kblock, kKeyBlock, false, qrows, keys_at + b * dim, scores + b);
         // the block's softmax in three passes over its rows, each row's work independent of the other rows'
         // in a pass, so that the CPU overlaps them: each row's max, its exponentials and their sum, then the
         // running max and sum and the accumulator's rescaling. One pass a row (max, exp, then the rest)
@@ -417,13 +440,14 @@ void brgemm_paged_impl(const at::Tensor& q, const at::Tensor& key_cache, const a
           const float shrink = top[i] == high[i] ? 1.f : top[i] == kNegInf ? 0.f : std::exp2(top[i] - high[i]);
           total[i] = total[i] * shrink + sum[i];
           top[i] = high[i];
-          if (key > 0 && shrink != 1.f) {
+          if (!first_block && shrink != 1.f) {
             float* a = acc + i * dim;
             for (int64_t d = 0; d < dim; d += kW) (Vec::loadu(a + d) * Vec(shrink)).store(a + d);
           }
         }
         for (int64_t c = 0; c < dim; c += kPack)
-          cpublas::brgemm(rows, kPack, padded_cols, kKeyBlock, kPack, dim, key > 0, probs, head_v + c * pad + key * kPack, acc + c);
+          cpublas::brgemm(rows, kPack, padded_cols, kKeyBlock, kPack, dim, !first_block, probs, head_v + c * pad + key * kPack, acc + c);
+        first_block = false;
       }
       for (int64_t i = 0; i < rows; ++i) {  // out = acc / total, rounded to nearest even (as T(x)) in the same pass
         const float* a = acc + i * dim;
@@ -442,7 +466,8 @@ void brgemm_paged_impl(const at::Tensor& q, const at::Tensor& key_cache, const a
 // v8 over a paged step, as v7's paged_attention takes it (q (T, H D) rows, the caches, the slots and
 // (R, 4) meta); bf16 or fp32, and a head size that is a multiple of 64. Returns (T, H D).
 at::Tensor brgemm_paged(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slots,
-                        const at::Tensor& meta, int64_t num_heads, double scale) {
+                        const at::Tensor& meta, int64_t num_heads, double scale, const uint8_t* kept = nullptr,
+                        const int64_t* kept_at = nullptr, int64_t tile = kKeyBlock) {
   const auto dtype = q.scalar_type();
   TORCH_CHECK((dtype == at::kBFloat16 || dtype == at::kFloat) && key_cache.scalar_type() == dtype && value_cache.scalar_type() == dtype,
               "v8 runs bf16 or fp32, q and the caches in one dtype");
@@ -455,8 +480,27 @@ at::Tensor brgemm_paged(const at::Tensor& q, const at::Tensor& key_cache, const 
   TORCH_CHECK(num_heads % kv_heads == 0 && q.size(1) >= num_heads * dim, "v8: heads must be a multiple of KV heads, and q must hold them");
   at::Tensor out = at::empty({q.size(0), num_heads * dim}, q.options());
   if (dtype == at::kBFloat16)
-    brgemm_paged_impl<c10::BFloat16>(q, key_cache, value_cache, slots, meta, num_heads, scale, out);
+    brgemm_paged_impl<c10::BFloat16>(q, key_cache, value_cache, slots, meta, num_heads, scale, out, kept, kept_at, tile);
   else
-    brgemm_paged_impl<float>(q, key_cache, value_cache, slots, meta, num_heads, scale, out);
+    brgemm_paged_impl<float>(q, key_cache, value_cache, slots, meta, num_heads, scale, out, kept, kept_at, tile);
   return out;
+}
+
+// v8 with some requests block-sparse (brgemm_paged_impl): kept_at (R,) int64, request r's (H, nb, nb) map's offset
+// in `kept` (flat uint8; nb = its blocks of `tile` tokens, 64, 128 or 256), -1 for a dense request. A block-sparse
+// request has nothing cached, and each of its rows keeps its diagonal tile and nothing above it. Returns (T, H D).
+at::Tensor brgemm_block_sparse(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slots,
+                               const at::Tensor& meta, int64_t num_heads, double scale, const at::Tensor& kept,
+                               const at::Tensor& kept_at, int64_t tile) {
+  TORCH_CHECK(tile > 0 && tile % kPack == 0 && kKeyBlock % tile == 0, "v8 block-sparse: a tile of 64, 128 or 256 tokens");
+  TORCH_CHECK(kept.scalar_type() == at::kByte && kept.is_contiguous() && kept_at.scalar_type() == at::kLong && kept_at.is_contiguous() &&
+              meta.dim() == 2 && kept_at.numel() == meta.size(0), "v8 block-sparse: kept flat uint8, kept_at (R,) int64");
+  const int64_t* m = meta.data_ptr<int64_t>();
+  const int64_t* at = kept_at.data_ptr<int64_t>();
+  for (int64_t r = 0; r < meta.size(0); ++r) {
+    const int64_t nb = (m[4 * r + 1] + tile - 1) / tile;
+    TORCH_CHECK(at[r] < 0 || (m[4 * r + 2] == 0 && at[r] + num_heads * nb * nb <= kept.numel()),
+                "v8 block-sparse: request ", r, " has cached tokens or its map lies past `kept`");
+  }
+  return brgemm_paged(q, key_cache, value_cache, slots, meta, num_heads, scale, kept.data_ptr<uint8_t>(), at, tile);
 }

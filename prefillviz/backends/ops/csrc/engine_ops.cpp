@@ -15,7 +15,7 @@
 //                     (vdpbf16ps): q.k exact, P rounded to bf16 before P V, sums in fp32
 //   brgemm_paged      v8: a paged step's bf16 or fp32 attention, its two matmuls on oneDNN's brgemm
 //                     micro-kernel (AMX where the CPU has it), the softmax between them in fp32
-//                     (attention_brgemm.h)
+//                     (attention_brgemm.h); brgemm_block_sparse: the same over a fresh prompt's kept tiles only
 //   brgemm_linear     x W^T (bf16 or fp32) on the same micro-kernel (fp32: or the engine's own, the slab linear), from a weight packed in slabs of
 //                     64 columns; a gated MLP's silu(x G^T) * (x U^T) in one pass (linear_brgemm.h)
 //
@@ -801,7 +801,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul);
   m.def("rope_write_kv", &rope_write_kv);
   m.def("paged_attention", &paged_attention);
-  m.def("brgemm_paged", &brgemm_paged);
+  m.def("brgemm_paged", [](const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slots,
+                           const at::Tensor& meta, int64_t num_heads, double scale) {
+    return brgemm_paged(q, key_cache, value_cache, slots, meta, num_heads, scale);
+  });
+  m.def("brgemm_block_sparse", &brgemm_block_sparse);
   m.def("brgemm_problem", &brgemm_problem);
   m.def("brgemm_linear", &brgemm_linear);
   m.def("slab_kernel_built", &slab_kernel_built);

@@ -1,0 +1,168 @@
+"""Block-sparse prefill on the measured backend (the textbook's is ``engine/sparse_attention.py``).
+
+The tiles are the textbook's own choice (XAttention's antidiagonal scores, then ``select_blocks``), so
+both versions compute the same tiles; they differ in how:
+
+    textbook          per query block, one SDPA over its kept key blocks, gathered (plain torch)
+    v8 block-sparse   v8's brgemm kernel (``ops/csrc/attention_brgemm.h``), the whole step in one call,
+                      each query block walking its kept tiles only
+
+Which one runs is measured (``sparse_choice``): v8 block-sparse where v8 runs here, matches the textbook
+on random inputs of the model's shape, and is faster on a fresh prompt of ``TIMED_TOKENS``; else the
+textbook's. Once per process, model shape, dtype, thread count and keep fraction.
+
+A step with no fresh prompt of two blocks or more (a chunk after cached context, decodes) runs the
+measured backend's dense choice, as does every other request of a step that has one.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+from prefillviz.backends.dispatch_tuning import attention_heads
+from prefillviz.backends.measured import MeasuredBackend, MeasuredStepOps
+from prefillviz.backends.ops import engine_ops
+from prefillviz.backends.ops.paged_check import KernelCheckError, compare_to_oracle, random_step
+from prefillviz.engine.sparse_attention import (
+    SPARSE_BLOCK_SIZE,
+    antidiagonal_block_scores,
+    block_sparse_attention,
+    block_sparse_backend,
+    select_blocks,
+    sparse_requests,
+)
+from prefillviz.machine.timers import run_seconds
+
+V8_SPARSE, TEXTBOOK_SPARSE = "v8 block-sparse", "textbook block-sparse"
+TIMED_TOKENS = 2048  # the fresh prompt both versions are timed on (16 blocks of 128)
+RUNS = 5
+
+
+@dataclass(frozen=True)
+class SparseChoice:
+    """Which version computes the kept tiles here, why, and the median seconds each took (one layer)."""
+
+    kernel: str
+    why: str
+    seconds: dict
+
+
+def kept_tiles(q: torch.Tensor, k: torch.Tensor, step, scale: float, keep_fraction: float) -> tuple:
+    """(every block-sparse request's (H, nb, nb) map, flat uint8; (R,) int64, where each starts, -1 for a dense
+    request) for v8 block-sparse: q (T, H, D), k (T, KVH, D)."""
+    maps, starts, at = [], [], 0
+    for r, sparse in enumerate(sparse_requests(step)):
+        if not sparse:
+            starts.append(-1)
+            continue
+        rows = slice(step.query_start_loc[r], step.query_start_loc[r + 1])
+        scores = antidiagonal_block_scores(q[rows].transpose(0, 1), k[rows].transpose(0, 1), scale)  # (H, nb, nb)
+        maps.append(select_blocks(scores, keep_fraction).flatten())
+        starts.append(at)
+        at += maps[-1].numel()
+    return torch.cat(maps).to(torch.uint8), torch.tensor(starts, dtype=torch.long)
+
+
+def v8_block_sparse(q, k, key_cache, value_cache, step, scale: float, keep_fraction: float, meta=None,
+                    rows: torch.Tensor | None = None) -> torch.Tensor:
+    """One layer's attention of ``step`` with its fresh long prompts block-sparse on v8: q (T, H, D) -> (T, H D)."""
+    num_tokens, num_heads, head_dim = q.shape
+    kept, starts = kept_tiles(q, k, step, scale, keep_fraction)
+    slots, requests = meta if meta is not None else engine_ops.step_meta(step)
+    queries = rows if rows is not None else q.reshape(num_tokens, num_heads * head_dim)
+    return engine_ops.engine_ops().brgemm_block_sparse(queries, key_cache, value_cache, slots, requests, num_heads,
+                                                       scale, kept, starts, SPARSE_BLOCK_SIZE)
+
+
+def textbook_block_sparse(q, k, v, key_cache, value_cache, step, scale: float, keep_fraction: float) -> torch.Tensor:
+    """The textbook's kernel (``block_sparse_backend``: its dense requests on SDPA): q (T, H, D) -> (T, H D)."""
+    kernel = block_sparse_backend(keep_fraction).attention
+    out = kernel(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), key_cache, value_cache, step, scale)
+    return out.transpose(0, 1).reshape(q.shape[0], -1)
+
+
+@functools.cache
+def sparse_choice(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, keep_fraction: float,
+                  threads: int) -> SparseChoice:
+    """Check v8 block-sparse against the textbook's tiles in fp32, then time both on a fresh prompt (CPU)."""
+    device = torch.device("cpu")
+    if why := engine_ops.brgemm_why(device, dtype, head_dim):
+        return SparseChoice(TEXTBOOK_SPARSE, f"v8 block-sparse does not run here: {why}", {})
+    inputs = random_step([(0, TIMED_TOKENS)], num_heads, num_kv_heads, head_dim, dtype=dtype, seed=2)
+    q, k, v = (t.transpose(0, 1) for t in (inputs.q, inputs.k_new, inputs.v_new))  # (T, heads, D)
+    meta = engine_ops.step_meta(inputs.step)
+    calls = {
+        V8_SPARSE: lambda: v8_block_sparse(q, k, inputs.key_cache, inputs.value_cache, inputs.step, inputs.scale,
+                                           keep_fraction, meta),
+        TEXTBOOK_SPARSE: lambda: textbook_block_sparse(q, k, v, inputs.key_cache, inputs.value_cache, inputs.step,
+                                                       inputs.scale, keep_fraction),
+    }
+    kept = select_blocks(antidiagonal_block_scores(inputs.q, inputs.k_new, inputs.scale), keep_fraction)
+    expected = block_sparse_attention(inputs.q.float(), inputs.k_new.float(), inputs.v_new.float(), inputs.scale, kept)
+    try:
+        compare_to_oracle(V8_SPARSE, calls[V8_SPARSE]().float(), expected.transpose(0, 1).reshape(TIMED_TOKENS, -1),
+                          inputs.v_new, None, f"a fresh prompt of {TIMED_TOKENS:,} tokens, keep {keep_fraction:g}")
+    except (KernelCheckError, RuntimeError) as error:
+        return SparseChoice(TEXTBOOK_SPARSE, f"v8 block-sparse failed its check here: {error}", {})
+    for call in calls.values():
+        call()  # warm-up
+    runs = {name: [] for name in calls}
+    for _ in range(RUNS):  # in turns: a burst of other work slows one run of each, not every run of one
+        for name, call in calls.items():
+            runs[name].append(run_seconds(call, 1, device))
+    seconds = {name: statistics.median(values) for name, values in runs.items()}
+    best = min(seconds, key=seconds.get)
+    other = next(name for name in seconds if name != best)
+    return SparseChoice(best, f"{seconds[other] / seconds[best]:.1f}x faster than the {other} here, measured",
+                        seconds)
+
+
+class BlockSparseStepOps(MeasuredStepOps):
+    """A step with a fresh long prompt: the measured choice for everything but its attention, block-sparse."""
+
+    def __init__(self, model: torch.nn.Module, dense: MeasuredStepOps, keep_fraction: float,
+                 choice: SparseChoice) -> None:
+        super().__init__(model, dense.choice, dense.compiled)
+        self.keep_fraction, self.sparse = keep_fraction, choice
+        self.ran["attention"] = (f"{choice.kernel} prefill (XAttention, keep {keep_fraction:g}; {choice.why}), "
+                                 f"else {dense.choice.attention}")
+
+    def attention(self, layer: int, q, k, v, scale: float, meta, keep: torch.Tensor | None = None) -> torch.Tensor:
+        rows, self.rows = self.rows, None
+        cache, step = meta.kv_cache, meta.step
+        key_cache, value_cache = cache.key_cache[layer], cache.value_cache[layer]
+        if self.sparse.kernel == V8_SPARSE:
+            compiled = step.kept(("compiled meta",), lambda: engine_ops.step_meta(step))
+            out = v8_block_sparse(q, k, key_cache, value_cache, step, scale, self.keep_fraction, compiled, rows)
+        else:
+            out = textbook_block_sparse(q, k, v, key_cache, value_cache, step, scale, self.keep_fraction)
+        return out.index_select(0, keep) if keep is not None else out  # the last layer: its sampled rows
+
+
+class BlockSparseBackend(MeasuredBackend):
+    """The measured backend with a fresh prompt's prefill block-sparse at ``keep_fraction`` (0 < f <= 1)."""
+
+    def __init__(self, keep_fraction: float) -> None:
+        block_sparse_backend(keep_fraction)  # the textbook's checks of the fraction
+        super().__init__()
+        self.keep_fraction = float(keep_fraction)
+
+    def choice_for(self, model: torch.nn.Module) -> SparseChoice:
+        parameter = next(model.parameters())
+        if parameter.device.type != "cpu":
+            return SparseChoice(TEXTBOOK_SPARSE, "v8 block-sparse is a CPU kernel", {})
+        return sparse_choice(*attention_heads(model), parameter.dtype, self.keep_fraction, torch.get_num_threads())
+
+    def prepare(self, model: torch.nn.Module) -> None:
+        super().prepare(model)
+        self.choice_for(model)  # measured now, not inside a timed step
+
+    def for_step(self, model: torch.nn.Module, meta) -> MeasuredStepOps:
+        dense = super().for_step(model, meta)
+        if not any(sparse_requests(meta.step)):
+            return dense
+        return BlockSparseStepOps(model, dense, self.keep_fraction, self.choice_for(model))

@@ -22,8 +22,8 @@ def long_text() -> str:
     return LONG_TEXT_PATH.read_text(encoding="utf-8")
 
 
-def long_prompt_ids(tokenizer, num_tokens: int) -> list[int]:
-    """The first ``num_tokens`` token ids of the book.
+def long_prompt_ids(tokenizer, num_tokens: int, window: int = 0) -> list[int]:
+    """The first ``num_tokens`` token ids of the book (``window`` w: the w-th such stretch, from token w x N).
 
     Raises:
         ConfigError: the book is shorter than ``num_tokens`` tokens of this tokenizer.
@@ -31,4 +31,9 @@ def long_prompt_ids(tokenizer, num_tokens: int) -> list[int]:
     ids = list(tokenizer(long_text())["input_ids"])
     if num_tokens > len(ids):
         raise ConfigError(f"{num_tokens:,} tokens is more than the bundled book has ({len(ids):,}) in this tokenizer.")
-    return ids[:num_tokens]
+    return ids[window * num_tokens : (window + 1) * num_tokens]
+
+
+def num_windows(tokenizer, num_tokens: int) -> int:
+    """How many stretches of ``num_tokens`` tokens the book holds, one after another."""
+    return len(tokenizer(long_text())["input_ids"]) // max(1, num_tokens)

@@ -5,7 +5,9 @@ backend, so the ratio is the method's alone: the measured one (dense: the dispat
 faster of v8 block-sparse and the textbook's, ``backends/sparse.py``), or the textbook's torch ops:
 
     quality   first-token KL(dense || sparse), top-1 agreement, and how many of the next 32 greedy
-              tokens agree (up to the first difference), each against the dense run as the oracle
+              tokens agree (up to the first difference), each against the dense run as the oracle; and
+              the first token's KL and top-1 agreement on the next ``QUALITY_PROMPTS`` - 1 stretches of
+              N tokens of the book too (one prompt's top two can lie within a rounding step of each other)
     speed     the attention's seconds (``op_timing``) and the time to first token, dense and sparse,
               medians over ``runs`` alternating runs after one untimed run of each
     work      the share of attention FLOPs skipped (causal (query, key) pairs not computed) and of
@@ -15,7 +17,7 @@ faster of v8 block-sparse and the textbook's, ``backends/sparse.py``), or the te
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,7 +27,7 @@ from prefillviz.backends.sparse import BlockSparseBackend
 from prefillviz.engine.backend import TorchBackend
 from prefillviz.engine.request import SamplingParams
 from prefillviz.engine.sparse_attention import SPARSE_BLOCK_SIZE, block_sparse_backend
-from prefillviz.experiments.long_text import LONG_TEXT_NAME, long_prompt_ids
+from prefillviz.experiments.long_text import LONG_TEXT_NAME, long_prompt_ids, num_windows
 from prefillviz.experiments.model_setup import device_and_dtype, model_tokenizer_and_id
 from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.experiments.op_timing import TimedBackend
@@ -40,6 +42,7 @@ DEFAULT_KEEP_FRACTION = 0.2
 GREEDY_TOKENS = 32
 TRADE_OFF_KEEPS = (1.0, 0.5, 0.3, 0.2, 0.1)
 BACKENDS = ("measured", "torch")
+QUALITY_PROMPTS = 4  # prompts the first token's agreement is counted over: the book's first stretches of N tokens
 
 
 def backend_for(name: str, keep_fraction: float | None):
@@ -125,6 +128,9 @@ class SparseComparison:
     backend: str
     runs: int
     prompt_text: str
+    top1_agree_prompts: int = 0  # of quality_prompts, the first one's top1_agree among them
+    quality_prompts: int = 1
+    first_token_kl_prompts: list[float] = field(default_factory=list)
 
     @property
     def attention_speedup(self) -> float:
@@ -167,17 +173,24 @@ def compare_dense_sparse(loaded_or_pair: Any, num_tokens: int,
     """Dense against each keep fraction on the same prompt and backend (``BACKENDS``).
 
     The dense run and each sparse run first generate ``GREEDY_TOKENS`` greedy tokens (untimed: they
-    warm up the shapes too); then ``runs`` prefills of each, alternating, are timed.
+    warm up the shapes too), and prefill the other quality prompts; then ``runs`` prefills of each,
+    alternating, are timed.
     """
     model, tokenizer, model_id = model_tokenizer_and_id(loaded_or_pair)
-    token_ids = long_prompt_ids(tokenizer, num_tokens)
+    prompts = [long_prompt_ids(tokenizer, num_tokens, w)
+               for w in range(max(1, min(QUALITY_PROMPTS, num_windows(tokenizer, num_tokens))))]
+    token_ids = prompts[0]
     counter = ProgressCounter(progress, (1 + len(keep_fractions)) * (1 + runs))
     dense = run_prefill(model, token_ids, None, GREEDY_TOKENS, backend_name=backend)
-    counter.advance(f"dense N={num_tokens}: {GREEDY_TOKENS} greedy tokens")
+    dense_logits = [dense.first_token_logits] + [run_prefill(model, ids, None, backend_name=backend).first_token_logits
+                                                 for ids in prompts[1:]]
+    counter.advance(f"dense N={num_tokens}: {GREEDY_TOKENS} greedy tokens, {len(prompts)} prompts")
     results = []
     for keep in keep_fractions:
         sparse = run_prefill(model, token_ids, keep, GREEDY_TOKENS, backend_name=backend)
-        counter.advance(f"keep {keep:g}: {GREEDY_TOKENS} greedy tokens")
+        sparse_logits = [sparse.first_token_logits] + [
+            run_prefill(model, ids, keep, backend_name=backend).first_token_logits for ids in prompts[1:]]
+        counter.advance(f"keep {keep:g}: {GREEDY_TOKENS} greedy tokens, {len(prompts)} prompts")
         timed: dict[str, list[PrefillRun]] = {"dense": [], "sparse": []}
         for run in range(runs):
             timed["dense"].append(run_prefill(model, token_ids, None, backend_name=backend))
@@ -193,5 +206,7 @@ def compare_dense_sparse(loaded_or_pair: Any, num_tokens: int,
             greedy_agreement(dense.output_token_ids, sparse.output_token_ids),
             median["dense"]["attention_s"], median["sparse"]["attention_s"], median["dense"]["ttft_s"],
             median["sparse"]["ttft_s"], backend_label(model, backend, keep), runs, LONG_TEXT_NAME,
+            sum(int(np.argmax(d)) == int(np.argmax(s)) for d, s in zip(dense_logits, sparse_logits)), len(prompts),
+            [first_token_kl(d, s) for d, s in zip(dense_logits, sparse_logits)],
         ))
     return results

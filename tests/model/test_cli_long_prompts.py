@@ -40,4 +40,6 @@ def test_a_small_sparse_run_prints_the_keys(bundled, capsys):
     assert list(result)[: len(SPARSE_KEYS)] == SPARSE_KEYS
     assert result["attention_flops_skipped_fraction"] == 0 and result["tiles_kept_fraction"] == 1
     assert result["top1_agree"] is True and result["greedy_agree_32"] == 32
+    assert result["top1_agree_prompts"] == result["quality_prompts"] == 4  # the book's first four stretches of 300
+    assert len(result["first_token_kl_prompts"]) == 4 and max(result["first_token_kl_prompts"]) <= 4 * allowed
     assert result["first_token_kl"] <= 4 * allowed  # |log p - log q| <= 2 x 2 allowed bounds the KL

@@ -74,5 +74,6 @@ def test_the_long_prompt_is_prose_that_does_not_repeat(bundled):
     assert len(ids) == 8192 and len(set(ids)) > 1500  # distinct ids (BENCH_TEXT repeated has ~80)
     windows = {tuple(ids[i : i + 16]) for i in range(0, 8192 - 16, 16)}
     assert len(windows) == len(range(0, 8192 - 16, 16))  # no 16-token window comes back
+    assert long_prompt_ids(bundled.tokenizer, 1000, window=2) == long_prompt_ids(bundled.tokenizer, 3000)[2000:]
     with pytest.raises(ConfigError, match="more than the bundled book"):
         long_prompt_ids(bundled.tokenizer, 10**6)

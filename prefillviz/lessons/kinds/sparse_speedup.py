@@ -53,7 +53,8 @@ def _run_sparse_speedup(
         ("Amdahl's cap for this skip: 1 / (1 − share × skipped)", f"{result.amdahl_skip_cap:.2f}×"),
         ("With no attention at all: 1 / (1 − share)", f"{result.amdahl_cap:.2f}×"),
         ("First token", f"{'the same' if result.top1_agree else 'another'} as dense; KL {result.first_token_kl:.2g} "
-                        "nats"),
+                        f"nats (the same on {result.top1_agree_prompts} of {result.quality_prompts} stretches of "
+                        "the book)"),
         ("Timed", f"median of {result.runs} run(s) each, after one untimed run of each with {GREEDY_TOKENS} "
                   f"generated tokens; {result.backend}"),
     ]

@@ -26,12 +26,14 @@ import torch
 from prefillviz.backends.dispatch_tuning import attention_heads
 from prefillviz.backends.measured import MeasuredBackend, MeasuredStepOps
 from prefillviz.backends.ops import engine_ops
-from prefillviz.backends.ops.paged_check import KernelCheckError, compare_to_oracle, random_step
+from prefillviz.backends.ops.paged_check import DEFAULT_TOLERANCE, KernelCheckError, compare_to_oracle, random_step
 from prefillviz.engine.sparse_attention import (
+    ANTIDIAGONAL_STRIDE,
     SPARSE_BLOCK_SIZE,
     antidiagonal_block_scores,
     block_sparse_attention,
     block_sparse_backend,
+    blocks_to_keep,
     select_blocks,
     sparse_requests,
 )
@@ -51,29 +53,36 @@ class SparseChoice:
     seconds: dict
 
 
-def kept_tiles(q: torch.Tensor, k: torch.Tensor, step, scale: float, keep_fraction: float) -> tuple:
+def kept_tiles(q: torch.Tensor, k: torch.Tensor, step, scale: float, keep_fraction: float, num_heads: int,
+               num_kv_heads: int) -> tuple:
     """(every block-sparse request's (H, nb, nb) map, flat uint8; (R,) int64, where each starts, -1 for a dense
-    request) for v8 block-sparse: q (T, H, D), k (T, KVH, D)."""
+    request) for v8 block-sparse: q (T, H D) and k (T, KVH D) rows (unit inner stride). The scores are the
+    textbook's, computed by ``antidiagonal_scores`` (``ops/csrc/antidiagonal_scores.h``) in fp32 throughout."""
+    ops = engine_ops.engine_ops()
     maps, starts, at = [], [], 0
     for r, sparse in enumerate(sparse_requests(step)):
         if not sparse:
             starts.append(-1)
             continue
         rows = slice(step.query_start_loc[r], step.query_start_loc[r + 1])
-        scores = antidiagonal_block_scores(q[rows].transpose(0, 1), k[rows].transpose(0, 1), scale)  # (H, nb, nb)
-        maps.append(select_blocks(scores, keep_fraction).flatten())
+        scores = ops.antidiagonal_scores(q[rows], k[rows], num_heads, num_kv_heads, scale, ANTIDIAGONAL_STRIDE,
+                                         SPARSE_BLOCK_SIZE)  # (H, nb, nb)
+        maps.append(ops.select_tiles(scores, blocks_to_keep(scores.shape[-1], keep_fraction)).flatten())
         starts.append(at)
         at += maps[-1].numel()
-    return torch.cat(maps).to(torch.uint8), torch.tensor(starts, dtype=torch.long)
+    return torch.cat(maps), torch.tensor(starts, dtype=torch.long)
 
 
 def v8_block_sparse(q, k, key_cache, value_cache, step, scale: float, keep_fraction: float, meta=None,
                     rows: torch.Tensor | None = None) -> torch.Tensor:
     """One layer's attention of ``step`` with its fresh long prompts block-sparse on v8: q (T, H, D) -> (T, H D)."""
     num_tokens, num_heads, head_dim = q.shape
-    kept, starts = kept_tiles(q, k, step, scale, keep_fraction)
+    if rows is not None:  # the q|k|v rows: q and k read where they lie
+        queries, keys = rows[:, : num_heads * head_dim], rows[:, num_heads * head_dim :][:, : k.shape[1] * head_dim]
+    else:
+        queries, keys = q.reshape(num_tokens, -1), k.reshape(num_tokens, -1)
+    kept, starts = kept_tiles(queries, keys, step, scale, keep_fraction, num_heads, k.shape[1])
     slots, requests = meta if meta is not None else engine_ops.step_meta(step)
-    queries = rows if rows is not None else q.reshape(num_tokens, num_heads * head_dim)
     return engine_ops.engine_ops().brgemm_block_sparse(queries, key_cache, value_cache, slots, requests, num_heads,
                                                        scale, kept, starts, SPARSE_BLOCK_SIZE)
 
@@ -101,11 +110,20 @@ def sparse_choice(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch
         TEXTBOOK_SPARSE: lambda: textbook_block_sparse(q, k, v, inputs.key_cache, inputs.value_cache, inputs.step,
                                                        inputs.scale, keep_fraction),
     }
-    kept = select_blocks(antidiagonal_block_scores(inputs.q, inputs.k_new, inputs.scale), keep_fraction)
-    expected = block_sparse_attention(inputs.q.float(), inputs.k_new.float(), inputs.v_new.float(), inputs.scale, kept)
-    try:
+    where = f"a fresh prompt of {TIMED_TOKENS:,} tokens, keep {keep_fraction:g}"
+    try:  # the scores against the textbook's in fp32, then the tiles they keep against the textbook's attention
+        ops = engine_ops.engine_ops()
+        scores = ops.antidiagonal_scores(q.reshape(TIMED_TOKENS, -1), k.reshape(TIMED_TOKENS, -1),
+                                         num_heads, num_kv_heads, inputs.scale, ANTIDIAGONAL_STRIDE, SPARSE_BLOCK_SIZE)
+        want = antidiagonal_block_scores(inputs.q.float(), inputs.k_new.float(), inputs.scale)
+        compare_to_oracle("antidiagonal_scores", scores, want, want, DEFAULT_TOLERANCE[torch.float32], where)
+        kept = select_blocks(scores, keep_fraction)
+        if not torch.equal(ops.select_tiles(scores, blocks_to_keep(kept.shape[-1], keep_fraction)).bool(), kept):
+            raise KernelCheckError(f"select_tiles kept other tiles than the textbook's select_blocks on {where}")
+        expected = block_sparse_attention(inputs.q.float(), inputs.k_new.float(), inputs.v_new.float(), inputs.scale,
+                                          kept)
         compare_to_oracle(V8_SPARSE, calls[V8_SPARSE]().float(), expected.transpose(0, 1).reshape(TIMED_TOKENS, -1),
-                          inputs.v_new, None, f"a fresh prompt of {TIMED_TOKENS:,} tokens, keep {keep_fraction:g}")
+                          inputs.v_new, None, where)
     except (KernelCheckError, RuntimeError) as error:
         return SparseChoice(TEXTBOOK_SPARSE, f"v8 block-sparse failed its check here: {error}", {})
     for call in calls.values():

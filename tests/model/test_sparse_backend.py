@@ -11,7 +11,15 @@ from prefillviz.backends.ops import engine_ops
 from prefillviz.backends.ops.paged_check import DEFAULT_TOLERANCE, random_step
 from prefillviz.engine.errors import ConfigError
 from prefillviz.engine.paged_attention import paged_sdpa
-from prefillviz.engine.sparse_attention import block_sparse_attention, select_blocks, sparse_requests
+from prefillviz.engine.sparse_attention import (
+    ANTIDIAGONAL_STRIDE,
+    SPARSE_BLOCK_SIZE,
+    antidiagonal_block_scores,
+    block_sparse_attention,
+    blocks_to_keep,
+    select_blocks,
+    sparse_requests,
+)
 from tests.model.test_paged_kernels import brgemm_runs
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2's
@@ -26,7 +34,7 @@ def step_rows(inputs) -> tuple:
 
 def expected(inputs, keep: float) -> torch.Tensor:
     """The textbook's answer in fp32, (T, H D): its block-sparse attention for the fresh long prompts (on the tiles
-    the textbook chooses from the step's own q and k), SDPA for the rest."""
+    the textbook chooses from the step's q and k in fp32, as the backend scores them), SDPA for the rest."""
     q, k = inputs.q.float(), inputs.k_new.float()
     fp32 = [t.float() if isinstance(t, torch.Tensor) else t for t in inputs.arguments()]
     dense = paged_sdpa(*fp32)  # (H, T, D)
@@ -34,8 +42,7 @@ def expected(inputs, keep: float) -> torch.Tensor:
     for r, is_sparse in enumerate(sparse_requests(step)):
         if is_sparse:
             rows = slice(step.query_start_loc[r], step.query_start_loc[r + 1])
-            kept = select_blocks(sparse.antidiagonal_block_scores(inputs.q[:, rows], inputs.k_new[:, rows],
-                                                                  inputs.scale), keep)
+            kept = select_blocks(antidiagonal_block_scores(q[:, rows], k[:, rows], inputs.scale), keep)  # fp32
             dense[:, rows] = block_sparse_attention(q[:, rows], k[:, rows], inputs.v_new[:, rows].float(),
                                                     inputs.scale, kept)
     return dense.transpose(0, 1).reshape(step.query_start_loc[-1], -1)
@@ -54,6 +61,24 @@ def test_v8_block_sparse_is_the_textbooks_block_sparse(compiled_ops, dtype, requ
     got = sparse.v8_block_sparse(q, k, inputs.key_cache, inputs.value_cache, inputs.step, inputs.scale, keep)
     allowed = DEFAULT_TOLERANCE[dtype] * max(1.0, float(inputs.v_new.abs().max()))
     assert (got.float() - expected(inputs, keep)).abs().max() <= allowed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens", [300, 1000, 4096])  # a short last stride-row (300 = 18 x 16 + 12) and tile
+def test_the_scores_are_the_textbooks_in_fp32(compiled_ops, dtype, num_tokens):
+    brgemm_runs(dtype)
+    inputs = random_step([(0, num_tokens)], HEADS, KV_HEADS, HEAD_DIM, dtype=dtype, seed=6)
+    q, k, _ = step_rows(inputs)
+    got = compiled_ops.antidiagonal_scores(q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), HEADS, KV_HEADS,
+                                           inputs.scale, ANTIDIAGONAL_STRIDE, SPARSE_BLOCK_SIZE)
+    want = antidiagonal_block_scores(inputs.q.float(), inputs.k_new.float(), inputs.scale)
+    assert got.shape == want.shape and (got - want).abs().max() <= DEFAULT_TOLERANCE[torch.float32]
+    for keep in (0.1, 0.3, 1.0):  # the textbook's selection, tie for tie
+        counts = blocks_to_keep(want.shape[-1], keep)
+        assert torch.equal(compiled_ops.select_tiles(got, counts).bool(), select_blocks(got, keep))
+    ties = torch.zeros_like(got)  # every score equal: the lowest blocks win, after the sink and the diagonal
+    assert torch.equal(compiled_ops.select_tiles(ties, blocks_to_keep(got.shape[-1], 0.3)).bool(),
+                       select_blocks(ties, 0.3))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -51,7 +51,8 @@ from prefillviz.engine.backend import rms_norm, silu_mul
 
 # the .cpp includes the .h files
 SOURCES = [Path(__file__).resolve().parent / "csrc" / name
-           for name in ("engine_ops.cpp", "attention_row_lanes.h", "attention_brgemm.h", "linear_brgemm.h")]
+           for name in ("engine_ops.cpp", "attention_row_lanes.h", "attention_brgemm.h", "antidiagonal_scores.h",
+                        "linear_brgemm.h")]
 FOLDER = "engine_ops"  # under build/
 DISABLE_ENV = "PREFILLVIZ_NO_ENGINE_OPS"
 NO_BF16_DOT_ENV = "PREFILLVIZ_NO_BF16_DOT"  # bf16 attention in fp32 tiles, as on a CPU without AVX512-BF16

@@ -15,7 +15,9 @@
 //                     (vdpbf16ps): q.k exact, P rounded to bf16 before P V, sums in fp32
 //   brgemm_paged      v8: a paged step's bf16 or fp32 attention, its two matmuls on oneDNN's brgemm
 //                     micro-kernel (AMX where the CPU has it), the softmax between them in fp32
-//                     (attention_brgemm.h); brgemm_block_sparse: the same over a fresh prompt's kept tiles only
+//                     (attention_brgemm.h); brgemm_block_sparse: the same over a fresh prompt's kept tiles only,
+//                     and antidiagonal_scores and select_tiles, XAttention's scores of its tiles and the
+//                     tiles they keep (antidiagonal_scores.h)
 //   brgemm_linear     x W^T (bf16 or fp32) on the same micro-kernel (fp32: or the engine's own, the slab linear), from a weight packed in slabs of
 //                     64 columns; a gated MLP's silu(x G^T) * (x U^T) in one pass (linear_brgemm.h)
 //
@@ -34,6 +36,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
 #if defined(CPU_CAPABILITY_AVX512)
 #include <immintrin.h>
 #endif
@@ -787,6 +790,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, con
 }
 
 #include "attention_brgemm.h"
+#include "antidiagonal_scores.h"
 #include "linear_brgemm.h"
 
 int64_t vector_width() { return kW; }
@@ -806,6 +810,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return brgemm_paged(q, key_cache, value_cache, slots, meta, num_heads, scale);
   });
   m.def("brgemm_block_sparse", &brgemm_block_sparse);
+  m.def("antidiagonal_scores", &antidiagonal_scores);
+  m.def("select_tiles", &select_tiles);
   m.def("brgemm_problem", &brgemm_problem);
   m.def("brgemm_linear", &brgemm_linear);
   m.def("slab_kernel_built", &slab_kernel_built);

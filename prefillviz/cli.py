@@ -219,7 +219,7 @@ def long_prompt_command(args: argparse.Namespace) -> dict:
     progress = lambda done, what: print(f"{done:4.0%} {what}", file=sys.stderr)  # noqa: E731
     if args.command == "sparse":
         return sparse_figures(loaded, args.tokens, keeps, args.runs, progress, args.backend)
-    return wall_figures(loaded, sizes, args.runs, args.budget_s, progress)
+    return wall_figures(loaded, sizes, args.runs, args.budget_s, progress, args.backend)
 
 
 def bench_command(args: argparse.Namespace) -> dict:

@@ -120,5 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     wall.add_argument("--sizes", default="512,1024,2048,4096,8191", help="comma-separated prompt lengths N")
     wall.add_argument("--runs", type=int, default=1, help="timed runs per size, after one warm-up")
     wall.add_argument("--budget-s", type=float, default=180.0, help="leave out the sizes that would pass this")
+    wall.add_argument("--backend", default="measured", choices=["measured", "torch"],
+                      help="the measured backend (the engine's real path) or the textbook's torch ops")
     wall.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     return parser

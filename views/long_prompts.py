@@ -19,6 +19,8 @@ from prefillviz.ui.results import downloads, get_result, save_result
 from prefillviz.ui.running import progress_bar, run_guarded
 from prefillviz.ui.shell import page_frame, run_button
 
+BACKEND_NAMES = {"measured": "measured (the engine's real path; sparse: v8 block-sparse where measured faster)",
+                 "torch": "the textbook's torch ops"}
 loaded = page_frame()
 policy = hosted_policy()
 context = (loaded.info.max_context if loaded is not None else None) or 8192
@@ -40,11 +42,12 @@ st.markdown(
 # ---------------------------------------------------------------- the wall
 st.header("1 · The wall, measured")
 sizes = [n for n in DEFAULT_WALL_SIZES if n < context and (not policy.enabled or n <= policy.max_prompt_tokens)]
-st.caption(f"Sizes {', '.join(f'{n:,}' for n in sizes)} (to the model's context of {context:,}), one prefill each "
-           "on the textbook torch ops, clocked per op. Sizes that would pass a 3-minute budget are left out.")
+wall_backend = st.radio("Backend", BACKENDS, horizontal=True, key="long_wall_backend", format_func=BACKEND_NAMES.get)
+st.caption(f"Sizes {', '.join(f'{n:,}' for n in sizes)} (to the model's context of {context:,}), one prefill each, "
+           "clocked per op. Sizes that would pass a 3-minute budget are left out.")
 if run_button("Measure the wall", type="primary", key="long_wall_run"):
     with run_guarded("The wall"), progress_bar("The wall") as update:
-        save_result("long_wall", run_wall(loaded, sizes, progress=update))
+        save_result("long_wall", run_wall(loaded, sizes, progress=update, backend=wall_backend))
 wall = get_result("long_wall")
 if wall is not None and wall.points:
     st.caption(f"{wall.model_id} on {wall.device}, {wall.dtype}, {wall.backend} · {wall.elapsed_s:.0f} s"
@@ -110,10 +113,8 @@ if maps is not None:
 st.header("3 · Speed against quality, and the Amdahl cap")
 trade_sizes = [n for n in (1024, 2048, 4096) if n <= longest] or [longest]
 trade_tokens = st.select_slider("Prompt tokens", trade_sizes, value=trade_sizes[-1], key="long_trade_tokens")
-trade_backend = st.radio(
-    "Backend, dense and sparse alike", BACKENDS, horizontal=True, key="long_trade_backend",
-    format_func={"measured": "measured (v8 block-sparse where it was measured faster)",
-                 "torch": "the textbook's torch ops"}.get)
+trade_backend = st.radio("Backend, dense and sparse alike", BACKENDS, horizontal=True, key="long_trade_backend",
+                         format_func=BACKEND_NAMES.get)
 st.caption(f"Keep fractions {', '.join(f'{k:g}' for k in TRADE_OFF_KEEPS)}, each against dense on the same "
            f"backend: 32 greedy tokens each, the first token on {QUALITY_PROMPTS} stretches of the book, then 3 "
            "alternating timed prefills. The measured backend shows what tuning buys over the textbook's.")

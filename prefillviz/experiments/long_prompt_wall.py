@@ -1,8 +1,8 @@
 """The O(N^2) wall, measured: where attention's time passes the linears' as the prompt grows to the context.
 
 Each size is one fresh prefill of the first N tokens of the bundled book (``long_text``) on the
-textbook ops, clocked per op (``op_timing``): attention, linears, and the rest of the time to first
-token. Three things come out:
+measured backend (the engine's real path) or the textbook ops, clocked per op (``op_timing``):
+attention, linears, and the rest of the time to first token. Three things come out:
 
 * the measured crossover: the N where attention's seconds pass the linears' (between two measured
   sizes where they cross, else from the quadratic fits of each, said to be extrapolated);
@@ -28,11 +28,13 @@ from prefillviz.experiments.length_sweep import QuadraticFit, fit_quadratic
 from prefillviz.experiments.long_text import long_prompt_ids
 from prefillviz.experiments.model_setup import device_and_dtype, model_tokenizer_and_id
 from prefillviz.experiments.op_timing import TimedBackend
-from prefillviz.experiments.sparse_prefill import run_prefill
+from prefillviz.experiments.sparse_prefill import backend_for, run_prefill
 from prefillviz.machine.progress import FractionProgress
 
 DEFAULT_WALL_SIZES = (512, 1024, 2048, 4096, 8191)  # to SmolLM2's whole context: 8,191 + the first token
 DEFAULT_TIME_BUDGET_S = 180.0
+WALL_BACKENDS = {"measured": "measured (the engine's real path: the dispatch's choice per step)",
+                 "torch": "torch (the textbook ops)"}
 
 
 @dataclass
@@ -128,8 +130,10 @@ def measured_crossover(points: list[WallPoint], attention_fit, linears_fit) -> t
 
 
 def run_wall(loaded_or_pair: Any, sizes=DEFAULT_WALL_SIZES, runs: int = 1,
-             time_budget_s: float = DEFAULT_TIME_BUDGET_S, progress: FractionProgress | None = None) -> WallResult:
-    """Time each size's prefill (``runs`` timed runs after one small warm-up), within ``time_budget_s``.
+             time_budget_s: float = DEFAULT_TIME_BUDGET_S, progress: FractionProgress | None = None,
+             backend: str = "measured") -> WallResult:
+    """Time each size's prefill on ``backend`` ("measured" or "torch": ``sparse_prefill.BACKENDS``; ``runs`` timed
+    runs after one small warm-up), within ``time_budget_s``.
 
     Raises:
         ConfigError: a size outside 1 .. the model's context, or fewer than 3 sizes.
@@ -146,7 +150,7 @@ def run_wall(loaded_or_pair: Any, sizes=DEFAULT_WALL_SIZES, runs: int = 1,
     started = time.perf_counter()
     say = progress or (lambda fraction, text: None)
     say(0.0, "warming up (256 tokens)")
-    run_prefill(model, long_prompt_ids(tokenizer, min(256, sizes[0])), None)
+    run_prefill(model, long_prompt_ids(tokenizer, min(256, sizes[0])), None, backend_name=backend)
     weights = [n * n for n in sizes]  # the progress bar counts work as N^2
     points, stopped, last_run_s = [], "", None
     for index, n in enumerate(sizes):
@@ -160,9 +164,9 @@ def run_wall(loaded_or_pair: Any, sizes=DEFAULT_WALL_SIZES, runs: int = 1,
         timed = []
         for run in range(runs):
             say(sum(weights[:index]) / sum(weights), f"N={n:,}: run {run + 1} of {runs}")
-            backend = TimedBackend()
-            result = run_prefill(model, token_ids, None, backend=backend)
-            timed.append((result, backend.times))
+            timed_backend = TimedBackend(backend_for(backend, None))
+            result = run_prefill(model, token_ids, None, backend=timed_backend)
+            timed.append((result, timed_backend.times))
         last_run_s = statistics.median(r.ttft_s for r, _ in timed)
         cost = engine_step_costs(model, n, n)
         points.append(WallPoint(
@@ -179,4 +183,4 @@ def run_wall(loaded_or_pair: Any, sizes=DEFAULT_WALL_SIZES, runs: int = 1,
         fits = [fit_quadratic(ns, [getattr(p, key) for p in points]) for key in ("ttft_s", "attention_s", "linears_s")]
     crossover, extrapolated = measured_crossover(points, fits[1], fits[2])
     return WallResult(model_id, *device_and_dtype(model), context, points, *fits, crossover, extrapolated,
-                      flop_crossover(model), stopped, elapsed_s=time.perf_counter() - started, runs=runs)
+                      flop_crossover(model), stopped, WALL_BACKENDS[backend], time.perf_counter() - started, runs)

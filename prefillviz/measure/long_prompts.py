@@ -44,11 +44,11 @@ def sparse_figures(loaded: Any, num_tokens: int, keep_fractions: tuple[float, ..
 
 
 def wall_figures(loaded: Any, sizes: list[int], runs: int, time_budget_s: float = DEFAULT_TIME_BUDGET_S,
-                 progress=None) -> dict:
+                 progress=None, backend: str = "measured") -> dict:
     """The ``wall`` command's JSON (``WallResult.as_json``, with the machine's load)."""
     load_before = load_average()
     with MachineLoad() as machine:
-        result = run_wall(loaded, sizes, runs, time_budget_s, progress)
+        result = run_wall(loaded, sizes, runs, time_budget_s, progress, backend)
     return {**result.as_json(), "load_average_before": load_before, "load_average_after": load_average(),
             "machine_load": machine.reading.as_dict()}
 

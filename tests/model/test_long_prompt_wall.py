@@ -8,9 +8,12 @@ from prefillviz.engine.errors import ConfigError
 from prefillviz.experiments.long_prompt_wall import flop_crossover, run_wall
 
 
-def test_a_small_wall_splits_each_prefill(bundled):
+@pytest.mark.parametrize("backend", ["measured", "torch"])
+def test_a_small_wall_splits_each_prefill(bundled, backend):
     messages = []
-    result = run_wall(bundled, [128, 256, 384], progress=lambda fraction, text: messages.append((fraction, text)))
+    result = run_wall(bundled, [128, 256, 384], progress=lambda fraction, text: messages.append((fraction, text)),
+                      backend=backend)
+    assert result.backend.startswith(backend)
     assert [p.num_tokens for p in result.points] == [128, 256, 384] and not result.stopped
     for point in result.points:
         assert 0 < point.attention_s and 0 < point.linears_s and point.attention_s + point.linears_s <= point.ttft_s

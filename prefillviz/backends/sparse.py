@@ -1,18 +1,22 @@
 """Block-sparse prefill on the measured backend (the textbook's is ``engine/sparse_attention.py``).
 
-The tiles are the textbook's own choice (XAttention's antidiagonal scores, then ``select_blocks``), so
-both versions compute the same tiles; they differ in how:
+The same method (XAttention's antidiagonal scores, then ``select_blocks``' tiles, then attention over
+those tiles) in two versions:
 
-    textbook          per query block, one SDPA over its kept key blocks, gathered (plain torch)
-    v8 block-sparse   v8's brgemm kernel (``ops/csrc/attention_brgemm.h``), the whole step in one call,
-                      each query block walking its kept tiles only
+    textbook          plain torch: the scores' matmul in the model's dtype, per query block one SDPA
+                      over its kept key blocks, gathered
+    v8 block-sparse   three C++ ops: ``antidiagonal_scores`` (the scores in fp32, from the q|k|v rows as
+                      they lie), ``select_tiles`` (``select_blocks``, tie for tie) and v8's brgemm kernel
+                      with each query block walking its kept tiles only (``brgemm_block_sparse``)
 
 Which one runs is measured (``sparse_choice``): v8 block-sparse where v8 runs here, matches the textbook
-on random inputs of the model's shape, and is faster on a fresh prompt of ``TIMED_TOKENS``; else the
-textbook's. Once per process, model shape, dtype, thread count and keep fraction.
+on random inputs of the model's shape (its scores, tiles and attention), and is faster on a fresh prompt
+of ``TIMED_TOKENS``; else the textbook's. Once per process, model shape, dtype, thread count and keep
+fraction.
 
 A step with no fresh prompt of two blocks or more (a chunk after cached context, decodes) runs the
-measured backend's dense choice, as does every other request of a step that has one.
+measured backend's dense choice. In a step with one, the other requests run dense in the same version:
+on v8 in the same call, or on torch's SDPA.
 """
 
 from __future__ import annotations
@@ -146,8 +150,9 @@ class BlockSparseStepOps(MeasuredStepOps):
                  choice: SparseChoice) -> None:
         super().__init__(model, dense.choice, dense.compiled)
         self.keep_fraction, self.sparse = keep_fraction, choice
-        self.ran["attention"] = (f"{choice.kernel} prefill (XAttention, keep {keep_fraction:g}; {choice.why}), "
-                                 f"else {dense.choice.attention}")
+        others = "v8 brgemm" if choice.kernel == V8_SPARSE else "torch SDPA"
+        self.ran["attention"] = (f"{choice.kernel} prefill (XAttention, keep {keep_fraction:g}; {choice.why}); "
+                                 f"the step's other requests dense on {others}")
 
     def attention(self, layer: int, q, k, v, scale: float, meta, keep: torch.Tensor | None = None) -> torch.Tensor:
         rows, self.rows = self.rows, None

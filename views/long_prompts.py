@@ -33,8 +33,8 @@ st.markdown(
     "most of the attention matrix: MInference (per-head patterns), **XAttention** (antidiagonal block scoring, "
     "[arXiv 2503.16428](https://arxiv.org/abs/2503.16428)), FlexPrefill (blocks kept up to a cumulative threshold, "
     "[arXiv 2502.20766](https://arxiv.org/abs/2502.20766)). The engine here runs XAttention's scoring in plain "
-    "torch, checked against dense attention; the measured backend runs the kept tiles on v8's brgemm kernel where "
-    "that was measured faster. "
+    "torch, checked against dense attention; the measured backend runs it in C++ (the scores, the selection, the "
+    "kept tiles on v8's brgemm kernel) where that was measured faster. "
     f"Prompts are the first N tokens of *{LONG_TEXT_NAME}*: prose that "
     "never repeats (repeated text makes attention look sparser than it is)."
 )

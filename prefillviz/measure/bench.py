@@ -93,7 +93,7 @@ def run_bench(
             loaded, num_tokens, sizes.peer_prompt_lengths, sizes.peer_new_tokens, sizes.peer_rounds,
             sizes.peer_cache_blocks
         )  # transformers' continuous batching sizes a large cache
-        sparse = bench_sparse_part(loaded, quick)  # block-sparse prefill against dense, the textbook ops
+        sparse = bench_sparse_part(loaded, quick)  # block-sparse prefill against dense, on the measured backend
         versus_vllm = (  # last: it starts vLLM
             vllm_side_by_side(loaded, num_tokens, sizes.vllm_rounds, quick) if with_vllm
             else vllm_skipped("--no-vllm: the comparison with vLLM was left out")

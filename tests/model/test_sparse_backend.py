@@ -107,6 +107,9 @@ def test_a_map_for_a_request_with_cached_tokens_is_refused(compiled_ops):
 def test_the_choice_is_measured_and_says_why(compiled_ops):
     brgemm_runs(torch.bfloat16)
     choice = sparse.sparse_choice(HEADS, KV_HEADS, HEAD_DIM, torch.bfloat16, 0.2, torch.get_num_threads())
+    if not choice.seconds:  # torch's own SDPA refused the textbook's masks here (ATEN_CPU_CAPABILITY=avx2 on AMX)
+        assert choice.kernel == sparse.V8_SPARSE and "the textbook's version failed here" in choice.why
+        return
     assert set(choice.seconds) == {sparse.V8_SPARSE, sparse.TEXTBOOK_SPARSE}
     assert choice.kernel == min(choice.seconds, key=choice.seconds.get)
     assert "faster than the" in choice.why and "measured" in choice.why

@@ -22,8 +22,18 @@ def long_text() -> str:
     return LONG_TEXT_PATH.read_text(encoding="utf-8")
 
 
-def long_prompt_ids(tokenizer, num_tokens: int, window: int = 0) -> list[int]:
-    """The first ``num_tokens`` token ids of the book (``window`` w: the w-th such stretch, from token w x N).
+def long_prompt_ids(tokenizer, num_tokens: int) -> list[int]:
+    """The first ``num_tokens`` token ids of the book.
+
+    Raises:
+        ConfigError: the book is shorter than ``num_tokens`` tokens of this tokenizer.
+    """
+    return long_prompts(tokenizer, num_tokens, 1)[0]
+
+
+def long_prompts(tokenizer, num_tokens: int, count: int) -> list[list[int]]:
+    """Up to ``count`` prompts of ``num_tokens`` token ids, the book's first stretches one after another (at least
+    one; the book is tokenized once).
 
     Raises:
         ConfigError: the book is shorter than ``num_tokens`` tokens of this tokenizer.
@@ -31,9 +41,4 @@ def long_prompt_ids(tokenizer, num_tokens: int, window: int = 0) -> list[int]:
     ids = list(tokenizer(long_text())["input_ids"])
     if num_tokens > len(ids):
         raise ConfigError(f"{num_tokens:,} tokens is more than the bundled book has ({len(ids):,}) in this tokenizer.")
-    return ids[window * num_tokens : (window + 1) * num_tokens]
-
-
-def num_windows(tokenizer, num_tokens: int) -> int:
-    """How many stretches of ``num_tokens`` tokens the book holds, one after another."""
-    return len(tokenizer(long_text())["input_ids"]) // max(1, num_tokens)
+    return [ids[w * num_tokens : (w + 1) * num_tokens] for w in range(max(1, min(count, len(ids) // num_tokens)))]

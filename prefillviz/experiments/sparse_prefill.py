@@ -27,7 +27,7 @@ from prefillviz.backends.sparse import BlockSparseBackend
 from prefillviz.engine.backend import TorchBackend
 from prefillviz.engine.request import SamplingParams
 from prefillviz.engine.sparse_attention import SPARSE_BLOCK_SIZE, block_sparse_backend
-from prefillviz.experiments.long_text import LONG_TEXT_NAME, long_prompt_ids, num_windows
+from prefillviz.experiments.long_text import LONG_TEXT_NAME, long_prompts
 from prefillviz.experiments.model_setup import device_and_dtype, model_tokenizer_and_id
 from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.experiments.op_timing import TimedBackend
@@ -177,8 +177,7 @@ def compare_dense_sparse(loaded_or_pair: Any, num_tokens: int,
     alternating, are timed.
     """
     model, tokenizer, model_id = model_tokenizer_and_id(loaded_or_pair)
-    prompts = [long_prompt_ids(tokenizer, num_tokens, w)
-               for w in range(max(1, min(QUALITY_PROMPTS, num_windows(tokenizer, num_tokens))))]
+    prompts = long_prompts(tokenizer, num_tokens, QUALITY_PROMPTS)
     token_ids = prompts[0]
     counter = ProgressCounter(progress, (1 + len(keep_fractions)) * (1 + runs))
     dense = run_prefill(model, token_ids, None, GREEDY_TOKENS, backend_name=backend)

@@ -72,7 +72,8 @@ def test_the_scores_are_the_textbooks_in_fp32(compiled_ops, dtype, num_tokens):
     got = compiled_ops.antidiagonal_scores(q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), HEADS, KV_HEADS,
                                            inputs.scale, ANTIDIAGONAL_STRIDE, SPARSE_BLOCK_SIZE)
     want = antidiagonal_block_scores(inputs.q.float(), inputs.k_new.float(), inputs.scale)
-    assert got.shape == want.shape and (got - want).abs().max() <= DEFAULT_TOLERANCE[torch.float32]
+    allowed = sparse.scores_allowed_difference(inputs.q, inputs.k_new, inputs.scale)
+    assert got.shape == want.shape and (got - want).abs().max() <= allowed
     for keep in (0.1, 0.3, 1.0):  # the textbook's selection, tie for tie
         counts = blocks_to_keep(want.shape[-1], keep)
         assert torch.equal(compiled_ops.select_tiles(got, counts).bool(), select_blocks(got, keep))

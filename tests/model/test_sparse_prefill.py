@@ -10,7 +10,7 @@ from prefillviz.backends.sparse import BlockSparseBackend
 from prefillviz.engine.errors import ConfigError
 from prefillviz.engine.request import SamplingParams
 from prefillviz.engine.sparse_attention import block_sparse_backend
-from prefillviz.experiments.long_text import long_prompt_ids
+from prefillviz.experiments.long_text import long_prompt_ids, long_prompts
 from prefillviz.experiments.one_request import one_request_engine
 from prefillviz.experiments.sparse_prefill import (
     BACKENDS,
@@ -74,6 +74,6 @@ def test_the_long_prompt_is_prose_that_does_not_repeat(bundled):
     assert len(ids) == 8192 and len(set(ids)) > 1500  # distinct ids (BENCH_TEXT repeated has ~80)
     windows = {tuple(ids[i : i + 16]) for i in range(0, 8192 - 16, 16)}
     assert len(windows) == len(range(0, 8192 - 16, 16))  # no 16-token window comes back
-    assert long_prompt_ids(bundled.tokenizer, 1000, window=2) == long_prompt_ids(bundled.tokenizer, 3000)[2000:]
+    assert long_prompts(bundled.tokenizer, 1000, 4)[2] == long_prompt_ids(bundled.tokenizer, 3000)[2000:]
     with pytest.raises(ConfigError, match="more than the bundled book"):
         long_prompt_ids(bundled.tokenizer, 10**6)

@@ -78,7 +78,7 @@ FORCE_ENVS = {"attention": "PREFILLVIZ_ATTENTION", "linears": "PREFILLVIZ_LINEAR
 CLEARED_ENVS = (*CAP_ENVS, *SWITCHES, *FORCE_ENVS.values(), "ONEDNN_VERBOSE", "DNNL_VERBOSE")
 
 KERNELS = ("tests/model/test_paged_kernels.py", "tests/model/test_onednn_linear.py",
-           "tests/model/test_brgemm_linear.py")
+           "tests/model/test_brgemm_linear.py", "tests/model/test_sparse_backend.py")
 NUMERICS = ("tests/model/test_llama_forward.py", "tests/model/test_packed_weights.py",
             "tests/model/test_cpu_portability.py")
 ENGINE = ("tests/model/test_engine_oracle.py", "tests/model/test_capture.py", "tests/model/test_dispatch.py")
